@@ -1,0 +1,50 @@
+// evo_abi.h -- the kernel ABI between the evaluator (host, trusted) and a candidate (.so).
+//
+// A candidate defines exactly one entry point:
+//
+//   extern "C" int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+//                             const double* scalars, int n_scalars, cudaStream_t stream);
+//
+// Contract:
+// - `in` are the task's inputs in the order of the reference function's arguments; `out`
+//   are the outputs, allocated (and poisoned) by the harness with the reference's shapes.
+// - Every launch goes on `stream` (the harness times that stream); no other stream, no
+//   host threads, no synchronisation of the device, no allocation that outlives the call.
+// - Return cudaSuccess (0) or a cudaError_t; the harness also checks cudaGetLastError.
+// - Inputs must not be modified; outputs must be fully written on every call.
+// - Tunables arrive as -D macros; guard each with #ifndef and a default.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#define EVO_ABI_VERSION 1
+#define EVO_MAX_DIMS 8
+
+enum EvoDType : int32_t {
+  EVO_F32 = 0,
+  EVO_F16 = 1,
+  EVO_BF16 = 2,
+  EVO_F64 = 3,
+  EVO_I32 = 4,
+  EVO_I64 = 5,
+};
+
+struct EvoTensor {
+  void* data;                       // device pointer
+  int32_t dtype;                    // EvoDType
+  int32_t ndim;
+  int64_t shape[EVO_MAX_DIMS];
+  int64_t strides[EVO_MAX_DIMS];    // in elements, as torch reports them
+};
+
+#define EVO_EXPORT extern "C" __attribute__((visibility("default")))
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream);
+
+// Convenience for candidates: element count of a tensor.
+static inline int64_t evo_numel(const EvoTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
