@@ -1,0 +1,172 @@
+"""The kernel ABI on the Python side: ``EvoTensor`` as a ctypes struct and the .so loader.
+
+Mirrors ``evo/tasks/kernels/evo_abi.h`` (ABI version 1) field for field; a test compares
+the struct size and offsets with the header's. Used only inside the isolated harness
+process (``evaluators/harness.py``): the parent never loads a candidate's shared object.
+
+Nothing here initialises CUDA. :func:`describe` takes anything tensor-like
+(``data_ptr()``, ``dtype``, ``shape``, ``stride()``), so torch is imported lazily and only
+for the dtype table.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = [
+    "ABI_VERSION",
+    "MAX_DIMS",
+    "EVO_DTYPES",
+    "EvoTensor",
+    "KernelLibrary",
+    "describe",
+    "dtype_code",
+    "load_kernel",
+    "KernelLoadError",
+]
+
+log = logging.getLogger(__name__)
+
+ABI_VERSION = 1
+MAX_DIMS = 8
+
+#: torch dtype name -> EvoDType code (``enum EvoDType`` in evo_abi.h).
+EVO_DTYPES: dict[str, int] = {
+    "float32": 0,
+    "float16": 1,
+    "bfloat16": 2,
+    "float64": 3,
+    "int32": 4,
+    "int64": 5,
+}
+
+
+class EvoTensor(ctypes.Structure):
+    """``struct EvoTensor`` of evo_abi.h: pointer, dtype code, rank, shape and strides (elements)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+class KernelLoadError(RuntimeError):
+    """The shared object could not be loaded or lacks ``evo_launch`` (a candidate failure)."""
+
+
+def dtype_code(dtype: Any) -> int:
+    """EvoDType code of a torch dtype (or its name); raises ``ValueError`` naming valid ones."""
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return EVO_DTYPES[name]
+    except KeyError:
+        raise ValueError(
+            f"dtype {name!r} has no EvoDType code; the ABI supports {sorted(EVO_DTYPES)}"
+        ) from None
+
+
+def describe(t: Any) -> EvoTensor:
+    """An :class:`EvoTensor` for a tensor-like (pointer, dtype, shape, strides in elements)."""
+    shape = tuple(int(s) for s in t.shape)
+    strides = tuple(int(s) for s in t.stride())
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"tensor of rank {len(shape)} exceeds the ABI's EVO_MAX_DIMS={MAX_DIMS}")
+    e = EvoTensor()
+    e.data = ctypes.c_void_p(int(t.data_ptr()))
+    e.dtype = dtype_code(t.dtype)
+    e.ndim = len(shape)
+    for i, (s, st) in enumerate(zip(shape, strides)):
+        e.shape[i] = s
+        e.strides[i] = st
+    return e
+
+
+@dataclass
+class KernelLibrary:
+    """A loaded candidate: ``launch`` calls its ``evo_launch``; ``last_error`` its runtime's error.
+
+    ``last_error()`` calls ``cudaGetLastError`` as the candidate's own CUDA runtime sees it
+    (nvcc links cudart statically by default, so the candidate's runtime state is separate
+    from torch's). When the symbol is not reachable through the library it returns ``None``
+    and the harness relies on device synchronisation and output poisoning instead.
+    """
+
+    path: str
+    _lib: Any
+    _launch: Any
+    _get_last_error: Any
+    _error_name: Any
+
+    def launch(
+        self,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        scalars: Sequence[float],
+        stream: int,
+    ) -> int:
+        """Call ``evo_launch`` with EvoTensors describing ``inputs``/``outputs``; returns its code."""
+        n_in, n_out, n_sc = len(inputs), len(outputs), len(scalars)
+        ins = (EvoTensor * max(n_in, 1))(*[describe(t) for t in inputs])
+        outs = (EvoTensor * max(n_out, 1))(*[describe(t) for t in outputs])
+        sc = (ctypes.c_double * max(n_sc, 1))(*[float(s) for s in scalars])
+        return int(self._launch(ins, n_in, outs, n_out, sc, n_sc, ctypes.c_void_p(int(stream))))
+
+    def last_error(self) -> int | None:
+        if self._get_last_error is None:
+            return None
+        return int(self._get_last_error())
+
+    def error_name(self, code: int) -> str:
+        """``cudaGetErrorName`` of the candidate's runtime, or ``cudaError <code>``."""
+        if self._error_name is not None:
+            try:
+                raw = self._error_name(int(code))
+                if raw:
+                    return raw.decode("ascii", "replace")
+            except Exception:  # pragma: no cover - defensive: names are best-effort
+                pass
+        return f"cudaError {code}"
+
+
+def load_kernel(path: str | Path) -> KernelLibrary:
+    """dlopen a candidate's .so and bind ``evo_launch``; :class:`KernelLoadError` if impossible."""
+    p = str(path)
+    try:
+        lib = ctypes.CDLL(p, mode=ctypes.RTLD_LOCAL)
+    except OSError as e:
+        raise KernelLoadError(f"could not load the compiled kernel {Path(p).name}: {e}") from e
+    try:
+        fn = lib.evo_launch
+    except AttributeError:
+        raise KernelLoadError(
+            "the shared object exports no `evo_launch`; define it with EVO_EXPORT "
+            "(extern \"C\") exactly as evo_abi.h declares it"
+        ) from None
+    fn.argtypes = [
+        ctypes.POINTER(EvoTensor),
+        ctypes.c_int,
+        ctypes.POINTER(EvoTensor),
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_double),
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    fn.restype = ctypes.c_int
+    get_err = getattr(lib, "cudaGetLastError", None)
+    if get_err is not None:
+        get_err.argtypes = []
+        get_err.restype = ctypes.c_int
+    else:
+        log.info("%s: cudaGetLastError not reachable; relying on sync + poison", Path(p).name)
+    err_name = getattr(lib, "cudaGetErrorName", None)
+    if err_name is not None:
+        err_name.argtypes = [ctypes.c_int]
+        err_name.restype = ctypes.c_char_p
+    return KernelLibrary(path=p, _lib=lib, _launch=fn, _get_last_error=get_err, _error_name=err_name)

@@ -1,0 +1,452 @@
+"""`evo` command line: a thin layer over the Python API (Typer + rich).
+
+Only this module configures logging handlers. Every command's help ends with an example
+(``tests/test_cli.py`` fails if one lacks it). Listing commands take ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+log = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="evo",
+    help=(
+        "Evolve fast CuTe GPU kernels for PyTorch reference tasks, verified by a hardened "
+        "evaluator, with every attempt kept in a SQLite lineage database.\n\n"
+        "Example: evo search configs/demo.toml"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_DB = "runs/evo.db"
+DbOpt = typer.Option(
+    None, "--db", help="Lineage database (default: $EVO_DB or runs/evo.db).", show_default=False
+)
+JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table.")
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
+        force=True,
+    )
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-v, -vv)."),
+) -> None:
+    _setup_logging(verbose)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _db_path(db: Optional[str]) -> str:
+    return db or os.environ.get("EVO_DB") or DEFAULT_DB
+
+
+def _open_reader(db: Optional[str]):
+    from evo.store import Store, StoreError
+
+    path = _db_path(db)
+    try:
+        return Store.open_reader(path)
+    except StoreError as e:
+        _fail(str(e))
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+# --------------------------------------------------------------------------- search
+
+
+@app.command()
+def search(
+    config: Path = typer.Argument(..., help="TOML config, e.g. configs/demo.toml."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Join an existing Ray cluster (also $RAY_ADDRESS); default: start a local one."
+    ),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN from its database."),
+    max_evals: Optional[int] = typer.Option(None, "--max-evals", help="Override search.max_evaluations."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate config, render seeds, run policy and compile them; no GPU needed."
+    ),
+    db: Optional[str] = typer.Option(None, "--db", help="Override run.db."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress table."),
+) -> None:
+    """Run an evolutionary search over the config's tasks (the main job).
+
+    Starts a local Ray instance unless --address/RAY_ADDRESS names a cluster, seeds one or
+    more islands per task, and keeps GPUs busy until the evaluation or time budget is spent.
+    Ctrl-C stops gracefully: in-flight work is recorded, nothing is half-written, and
+    `--resume RUN` continues later.
+
+    Example: evo search configs/demo.toml --max-evals 50
+    """
+    from evo.config import ConfigError, load_config
+
+    overrides: dict[str, Any] = {}
+    if max_evals is not None:
+        overrides["search.max_evaluations"] = max_evals
+    if db is not None:
+        overrides["run.db"] = db
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+    from evo import engine as engine_mod
+
+    if dry_run:
+        report = engine_mod.dry_run(cfg)
+        _print_dry_run(report)
+        raise typer.Exit(0 if report["ok"] else 1)
+
+    from evaluators.pipeline import gpu_available
+
+    addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    if not addr and not gpu_available():
+        _fail(
+            "no CUDA GPU found on this machine (nvidia-smi lists none), and no Ray cluster was "
+            "named. `evo search` evaluates kernels on GPUs. Options: run on a machine with an "
+            "NVIDIA GPU (sm_90a: H100/H200), join a cluster that has GPUs with --address, or "
+            f"check the config, seeds and compiler here with: evo search {config} --dry-run"
+        )
+    try:
+        summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress)
+    except engine_mod.SearchError as e:
+        _fail(str(e))
+    console.print(f"run [bold]{summary.run_id}[/]: {summary.evaluations} evaluations, "
+                  f"{summary.correct} correct, stopped: {summary.stop_reason}")
+    _print_best(summary.best)
+    console.print(f"inspect: evo top {summary.run_id} --db {cfg.run.db}")
+
+
+def _print_dry_run(report: dict) -> None:
+    t = Table(title="dry run: seeds through policy and compile (no GPU used)")
+    for col in ("task", "policy", "compile", "seconds", "note"):
+        t.add_column(col)
+    for row in report["seeds"]:
+        t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
+    console.print(t)
+    console.print(report["plan"])
+
+
+def _print_best(best: dict) -> None:
+    if not best:
+        return
+    t = Table(title="best per task")
+    for col in ("task", "candidate", "speedup", "operator"):
+        t.add_column(col)
+    for task, row in sorted(best.items()):
+        t.add_row(task, row["id"][:12], _fmt(row["fitness"]), row["operator"])
+    console.print(t)
+
+
+# --------------------------------------------------------------------------- inspection
+
+
+@app.command()
+def runs(db: Optional[str] = DbOpt, as_json: bool = JsonOpt) -> None:
+    """List the runs in a lineage database.
+
+    Example: evo runs --db runs/evo.db --json
+    """
+    with _open_reader(db) as store:
+        rows = store.list_runs()
+    if as_json:
+        _emit_json(rows)
+        return
+    t = Table(title=f"runs in {_db_path(db)}")
+    for col in ("run", "name", "created", "status", "candidates", "evaluated"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(str(r["id"]), str(r.get("name", "")), str(r.get("created", "")), str(r.get("status", "")),
+                  str(r.get("n_candidates", "")), str(r.get("n_evaluated", "")))
+    console.print(t)
+
+
+@app.command()
+def top(
+    run: str = typer.Argument(..., help="Run id (see `evo runs`)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Only this task."),
+    k: int = typer.Option(10, "-k", help="How many per task."),
+    db: Optional[str] = DbOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the fastest correct kernels of a run, per task.
+
+    Example: evo top r-20261130-1342-ab12 --task kb23_softmax -k 5
+    """
+    from evo.store import StoreError
+
+    with _open_reader(db) as store:
+        try:
+            store.get_run(run)
+            rows = store.top_k(run, task=task, k=k)
+        except StoreError as e:
+            _fail(str(e))
+    data = [
+        {"id": c.id, "task": c.task, "fitness": f, "operator": c.operator, "island": c.island,
+         "generation": c.generation, "params": dict(c.params)}
+        for c, f in rows
+    ]
+    if as_json:
+        _emit_json(data)
+        return
+    t = Table(title=f"top kernels of {run}")
+    for col in ("task", "candidate", "speedup", "operator", "island", "gen", "params"):
+        t.add_column(col)
+    for d in data:
+        t.add_row(d["task"], d["id"][:12], _fmt(d["fitness"]), d["operator"], str(d["island"]),
+                  str(d["generation"]), " ".join(f"{k}={v}" for k, v in d["params"].items()))
+    console.print(t)
+
+
+@app.command()
+def show(
+    id: str = typer.Argument(..., help="Candidate id or unique prefix."),
+    db: Optional[str] = DbOpt,
+    as_json: bool = JsonOpt,
+    source: bool = typer.Option(True, "--source/--no-source", help="Print the kernel source."),
+) -> None:
+    """Show one kernel: source, params, stage verdicts and metrics.
+
+    Example: evo show 3fa9c2e1b7d0
+    """
+    from evo.store import StoreError
+
+    with _open_reader(db) as store:
+        try:
+            cid = store.resolve_id(id)
+            cand = store.get_candidate(cid)
+            ev = store.get_evaluation(cid)
+        except StoreError as e:
+            _fail(str(e))
+    data = {
+        "id": cand.id, "task": cand.task, "operator": cand.operator, "parents": list(cand.parents),
+        "island": cand.island, "generation": cand.generation, "params": dict(cand.params),
+        "notes": cand.notes, "fitness": ev.fitness if ev else None,
+        "status": ev.status.value if ev else "pending",
+        "stages": [
+            {"stage": s.stage, "status": s.status.value, "reason": s.reason, "seconds": s.seconds,
+             "metrics": s.metrics}
+            for s in (ev.stages if ev else ())
+        ],
+    }
+    if as_json:
+        data["source"] = cand.source
+        _emit_json(data)
+        return
+    console.print(f"[bold]{cand.id}[/]  task={cand.task} operator={cand.operator} "
+                  f"gen={cand.generation} island={cand.island}")
+    console.print(f"parents: {', '.join(p[:12] for p in cand.parents) or '-'}")
+    console.print(f"params: {' '.join(f'{k}={v}' for k, v in cand.params) or '-'}")
+    console.print(f"status: {data['status']}  speedup: {_fmt(data['fitness'])}")
+    for s in data["stages"]:
+        console.print(f"  {s['stage']:<12} {s['status']:<14} {s['reason']}", highlight=False)
+    if source:
+        console.rule("source")
+        console.print(cand.source, highlight=False, markup=False)
+
+
+@app.command()
+def lineage(
+    id: str = typer.Argument(..., help="Candidate id or unique prefix."),
+    db: Optional[str] = DbOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the ancestry of a kernel, from it back to its seed(s).
+
+    Example: evo lineage 3fa9c2e1b7d0 --json
+    """
+    from evo.store import StoreError
+
+    with _open_reader(db) as store:
+        try:
+            cid = store.resolve_id(id)
+            chain = store.ancestry(cid)
+            evs = {c.id: store.get_evaluation(c.id) for c in chain}
+        except StoreError as e:
+            _fail(str(e))
+    data = []
+    for c in chain:
+        ev = evs.get(c.id)
+        data.append({
+            "id": c.id, "task": c.task, "operator": c.operator, "parents": list(c.parents),
+            "generation": c.generation, "params": dict(c.params),
+            "fitness": ev.fitness if ev else None,
+            "status": ev.status.value if ev else "pending",
+        })
+    if as_json:
+        _emit_json(data)
+        return
+    from rich.tree import Tree
+
+    by_id = {d["id"]: d for d in data}
+
+    def label(d: dict) -> str:
+        return (f"{d['id'][:12]} [{d['operator']}] gen {d['generation']} "
+                f"{d['status']} speedup {_fmt(d['fitness'])}")
+
+    root = Tree(label(data[0]))
+
+    def grow(node: Tree, d: dict, seen: set[str]) -> None:
+        for p in d["parents"]:
+            if p in by_id and p not in seen:
+                seen.add(p)
+                grow(node.add(label(by_id[p])), by_id[p], seen)
+
+    grow(root, data[0], {data[0]["id"]})
+    console.print(root)
+
+
+# --------------------------------------------------------------------------- tasks / check
+
+
+@app.command()
+def tasks(
+    family: Optional[str] = typer.Option(None, "--family", help="Only this family (kernelbench-l1, modern, user)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for speed-of-light times (default: detected, else H200)."),
+    task_file: list[Path] = typer.Option([], "--task-file", help="Also load user tasks from this .py file."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List the task suite with shapes, dtype and speed-of-light time.
+
+    Example: evo tasks --family modern --gpu H200
+    """
+    import evo.tasks as T
+    from evo.tasks import gpus
+
+    for f in task_file:
+        try:
+            T.load_task_file(f)
+        except (OSError, ValueError, TypeError) as e:
+            _fail(str(e))
+    try:
+        spec = gpus.get_gpu(gpu) if gpu else (gpus.detect_gpu() or gpus.get_gpu("H200"))
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    rows = T.task_table(spec)
+    if family:
+        if family not in T.families():
+            _fail(f"unknown family {family!r}; known: {', '.join(T.families())}")
+        rows = [r for r in rows if r["family"] == family]
+    if as_json:
+        _emit_json({"gpu": spec.name, "tasks": rows})
+        return
+    t = Table(title=f"tasks (speed-of-light on {spec.name})")
+    for col in ("task", "family", "dtype", "benchmark shape", "shapes checked", "SOL ms"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["family"], r["dtype"], str(r["bench_shape"]), str(r["n_shapes"]),
+                  _fmt(r["sol_ms"], 4))
+    console.print(t)
+
+
+@app.command()
+def check(
+    kernel: Path = typer.Argument(..., help="A .cu file defining evo_launch (see docs/kernels.md)."),
+    task: str = typer.Option(..., "--task", help="Task the kernel implements (see `evo tasks`)."),
+    params: list[str] = typer.Option([], "--params", help="Tunable values NAME=VALUE (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    task_file: list[Path] = typer.Option([], "--task-file", help="Load user tasks from this .py file."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Run the evaluation cascade on one kernel file and print each stage's verdict.
+
+    Policy and compile run anywhere (nvcc needed); correctness and timing need a CUDA GPU
+    and are reported as skipped without one. Run this before seeding a search with a
+    hand-written kernel.
+
+    Example: evo check my_relu.cu --task kb19_relu --params BLOCK=256
+    """
+    import evo.tasks as T
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.pipeline import check_kernel
+
+    if not kernel.is_file():
+        _fail(f"{kernel}: no such file")
+    for f in task_file:
+        T.load_task_file(f)
+    try:
+        T.get_task(task)
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    kv: dict[str, str] = {}
+    for p in params:
+        if "=" not in p:
+            _fail(f"--params {p!r}: expected NAME=VALUE")
+        k, v = p.split("=", 1)
+        kv[k.strip()] = v.strip()
+    cs, hs = CompileSettings(), HarnessSettings(check_only=False)
+    if config is not None:
+        from evo.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(config)
+        except ConfigError as e:
+            _fail(str(e))
+        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    try:
+        stages = check_kernel(kernel.read_text(), task, kv, compile_settings=cs, harness_settings=hs)
+    except ValueError as e:
+        _fail(str(e))
+    if as_json:
+        _emit_json([{"stage": s.stage, "status": s.status.value, "reason": s.reason,
+                     "metrics": s.metrics, "seconds": s.seconds} for s in stages])
+    else:
+        t = Table(title=f"{kernel} on {task}")
+        for col in ("stage", "verdict", "seconds", "reason"):
+            t.add_column(col)
+        for s in stages:
+            style = "green" if s.passed else ("yellow" if s.status.value == "skipped" else "red")
+            t.add_row(s.stage, f"[{style}]{s.status.value}[/]", _fmt(s.seconds, 2), s.reason)
+        console.print(t)
+        for s in stages:
+            if not s.passed and s.artifacts.get("errors"):
+                console.rule(f"{s.stage} errors")
+                console.print(s.artifacts["errors"], markup=False, highlight=False)
+    failed = [s for s in stages if not s.passed and s.status.value != "skipped"]
+    raise typer.Exit(1 if failed else 0)
+
+
+def main() -> None:  # console script entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,685 @@
+"""The asynchronous steady-state search loop (orchestration only).
+
+The driver process runs :class:`Engine`: it keeps up to ``in_flight`` children moving
+through policy -> compile (CPU workers) -> GPU evaluation, never waits for a "generation",
+and is the only writer of the lineage store. Scheduling rules:
+
+- back-pressure: a new child is proposed only while fewer than ``in_flight`` are between
+  proposal and result, so the mutator (later an LLM) is never asked for more than the
+  cluster can evaluate; ``in_flight`` defaults to 2 per GPU + the compile workers, which
+  keeps every GPU fed while compiles run ahead;
+- GPUs first: whenever a GPU actor holds fewer than two requests (one running, one queued
+  in the actor so no gap opens between candidates), the oldest compiled candidate goes
+  to it;
+- dedupe: a child whose content id was seen in this run is never compiled again;
+- budgets count evaluations (``search.max_evaluations``) plus a wall-clock safety limit;
+  when one is reached no new child is proposed and in-flight work drains and is recorded;
+- Ctrl-C: stop proposing, record what finished, leave unfinished candidates in the store
+  (candidates without evaluation) for ``--resume``, mark the run ``interrupted``.
+
+Resume rebuilds islands by replaying the run's evaluated candidates in insertion order and
+re-submits the candidates that were proposed but never evaluated: nothing evaluated is
+evaluated again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status
+
+__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "run_search", "dry_run", "Progress"]
+
+log = logging.getLogger(__name__)
+
+
+class SearchError(RuntimeError):
+    """The search cannot start or continue (unknown run to resume, no GPUs, ...)."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The scheduling knobs the engine reads (from config sections [search] and [mutator])."""
+
+    islands_per_task: int = 2
+    population_size: int = 16
+    max_evaluations: int = 200
+    max_wall_seconds: float = 600.0
+    in_flight: int = 0
+    migration_every: int = 40
+    migration_count: int = 2
+    selection_lambda: float = 1.0
+    archive: bool = True
+    confirm_champions: bool = True
+    progress_every: int = 10
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    run_id: str
+    evaluations: int
+    correct: int
+    stop_reason: str
+    best: dict[str, dict]
+    gpu_busy: float
+    evals_per_hour: float
+    wall_seconds: float
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Progress:
+    """Live numbers; the engine updates them and hands them to ``on_progress`` callbacks."""
+
+    started: float
+    evaluations: int = 0
+    correct: int = 0
+    proposed: int = 0
+    compile_queue: int = 0
+    gpu_queue: int = 0
+    in_flight: int = 0
+    gpu_busy_s: float = 0.0
+    n_gpus: int = 1
+    failures: Counter = field(default_factory=Counter)
+    islands: list[dict] = field(default_factory=list)
+
+    @property
+    def elapsed(self) -> float:
+        return max(time.time() - self.started, 1e-9)
+
+    @property
+    def evals_per_min(self) -> float:
+        return 60.0 * self.evaluations / self.elapsed
+
+    @property
+    def gpu_busy(self) -> float:
+        return min(1.0, self.gpu_busy_s / (self.elapsed * max(self.n_gpus, 1)))
+
+    def as_event(self) -> dict[str, Any]:
+        return {
+            "evaluations": self.evaluations, "correct": self.correct, "proposed": self.proposed,
+            "evals_per_min": round(self.evals_per_min, 3), "gpu_busy": round(self.gpu_busy, 4),
+            "compile_queue": self.compile_queue, "gpu_queue": self.gpu_queue,
+            "in_flight": self.in_flight, "failures": dict(self.failures),
+            "elapsed_s": round(self.elapsed, 2),
+            "islands": [{k: v for k, v in isl.items()} for isl in self.islands],
+        }
+
+
+@dataclass
+class _Pending:
+    candidate: Candidate
+    pre_stages: tuple[StageResult, ...] = ()
+    so_bytes: bytes | None = None
+    gpu_attempts: int = 0
+    compile_attempts: int = 0
+
+
+class Engine:
+    """Steady-state search over several tasks, one group of islands per task.
+
+    Collaborators are injected: ``store`` (the only writer), ``runtime``
+    (:class:`evo.runtime.Runtime` or anything with its methods), ``mutator``
+    (:class:`mutators.base.Mutator`), ``seeds`` (task -> (source, params)), ``policy``
+    (source -> StageResult). ``rng`` drives every random choice of the engine and mutator.
+    """
+
+    def __init__(
+        self,
+        *,
+        store,
+        runtime,
+        mutator,
+        run_id: str,
+        tasks: list[str],
+        seeds: dict[str, tuple[str, dict[str, str]]],
+        settings: EngineSettings,
+        rng: random.Random,
+        policy: Callable[[str], StageResult],
+        descriptor: Callable[[dict[str, str]], tuple] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.rt = runtime
+        self.mutator = mutator
+        self.run_id = run_id
+        self.tasks = list(tasks)
+        self.seeds = seeds
+        self.s = settings
+        self.rng = rng
+        self.policy = policy
+        self.descriptor = descriptor or (lambda params: ())
+        self.on_progress = on_progress
+        self._policy_cache: dict[str, StageResult] = {}
+        self.seen: set[str] = set()
+        self.islands: dict[str, list] = {}
+        self.island_meta: list[dict] = []
+        self._exhausted: set[int] = set()
+        self.compile_refs: dict[Any, _Pending] = {}
+        self.gpu_refs: dict[Any, tuple[int, _Pending]] = {}
+        self.gpu_queue: deque[_Pending] = deque()
+        self.gpu_load: list[int] = []
+        self.best: dict[str, tuple[float, Candidate]] = {}
+        self.progress = Progress(started=time.time())
+        self._rr = 0
+        self._last_migration = 0
+        self._stop_reason = ""
+
+    # ------------------------------------------------------------------ setup
+
+    def _build_islands(self) -> None:
+        specs, meta = [], []
+        idx = 0
+        for task in self.tasks:
+            for _ in range(self.s.islands_per_task):
+                specs.append(dict(
+                    index=idx, task=task, capacity=self.s.population_size,
+                    selection_lambda=self.s.selection_lambda, archive=self.s.archive,
+                    seed=self.rng.randrange(2**31),
+                ))
+                meta.append({"index": idx, "task": task})
+                idx += 1
+        actors = self.rt.make_islands(specs)
+        for m, a in zip(meta, actors):
+            self.islands.setdefault(m["task"], []).append(a)
+            m["actor"] = a
+        self.island_meta = meta
+
+    @property
+    def n_inflight(self) -> int:
+        return len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue)
+
+    @property
+    def max_inflight(self) -> int:
+        if self.s.in_flight > 0:
+            return self.s.in_flight
+        workers = max(1, self.rt.n_cpus - 1)
+        return 2 * self.rt.n_gpus + workers
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, *, resume: bool = False) -> SearchSummary:
+        self.gpu_load = [0] * self.rt.n_gpus
+        self.progress.n_gpus = self.rt.n_gpus
+        self._build_islands()
+        if resume:
+            self._replay()
+        else:
+            self._submit_seeds()
+        deadline = time.time() + self.s.max_wall_seconds
+        interrupted = False
+        try:
+            while True:
+                if not self._stop_reason:
+                    if self.progress.evaluations >= self.s.max_evaluations:
+                        self._stop_reason = "evaluation budget spent"
+                    elif time.time() > deadline:
+                        self._stop_reason = "wall-clock limit reached"
+                if not self._stop_reason:
+                    self._fill()
+                self._dispatch_gpus()
+                if not self.n_inflight:
+                    if not self._stop_reason:
+                        self._stop_reason = "search space exhausted (no new child could be proposed)"
+                    break
+                self._collect(timeout=1.0)
+        except KeyboardInterrupt:
+            interrupted = True
+            self._stop_reason = "interrupted (Ctrl-C)"
+            pending = [p.candidate.id for p in self._all_pending()]
+            log.warning("interrupted: %d candidates in flight stay pending for --resume", len(pending))
+            self.store.log_event(self.run_id, "interrupted", {"pending": pending})
+        if not interrupted and self.s.confirm_champions:
+            self._confirm_champions()
+        self.store.set_run_status(self.run_id, "interrupted" if interrupted else "finished")
+        self._emit_progress(force=True)
+        self.store.log_event(self.run_id, "finish", {"reason": self._stop_reason, **self.progress.as_event()})
+        return self._summary()
+
+    def _all_pending(self) -> list[_Pending]:
+        return list(self.compile_refs.values()) + [p for _, p in self.gpu_refs.values()] + list(self.gpu_queue)
+
+    # ------------------------------------------------------------------ proposing
+
+    def _submit_seeds(self) -> None:
+        for task in self.tasks:
+            source, params = self.seeds[task]
+            cand = Candidate.create(task, source, params, operator=Operator.SEED, island=-1,
+                                    notes="seed kernel")
+            self._submit(cand)
+
+    def _fill(self) -> None:
+        order = list(range(len(self.island_meta)))
+        tries = 0
+        while self.n_inflight < self.max_inflight and tries < len(order):
+            if self.progress.proposed >= self.s.max_evaluations:
+                return  # never propose more than the budget can evaluate
+            idx = order[self._rr % len(order)]
+            self._rr += 1
+            if idx in self._exhausted:
+                tries += 1
+                continue
+            if self._propose(idx):
+                tries = 0
+            else:
+                tries += 1
+
+    def _propose(self, idx: int) -> bool:
+        from mutators.base import MutationContext
+
+        meta = self.island_meta[idx]
+        actor = meta["actor"]
+        k = self.mutator.wants_parents() if hasattr(self.mutator, "wants_parents") else 1
+        parents: list[Member] = self.rt.call(actor, "parents", k)
+        if not parents:
+            return False
+        gen = max(p.candidate.generation for p in parents) + 1
+        ctx = MutationContext(task=meta["task"], island=idx, generation=gen, seen=frozenset(self.seen))
+        prop = self.mutator.propose(parents, ctx, self.rng)
+        if prop is None:
+            self._exhausted.add(idx)
+            return False
+        cand = Candidate.create(meta["task"], prop.source, prop.params, parents=prop.parents,
+                                operator=prop.operator, island=idx, generation=gen, notes=prop.notes)
+        for pid in prop.parents[:1]:
+            self.rt.call(actor, "record_child", pid)
+        return self._submit(cand)
+
+    def _submit(self, cand: Candidate) -> bool:
+        if cand.id in self.seen:
+            return False
+        self.seen.add(cand.id)
+        self.store.add_candidate(self.run_id, cand)
+        self.progress.proposed += 1
+        pol = self._policy_cache.get(cand.source)  # knobs children share their parent's source
+        if pol is None:
+            pol = self.policy(cand.source)
+            self._policy_cache[cand.source] = pol
+        pending = _Pending(candidate=cand, pre_stages=(pol,))
+        if not pol.passed:
+            self._record(pending, Evaluation(cand.id, (pol,)), gpu=None)
+            return True
+        self._start_compile(pending)
+        return True
+
+    def _start_compile(self, pending: _Pending) -> None:
+        pending.compile_attempts += 1
+        ref = self.rt.submit_compile(pending.candidate)
+        self.compile_refs[ref] = pending
+
+    # ------------------------------------------------------------------ GPU dispatch
+
+    def _dispatch_gpus(self) -> None:
+        while self.gpu_queue:
+            free = [g for g, load in enumerate(self.gpu_load) if load < 2]
+            if not free:
+                return
+            g = min(free, key=lambda i: self.gpu_load[i])
+            pending = self.gpu_queue.popleft()
+            pending.gpu_attempts += 1
+            ref = self.rt.submit_gpu(g, pending.candidate, pending.so_bytes)
+            self.gpu_refs[ref] = (g, pending)
+            self.gpu_load[g] += 1
+
+    # ------------------------------------------------------------------ collecting
+
+    def _collect(self, timeout: float) -> None:
+        refs = list(self.compile_refs) + list(self.gpu_refs)
+        ready = self.rt.wait(refs, timeout)
+        errors = self.rt.remote_errors()
+        for ref in ready:
+            if ref in self.compile_refs:
+                pending = self.compile_refs.pop(ref)
+                try:
+                    outcome = self.rt.get(ref)
+                except errors as e:
+                    self._compile_worker_failed(pending, e)
+                    continue
+                self._compiled(pending, outcome)
+            else:
+                g, pending = self.gpu_refs.pop(ref)
+                self.gpu_load[g] -= 1
+                try:
+                    res = self.rt.get(ref)
+                except errors as e:
+                    self._gpu_worker_failed(pending, e)
+                    continue
+                self.progress.gpu_busy_s += max(0.0, res.finished - res.started)
+                ev = res.evaluation
+                self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
+                                                 fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
+        self._update_counters()
+
+    def _compiled(self, pending: _Pending, outcome) -> None:
+        stage = outcome.result
+        pending.pre_stages = pending.pre_stages + (stage,)
+        if stage.passed and outcome.so_bytes:
+            pending.so_bytes = outcome.so_bytes
+            self.gpu_queue.append(pending)
+        else:
+            self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages), gpu=None)
+
+    def _compile_worker_failed(self, pending: _Pending, err: BaseException) -> None:
+        if pending.compile_attempts < 2:
+            log.warning("compile worker died on %s (%s); retrying once", pending.candidate.short_id, err)
+            self._start_compile(pending)
+            return
+        st = StageResult("compile", Status.CRASH, reason=f"compile worker died twice: {type(err).__name__}: {err}"[:2000])
+        self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + (st,)), gpu=None)
+
+    def _gpu_worker_failed(self, pending: _Pending, err: BaseException) -> None:
+        if pending.gpu_attempts < 2:
+            log.warning("GPU evaluator died on %s (%s); re-queued once", pending.candidate.short_id, err)
+            self.gpu_queue.appendleft(pending)
+            return
+        st = StageResult("correctness", Status.CRASH,
+                         reason=f"GPU evaluator died twice on this candidate: {type(err).__name__}: {err}"[:2000])
+        self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + (st,)), gpu=None)
+
+    # ------------------------------------------------------------------ recording
+
+    def _record(self, pending: _Pending, ev: Evaluation, gpu: int | None) -> None:
+        cand = pending.candidate
+        self.store.add_evaluation(self.run_id, ev)
+        self.progress.evaluations += 1
+        failed = ev.failed_stage
+        if failed is not None:
+            self.progress.failures[f"{failed.stage}:{failed.status.value}"] += 1
+        fitness = ev.fitness if ev.correct else None
+        if fitness is not None:
+            self.progress.correct += 1
+        member = Member(candidate=cand, fitness=fitness, status=ev.status,
+                        descriptor=self.descriptor(cand.params_dict),
+                        error=(failed.reason if failed else ""))
+        self._add_member(member)
+        if fitness is not None:
+            cur = self.best.get(cand.task)
+            if cur is None or fitness > cur[0]:
+                self.best[cand.task] = (fitness, cand)
+                self.store.log_event(self.run_id, "new_best", {"task": cand.task, "id": cand.id, "fitness": fitness})
+        self._maybe_migrate()
+        self._emit_progress()
+
+    def _add_member(self, member: Member) -> None:
+        cand = member.candidate
+        targets = (self.islands.get(cand.task, []) if cand.island < 0
+                   else [self.island_meta[cand.island]["actor"]] if cand.island < len(self.island_meta) else [])
+        for actor in targets:
+            if self.rt.call(actor, "add", member):
+                for m in self.island_meta:
+                    if m["actor"] is actor:
+                        self._exhausted.discard(m["index"])
+
+    def _maybe_migrate(self) -> None:
+        every = self.s.migration_every
+        n = self.progress.evaluations
+        if self.s.migration_count <= 0 or n // every <= self._last_migration // every:
+            return
+        self._last_migration = n
+        for task, actors in self.islands.items():
+            if len(actors) < 2:
+                continue
+            moved = 0
+            for i, src in enumerate(actors):
+                dst = actors[(i + 1) % len(actors)]
+                emigrants = self.rt.call(src, "emigrants", self.s.migration_count)
+                if emigrants:
+                    moved += self.rt.call(dst, "immigrate", emigrants)
+            self.store.log_event(self.run_id, "migration", {"task": task, "moved": moved, "at": n})
+            self._exhausted.difference_update(m["index"] for m in self.island_meta if m["task"] == task)
+
+    # ------------------------------------------------------------------ progress / end
+
+    def _update_counters(self) -> None:
+        self.progress.compile_queue = len(self.compile_refs)
+        self.progress.gpu_queue = len(self.gpu_queue)
+        self.progress.in_flight = self.n_inflight
+
+    def _island_rows(self) -> list[dict]:
+        rows = []
+        for m in self.island_meta:
+            best = self.rt.call(m["actor"], "best")
+            rows.append({"island": m["index"], "task": m["task"],
+                         "best": (best.fitness if best is not None else None),
+                         "fix_mode": self.rt.call(m["actor"], "fix_mode")})
+        return rows
+
+    def _emit_progress(self, force: bool = False) -> None:
+        n = self.progress.evaluations
+        if not force and (n == 0 or n % self.s.progress_every):
+            if self.on_progress:
+                self._update_counters()
+                self.on_progress(self.progress)
+            return
+        self._update_counters()
+        self.progress.islands = self._island_rows()
+        self.store.log_event(self.run_id, "progress", self.progress.as_event())
+        if self.on_progress:
+            self.on_progress(self.progress)
+
+    def _confirm_champions(self) -> None:
+        """Re-time each task's best in a fresh process; store the confirmation."""
+        for task, (fitness, cand) in sorted(self.best.items()):
+            compiled = self.rt.submit_compile(cand)
+            try:
+                outcome = self.rt.get(compiled)
+                if not outcome.result.passed:
+                    raise RuntimeError(outcome.result.reason)
+                res = self.rt.get(self.rt.submit_gpu(0, cand, outcome.so_bytes))
+            except self.rt.remote_errors() + (RuntimeError,) as e:
+                log.warning("champion confirmation of %s failed: %s", cand.short_id, e)
+                self.store.set_champion(self.run_id, task, cand.id, fitness,
+                                        {"confirmed": False, "error": str(e)[:500]})
+                continue
+            again = res.evaluation.fitness if res.evaluation.correct else None
+            ok = again is not None and again >= 0.9 * fitness
+            self.store.set_champion(self.run_id, task, cand.id, fitness, {
+                "confirmed": ok, "fitness_confirmed": again,
+                "ratio": (again / fitness) if again else None, "gpu": res.evaluation.gpu,
+            })
+
+    def _summary(self) -> SearchSummary:
+        p = self.progress
+        best = {t: {"id": c.id, "fitness": f, "operator": c.operator} for t, (f, c) in self.best.items()}
+        return SearchSummary(
+            run_id=self.run_id, evaluations=p.evaluations, correct=p.correct,
+            stop_reason=self._stop_reason, best=best, gpu_busy=p.gpu_busy,
+            evals_per_hour=3600.0 * p.evaluations / p.elapsed, wall_seconds=p.elapsed,
+            failures=dict(p.failures),
+        )
+
+    # ------------------------------------------------------------------ resume
+
+    def _replay(self) -> None:
+        """Rebuild islands and in-flight work from the store (see module docstring)."""
+        cands = self.store.candidates(self.run_id)
+        pending_cands: list[Candidate] = []
+        done = correct = 0
+        for cand in cands:
+            self.seen.add(cand.id)
+            ev = self.store.get_evaluation(cand.id, self.run_id)
+            if ev is None:
+                pending_cands.append(cand)
+                continue
+            done += 1
+            fitness = ev.fitness if ev.correct else None
+            failed = ev.failed_stage
+            self._add_member(Member(candidate=cand, fitness=fitness, status=ev.status,
+                                    descriptor=self.descriptor(cand.params_dict),
+                                    error=(failed.reason if failed else "")))
+            if fitness is not None:
+                correct += 1
+                cur = self.best.get(cand.task)
+                if cur is None or fitness > cur[0]:
+                    self.best[cand.task] = (fitness, cand)
+        self.progress.evaluations = done
+        self.progress.correct = correct
+        self.progress.proposed = len(cands)
+        self._last_migration = done
+        for cand in pending_cands:
+            pol = self.policy(cand.source)
+            p = _Pending(candidate=cand, pre_stages=(pol,))
+            if pol.passed:
+                self._start_compile(p)
+            else:
+                self._record(p, Evaluation(cand.id, (pol,)), gpu=None)
+        pending = pending_cands
+        self.store.log_event(self.run_id, "resume", {"evaluated": done, "resubmitted": len(pending)})
+        log.info("resumed run %s: %d evaluated, %d resubmitted", self.run_id, done, len(pending))
+
+
+# ---------------------------------------------------------------------- entry points
+
+
+def engine_settings(cfg) -> EngineSettings:
+    s = cfg.search
+    return EngineSettings(
+        islands_per_task=s.islands_per_task, population_size=s.population_size,
+        max_evaluations=s.max_evaluations, max_wall_seconds=60.0 * s.max_wall_minutes,
+        in_flight=s.in_flight, migration_every=s.migration_every, migration_count=s.migration_count,
+        selection_lambda=s.selection_lambda, archive=s.archive,
+    )
+
+
+def make_mutator(cfg):
+    kind = cfg.mutator.kind
+    if kind == "knobs":
+        from mutators.knobs import KnobsMutator
+
+        return KnobsMutator(crossover_rate=cfg.mutator.crossover_rate, perturb_max=cfg.mutator.perturb_max)
+    raise SearchError(f"mutator.kind = {kind!r}: unknown; known: knobs")
+
+
+def _task_names(cfg) -> list[str]:
+    import evo.tasks as T
+
+    for f in cfg.tasks.files:
+        T.load_task_file(f)
+    return [t.name for t in T.tasks_for(list(cfg.tasks.include))]
+
+
+def _seed_for(task_name: str) -> tuple[str, dict[str, str]]:
+    from evo.tasks import get_task
+    from evo.tasks.seeds import seed_params, seed_source
+
+    task = get_task(task_name)
+    if task.seed and task.seed.endswith(".cu"):
+        from pathlib import Path
+
+        from evo.tunables import resolve_params
+
+        src = Path(task.seed).read_text()
+        return src, resolve_params(src, {})
+    return seed_source(task_name), seed_params(task_name)
+
+
+def dry_run(cfg) -> dict:
+    """Everything a search does before the GPU: config, tasks, seeds, policy, compile."""
+    from evaluators.compile import compile_candidate
+    from evaluators.policy import check_policy
+
+    rows, ok = [], True
+    names = _task_names(cfg)
+    cs = cfg.compile_settings()
+    for name in names:
+        src, params = _seed_for(name)
+        pol = check_policy(src)
+        row = {"task": name, "policy": pol.status.value, "compile": "-", "note": pol.reason}
+        if pol.passed:
+            out = compile_candidate(Candidate.create(name, src, params), cs)
+            row["compile"] = out.result.status.value + (" (cached)" if out.cached else "")
+            row["seconds"] = out.result.seconds
+            row["note"] = out.result.reason
+            ok &= out.result.passed
+        else:
+            ok = False
+        rows.append(row)
+    s = engine_settings(cfg)
+    plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
+            f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
+            f"{cfg.mutator.kind}, db {cfg.run.db}. No GPU was used; run without --dry-run on a "
+            "machine with an NVIDIA GPU to search.")
+    return {"ok": ok, "seeds": rows, "plan": plan}
+
+
+def run_search(cfg, *, address: str | None = None, resume: str | None = None,
+               progress: bool = True, stages=None) -> SearchSummary:
+    """Open the store, start the runtime, run the engine, shut down. The CLI calls this."""
+    from pathlib import Path
+
+    from evaluators.policy import check_policy
+    from evo.runtime import Runtime, RuntimeError_, real_stages
+    from evo.store import Store, StoreError
+
+    names = _task_names(cfg)
+    Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
+    store = Store(cfg.run.db)
+    try:
+        if resume:
+            try:
+                run = store.get_run(resume)
+            except StoreError as e:
+                raise SearchError(str(e)) from e
+            run_id = run["id"]
+            if run.get("config_hash") and run["config_hash"] != cfg.hash():
+                log.warning("config differs from the one run %s started with; continuing with the new one", run_id)
+            seed = int(run.get("seed", cfg.run.seed))
+            store.set_run_status(run_id, "running")
+        else:
+            run_id = store.create_run(cfg.run.name, cfg.to_dict(), seed=cfg.run.seed, config_hash=cfg.hash())
+            seed = cfg.run.seed
+        n_done = len(store.evaluated_ids(run_id)) if resume else 0
+        rng = random.Random(f"{seed}:{n_done}")
+        seeds = {t: _seed_for(t) for t in names}
+        rt = Runtime(
+            stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
+            harness_settings=cfg.harness_settings(), address=address,
+            num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
+            num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
+        )
+        try:
+            rt.start()
+        except RuntimeError_ as e:
+            raise SearchError(str(e)) from e
+        view = None
+        try:
+            descriptor = _descriptor_fn()
+            cb = None
+            if progress:
+                from evo.progress import LiveProgress
+
+                view = LiveProgress(run_id)
+                view.start()
+                cb = view.update
+            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg), run_id=run_id, tasks=names,
+                         seeds=seeds, settings=engine_settings(cfg), rng=rng, policy=check_policy,
+                         descriptor=descriptor, on_progress=cb)
+            store.log_event(run_id, "start" if not resume else "resume_start",
+                            {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus})
+            return eng.run(resume=bool(resume))
+        finally:
+            if view is not None:
+                view.stop()
+            rt.shutdown()
+    finally:
+        store.close()
+
+
+def _descriptor_fn():
+    try:
+        from populations.archive import descriptor_from_params
+    except ImportError:  # pragma: no cover - populations is part of the package
+        return None
+    dims = ("tile", "stages", "vec", "block")
+    return lambda params: descriptor_from_params(params, dims)
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0

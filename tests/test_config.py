@@ -1,0 +1,514 @@
+"""Tests for evo.config: schema, defaults, shipped configs and every kind of mistake.
+
+Most tests run against a small fake task registry (installed by the ``registry`` fixture)
+so they do not depend on the task suite's contents; ``test_shipped_configs_real_registry``
+checks the shipped configs against the real registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import evo.config as config_mod
+import evo.tasks
+from evaluators.base import CompileSettings, HarnessSettings
+from evo.config import (
+    Config,
+    ConfigError,
+    demo_config_path,
+    load_config,
+    parse_config,
+    parse_override,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "configs" / "demo.toml"
+EXAMPLES = sorted((REPO / "configs" / "examples").glob("*.toml"))
+MINIMAL = {"tasks": {"include": ["kb19_relu"]}}
+
+
+class FakeRegistry:
+    """Stands in for evo.tasks: a few builtin names, two families, and a task-file loader
+    that registers one task per line ``task <name>`` of the file."""
+
+    def __init__(self):
+        self.names = {"kb19_relu", "kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb01_square"}
+        self.loaded: list[Path] = []
+
+    def task_names(self):
+        return sorted(self.names)
+
+    def families(self):
+        return ["kernelbench-l1", "modern"]
+
+    def load_task_file(self, path):
+        self.loaded.append(Path(path))
+        text = Path(path).read_text()
+        if "raise" in text:
+            raise SyntaxError("invalid syntax (line 1)")
+        for line in text.splitlines():
+            if line.startswith("task "):
+                self.names.add(line.split()[1])
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    fake = FakeRegistry()
+    monkeypatch.setattr(evo.tasks, "task_names", fake.task_names, raising=False)
+    monkeypatch.setattr(evo.tasks, "families", fake.families, raising=False)
+    monkeypatch.setattr(evo.tasks, "load_task_file", fake.load_task_file, raising=False)
+    monkeypatch.setattr(config_mod, "_LOADED_TASK_FILES", set())
+    return fake
+
+
+def write(tmp_path: Path, text: str, name: str = "x.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(data, overrides=None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="configs/x.toml", overrides=overrides)
+    return info.value
+
+
+def one_line(err: ConfigError) -> str:
+    assert len(err.problems) == 1, str(err)
+    return str(err)
+
+
+# ---------------------------------------------------------------------------- good configs
+
+
+def test_defaults_match_documented_values(registry):
+    cfg = parse_config(MINIMAL)
+    assert cfg.run.name == "search" and cfg.run.seed == 0 and cfg.run.gpu == "auto"
+    assert cfg.run.db == Path.cwd() / "runs/evo.db"
+    assert cfg.tasks.include == ("kb19_relu",) and cfg.tasks.files == ()
+    s = cfg.search
+    assert (s.islands_per_task, s.population_size, s.max_evaluations) == (2, 16, 200)
+    assert (s.max_wall_minutes, s.in_flight, s.migration_every, s.migration_count) == (10, 0, 40, 2)
+    assert s.selection_lambda == 1.0 and s.archive is True
+    assert (cfg.mutator.kind, cfg.mutator.crossover_rate, cfg.mutator.perturb_max) == ("knobs", 0.3, 2)
+    c = cfg.compile
+    assert (c.arch, c.timeout_s, c.memory_mb, c.workers) == ("sm_90a", 300, 8192, 0)
+    assert c.cache_dir == Path.cwd() / ".evo/cache"
+    e = cfg.evaluator
+    assert (e.trials, e.warmup, e.reps, e.flush_mb, e.timeout_s) == (5, 10, 50, 256, 300)
+    assert (cfg.ray.address, cfg.ray.num_gpus, cfg.ray.num_cpus) == ("", "auto", "auto")
+    assert cfg.source_path is None
+
+
+def test_config_is_frozen(registry):
+    cfg = parse_config(MINIMAL)
+    with pytest.raises(ValidationError):
+        cfg.search.max_evaluations = 3
+    with pytest.raises(ValidationError):
+        cfg.run = cfg.run
+
+
+def test_settings_helpers(registry):
+    cfg = parse_config(
+        {
+            **MINIMAL,
+            "compile": {"arch": "sm_100a", "timeout_s": 60, "memory_mb": 1024, "cache_dir": "/tmp/c"},
+            "evaluator": {"trials": 7, "warmup": 3, "reps": 20, "flush_mb": 128, "timeout_s": 90.5},
+        }
+    )
+    cs = cfg.compile_settings()
+    assert isinstance(cs, CompileSettings)
+    assert cs == CompileSettings(arch="sm_100a", timeout_s=60.0, memory_mb=1024, cache_dir="/tmp/c")
+    hs = cfg.harness_settings()
+    assert isinstance(hs, HarnessSettings)
+    assert hs == HarnessSettings(trials=7, warmup=3, reps=20, flush_mb=128, timeout_s=90.5)
+    assert isinstance(hs.timeout_s, float) and isinstance(cs.timeout_s, float)
+
+
+def test_hash_and_to_dict(registry):
+    a = parse_config(MINIMAL)
+    b = parse_config({"tasks": {"include": ["kb19_relu"]}, "search": {"max_evaluations": 200}})
+    c = parse_config({"tasks": {"include": ["kb19_relu"]}, "search": {"max_evaluations": 201}})
+    assert a.hash() == b.hash() != c.hash()
+    assert len(a.hash()) == 64 and int(a.hash(), 16) >= 0
+    d = a.to_dict()
+    assert json.loads(json.dumps(d)) == d  # plain JSON types only
+    assert d["tasks"]["include"] == ["kb19_relu"] and isinstance(d["run"]["db"], str)
+    assert sorted(d) == ["compile", "evaluator", "mutator", "ray", "run", "search", "tasks"]
+    # the dict round-trips into an equal config
+    assert parse_config(d).hash() == a.hash()
+
+
+def test_relative_paths_resolve_against_cwd(registry, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mytasks.py").write_text("task my_op\n")
+    cfg = parse_config(
+        {
+            "run": {"db": "out/run.db"},
+            "compile": {"cache_dir": "~/cache"},
+            "tasks": {"include": ["my_op"], "files": ["mytasks.py"]},
+        }
+    )
+    assert cfg.run.db == tmp_path / "out/run.db"
+    assert cfg.compile.cache_dir == Path.home() / "cache"
+    assert cfg.tasks.files == (tmp_path / "mytasks.py",)
+
+
+def test_user_task_files_load_before_include_and_only_once(registry, tmp_path):
+    f = write(tmp_path, "task my_fused_op\n", "user_tasks.py")
+    data = {"tasks": {"files": [str(f)], "include": ["my_fused_op", "family:modern"]}}
+    cfg = parse_config(data)
+    assert cfg.tasks.include == ("my_fused_op", "family:modern")
+    parse_config(data)
+    assert registry.loaded == [f]
+
+
+def test_load_config_sets_source_path_and_overrides(registry, tmp_path):
+    path = write(tmp_path, '[tasks]\ninclude = ["kb19_relu"]\n[search]\nmax_evaluations = 50\n')
+    cfg = load_config(path, overrides={"search.max_evaluations": 10, "run.seed": 7, "run.name": None})
+    assert cfg.source_path == path
+    assert cfg.search.max_evaluations == 10 and cfg.run.seed == 7 and cfg.run.name == "search"
+    assert load_config(str(path)).search.max_evaluations == 50
+    # overrides may create sections and replace lists; Path values are accepted
+    cfg = load_config(path, overrides={"tasks.include": ("kb23_softmax",), "compile.cache_dir": tmp_path})
+    assert cfg.tasks.include == ("kb23_softmax",) and cfg.compile.cache_dir == tmp_path
+
+
+def test_ray_and_gpu_values(registry):
+    cfg = parse_config({**MINIMAL, "ray": {"address": "auto", "num_gpus": 0, "num_cpus": 4}, "run": {"gpu": "h200"}})
+    assert (cfg.ray.address, cfg.ray.num_gpus, cfg.ray.num_cpus) == ("auto", 0, 4)
+    assert cfg.run.gpu == "H200"  # canonical spelling
+
+
+def test_int_accepted_where_float_expected(registry):
+    cfg = parse_config({**MINIMAL, "search": {"max_wall_minutes": 9, "selection_lambda": 2}})
+    assert cfg.search.max_wall_minutes == 9.0 and isinstance(cfg.search.max_wall_minutes, float)
+
+
+def test_parse_override():
+    assert parse_override("search.max_evaluations=10") == ("search.max_evaluations", 10)
+    assert parse_override("search.archive = false") == ("search.archive", False)
+    assert parse_override('tasks.include=["a", "family:modern"]') == ("tasks.include", ["a", "family:modern"])
+    assert parse_override("run.name=nightly") == ("run.name", "nightly")
+    assert parse_override('run.name="1"') == ("run.name", "1")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_override("search.max_evaluations")
+
+
+# ---------------------------------------------------------------------------- shipped configs
+
+
+def _schema_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys |= _schema_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def _toml_keys(data: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in data.items():
+        keys |= _toml_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+    return keys
+
+
+def test_demo_config_lists_and_comments_every_key(registry):
+    assert demo_config_path() == DEMO
+    with DEMO.open("rb") as f:
+        data = tomllib.load(f)
+    assert _toml_keys(data) == _schema_keys(Config)
+    lines = DEMO.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "=" in line and not line.lstrip().startswith("#"):
+            assert lines[i - 1].lstrip().startswith("#"), f"demo.toml line {i + 1} has no comment: {line}"
+
+
+def test_demo_config_values(registry):
+    cfg = load_config(DEMO)
+    assert cfg.tasks.include == ("kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb19_relu")
+    assert cfg.search.islands_per_task == 2
+    assert cfg.search.max_evaluations == 120 and cfg.search.max_wall_minutes == 9
+    assert cfg.mutator.kind == "knobs" and cfg.compile.arch == "sm_90a"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load(registry, path):
+    cfg = load_config(path)
+    assert cfg.source_path == path
+
+
+def test_examples_exist():
+    assert {p.name for p in EXAMPLES} >= {"kernelbench.toml", "modern.toml"}
+
+
+def test_docs_mention_every_key():
+    doc = (REPO / "docs" / "config.md").read_text()
+    for key in _schema_keys(Config):
+        section, name = key.split(".")
+        assert f"[{section}]" in doc and f"`{name}`" in doc, key
+
+
+def test_shipped_configs_real_registry(monkeypatch):
+    """The shipped configs name tasks that the real task suite registers."""
+    if not (hasattr(evo.tasks, "task_names") and hasattr(evo.tasks, "families")):
+        pytest.skip("evo.tasks registry (task_names/families) not available in this checkout")
+    monkeypatch.setattr(config_mod, "_LOADED_TASK_FILES", set())
+    for path in [DEMO, *EXAMPLES]:
+        load_config(path)
+
+
+# ---------------------------------------------------------------------------- file-level errors
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: file not found"
+    assert isinstance(info.value, ValueError)
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_toml_syntax_error_names_line_and_column(tmp_path):
+    path = write(tmp_path, '[search]\nislands_per_task = 2\nmax_evaluations = = 3\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: TOML syntax error at line 3, column ")
+    assert "\n" not in msg and info.value.__cause__ is None
+
+
+def test_toml_syntax_error_at_end(tmp_path):
+    path = write(tmp_path, "[tasks]\ninclude = [\n")
+    with pytest.raises(ConfigError, match="TOML syntax error"):
+        load_config(path)
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_bytes(b"[run]\nname = \"\xff\"\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(path)
+
+
+# ---------------------------------------------------------------------------- schema errors
+
+
+def test_unknown_nested_key_with_suggestion(registry, tmp_path):
+    path = write(tmp_path, '[tasks]\ninclude = ["kb19_relu"]\n[search]\nisands = 3\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: unknown key 'search.isands' (did you mean 'search.islands_per_task'?; allowed: ")
+    assert "population_size" in msg and "\n" not in msg
+    assert info.value.problems[0][0] == "search.isands"
+
+
+def test_unknown_key_without_close_match_lists_allowed(registry):
+    msg = one_line(error_of({**MINIMAL, "evaluator": {"zzz": 1}}))
+    assert "unknown key 'evaluator.zzz' (allowed: trials, warmup, reps, flush_mb, timeout_s)" in msg
+
+
+def test_unknown_section_with_suggestion(registry):
+    msg = one_line(error_of({**MINIMAL, "serch": {"islands_per_task": 2}}))
+    assert msg == (
+        "configs/x.toml: unknown section [serch] (did you mean [search]?; "
+        "allowed: run, tasks, search, mutator, compile, evaluator, ray)"
+    )
+
+
+def test_top_level_key_outside_section(registry):
+    msg = one_line(error_of({**MINIMAL, "seed": 3}))
+    assert "unknown top-level key 'seed' (did you mean 'run.seed'?; keys belong in a section" in msg
+
+
+def test_unknown_llm_section_is_rejected_until_it_exists(registry):
+    msg = one_line(error_of({**MINIMAL, "llm": {"model": "x"}}))
+    assert "unknown section [llm]" in msg
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"run": {"seed": "3"}}, 'run.seed = "3": must be an integer'),
+        ({"search": {"archive": 1}}, "search.archive = 1: must be true or false"),
+        ({"search": {"max_evaluations": 10.0}}, "search.max_evaluations = 10.0: must be an integer"),
+        ({"search": {"max_wall_minutes": "ten"}}, 'search.max_wall_minutes = "ten": must be a number'),
+        ({"search": {"selection_lambda": True}}, "search.selection_lambda = true: must be a number"),
+        ({"run": {"name": 5}}, "run.name = 5: must be a string"),
+        ({"run": {"db": 5}}, "run.db = 5: must be a path string"),
+        ({"search": 3}, "search = 3: must be a table (a [search] section)"),
+        ({"ray": {"num_gpus": "all"}}, 'ray.num_gpus = "all": must be an integer >= 0 or "auto"'),
+        ({"ray": {"num_cpus": 0}}, 'ray.num_cpus = 0: must be an integer >= 1 or "auto"'),
+        ({"ray": {"num_gpus": True}}, 'ray.num_gpus = true: must be an integer >= 0 or "auto"'),
+    ],
+)
+def test_wrong_type(registry, data, expected):
+    msg = one_line(error_of({**MINIMAL, **data}))
+    assert msg == f"configs/x.toml: {expected}"
+
+
+def test_include_must_be_a_list(registry):
+    msg = one_line(error_of({"tasks": {"include": "kb19_relu"}}))
+    assert msg == 'configs/x.toml: tasks.include = "kb19_relu": must be a list'
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"search": {"islands_per_task": -1}}, "search.islands_per_task = -1: must be between 1 and 64"),
+        ({"search": {"islands_per_task": 65}}, "search.islands_per_task = 65: must be between 1 and 64"),
+        ({"search": {"population_size": 1}}, "search.population_size = 1: must be between 2 and 1024"),
+        ({"search": {"max_evaluations": 0}}, "search.max_evaluations = 0: must be >= 1"),
+        ({"search": {"max_wall_minutes": 0}}, "search.max_wall_minutes = 0: must be > 0"),
+        ({"search": {"max_wall_minutes": float("inf")}}, "search.max_wall_minutes = inf: must be a finite number"),
+        ({"search": {"in_flight": -1}}, "search.in_flight = -1: must be >= 0"),
+        ({"search": {"selection_lambda": 0.0}}, "search.selection_lambda = 0.0: must be > 0"),
+        ({"mutator": {"crossover_rate": 1.5}}, "mutator.crossover_rate = 1.5: must be between 0.0 and 1.0"),
+        ({"mutator": {"perturb_max": 0}}, "mutator.perturb_max = 0: must be >= 1"),
+        ({"compile": {"memory_mb": 256}}, "compile.memory_mb = 256: must be >= 512"),
+        ({"compile": {"timeout_s": -1}}, "compile.timeout_s = -1: must be > 0"),
+        ({"compile": {"workers": -2}}, "compile.workers = -2: must be >= 0"),
+        ({"evaluator": {"trials": 4}}, "evaluator.trials = 4: must be >= 5"),
+        ({"evaluator": {"reps": 9}}, "evaluator.reps = 9: must be >= 10"),
+        ({"evaluator": {"flush_mb": 32}}, "evaluator.flush_mb = 32: must be >= 64"),
+        ({"evaluator": {"warmup": 0}}, "evaluator.warmup = 0: must be >= 1"),
+        ({"run": {"seed": -1}}, "run.seed = -1: must be >= 0"),
+        ({"run": {"name": ""}}, 'run.name = "": must not be empty'),
+        (
+            {"search": {"migration_count": 20, "population_size": 8}},
+            "search.migration_count = 20: must be <= search.population_size (8)",
+        ),
+    ],
+)
+def test_out_of_range(registry, data, expected):
+    msg = one_line(error_of({**MINIMAL, **data}))
+    assert msg == f"configs/x.toml: {expected}"
+
+
+def test_bad_enum_values(registry):
+    msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "knob"}}))
+    assert msg == 'configs/x.toml: mutator.kind = "knob": did you mean "knobs"? allowed: "knobs"'
+    msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "llm"}}))
+    assert msg == 'configs/x.toml: mutator.kind = "llm": allowed: "knobs"'
+    msg = one_line(error_of({**MINIMAL, "run": {"gpu": "A100"}}))
+    assert msg.startswith('configs/x.toml: run.gpu = "A100": unknown GPU; allowed: "auto", ')
+    assert '"H100"' in msg and '"H200"' in msg
+    msg = one_line(error_of({**MINIMAL, "run": {"gpu": "H20"}}))
+    assert "did you mean" in msg
+    msg = one_line(error_of({**MINIMAL, "compile": {"arch": "sm90a"}}))
+    assert msg.startswith('configs/x.toml: compile.arch = "sm90a": must match ') and "sm_90a" in msg
+
+
+def test_unknown_task_name(registry):
+    err = error_of({"tasks": {"include": ["kb19_relu", "kb23_sofmax"]}})
+    assert err.problems[0][0] == "tasks.include[1]"
+    first, second = str(err).splitlines()
+    assert first.startswith('configs/x.toml: tasks.include[1] = "kb23_sofmax": unknown task (did you mean "kb23_softmax"?)')
+    assert "family:<name>" in first and "kernelbench-l1, modern" in first
+    assert second.strip().startswith("known tasks: ") and "gelu_bf16" in second
+
+
+def test_unknown_family(registry):
+    msg = one_line(error_of({"tasks": {"include": ["family:kernelbench"]}}))
+    assert msg == (
+        'configs/x.toml: tasks.include[0] = "family:kernelbench": unknown task family '
+        '(did you mean "family:kernelbench-l1"?); known families: "family:kernelbench-l1", "family:modern"'
+    )
+
+
+def test_include_empty_duplicated_or_missing(registry):
+    assert one_line(error_of({"tasks": {"include": []}})) == "configs/x.toml: tasks.include = []: must not be empty"
+    msg = one_line(error_of({"tasks": {"include": ["kb19_relu", "kb19_relu"]}}))
+    assert msg == 'configs/x.toml: tasks.include = ["kb19_relu", "kb19_relu"]: "kb19_relu" is listed twice'
+    msg = one_line(error_of({"run": {"seed": 1}}))
+    assert msg.startswith("configs/x.toml: required section [tasks] is missing (tasks.include: a non-empty list")
+    msg = one_line(error_of({"tasks": {"files": []}}))
+    assert msg.startswith("configs/x.toml: required key 'tasks.include' is missing")
+
+
+def test_task_file_problems(registry, tmp_path):
+    msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": ["does/not/exist.py"]}}))
+    assert msg == 'configs/x.toml: tasks.files[0] = "does/not/exist.py": file not found'
+    bad = write(tmp_path, "raise\n", "bad.py")
+    msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": [str(bad)]}}))
+    assert msg == f'configs/x.toml: tasks.files[0] = "{bad}": could not load task file: SyntaxError: invalid syntax (line 1)'
+    msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": [str(tmp_path)]}}))
+    assert msg.endswith(": is not a file")
+
+
+def test_several_problems_one_line_each_no_pydantic_dump(registry, tmp_path):
+    path = write(
+        tmp_path,
+        '[run]\nseed = -4\n[tasks]\ninclude = ["kb19_relu"]\n[search]\npopulation_size = 0\nbogus = 1\n'
+        '[evaluator]\ntrials = 2\n',
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    err = info.value
+    lines = str(err).splitlines()
+    assert len(lines) == len(err.problems) == 4
+    assert all(line.startswith(f"{path}: ") for line in lines)
+    assert {k for k, _ in err.problems} == {"run.seed", "search.population_size", "search.bogus", "evaluator.trials"}
+    text = str(err).lower()
+    assert "pydantic" not in text and "validation error" not in text and "input should" not in text
+    assert err.__cause__ is None and err.__suppress_context__
+
+
+# ---------------------------------------------------------------------------- override errors
+
+
+def test_bad_override_value(registry, tmp_path):
+    path = write(tmp_path, '[tasks]\ninclude = ["kb19_relu"]\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides={"search.max_evaluations": -3})
+    assert str(info.value) == f"{path}: search.max_evaluations = -3 (set by override): must be >= 1"
+
+
+def test_unknown_override_key(registry, tmp_path):
+    path = write(tmp_path, '[tasks]\ninclude = ["kb19_relu"]\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides={"search.max_evals": 10})
+    assert str(info.value).startswith(
+        f"{path}: unknown key 'search.max_evals' (set by override; did you mean 'search.max_evaluations'?; allowed: "
+    )
+
+
+def test_malformed_override_keys(registry):
+    msg = one_line(error_of(MINIMAL, overrides={"run.seed.x": 3}))
+    assert msg == "configs/x.toml: override 'run.seed.x': 'run.seed' is a value, not a [section]"
+    msg = one_line(error_of(MINIMAL, overrides={"search..x": 3}))
+    assert "not a dotted key" in msg
+    msg = one_line(error_of(MINIMAL, overrides={"": 3}))
+    assert "not a dotted key" in msg
+
+
+def test_override_of_unknown_task(registry):
+    msg = str(error_of(MINIMAL, overrides={"tasks.include": ["nope_task"]}))
+    assert 'tasks.include[0] = "nope_task" (set by override): unknown task' in msg
+
+
+def test_errors_do_not_mutate_input(registry):
+    data = {"tasks": {"include": ["kb19_relu"]}}
+    parse_config(data, overrides={"search.max_evaluations": 5})
+    assert data == {"tasks": {"include": ["kb19_relu"]}}
+
+
+def test_settings_records_are_frozen_dataclasses(registry):
+    cfg = parse_config(MINIMAL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.compile_settings().arch = "sm_80"
