@@ -559,8 +559,7 @@ def make_mutator(cfg):
 def _task_names(cfg) -> list[str]:
     import evo.tasks as T
 
-    for f in cfg.tasks.files:
-        T.load_task_file(f)
+    # cfg.tasks.files were loaded (registered) by load_config already.
     return [t.name for t in T.tasks_for(list(cfg.tasks.include))]
 
 

@@ -847,9 +847,17 @@ class Store:
                 [cid],
             ).fetchone()
             if row is None:
-                self._resolve("candidates", "candidate", cid)  # raises with near matches
-                raise UnknownIdError(f"no candidate {cid!r}", query=cid)  # pragma: no cover
+                self._raise_not_full_id(cid)
             return _row_to_candidate(row)
+
+    def _raise_not_full_id(self, cid: str) -> None:
+        full = self._resolve("candidates", "candidate", cid)  # raises with near matches
+        raise UnknownIdError(
+            f"{cid!r} is not a full candidate id (it abbreviates {full[:16]}...); pass the full "
+            f"id, or resolve a prefix with resolve_id() first",
+            query=cid,
+            near=[full],
+        )
 
     def has_candidate(self, cid: str) -> bool:
         with self._snapshot() as conn:
@@ -947,8 +955,7 @@ class Store:
             ).fetchall()
             by_id = {r[0]: _row_to_candidate(r) for r in rows}
             if cid not in by_id:
-                self._resolve("candidates", "candidate", cid)
-                raise UnknownIdError(f"no candidate {cid!r}", query=cid)  # pragma: no cover
+                self._raise_not_full_id(cid)
         out: list[Candidate] = []
         seen = {cid}
         queue = deque([cid])

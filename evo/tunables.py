@@ -143,14 +143,16 @@ def parse_constraints(source: str) -> tuple[Constraint, ...]:
 def parse_int_constants(source: str) -> dict[str, int]:
     """Integer macros the source defines (``#define NAME 123``), usable in constraints.
 
-    Later definitions win, as in the preprocessor (a tunable's ``#ifndef`` default is one of
-    them; :func:`violated_constraints` overrides it with the candidate's value).
+    The first definition wins, as in the preprocessor when later ones sit in ``#ifndef``
+    guards (a seed's task-config block comes before the template's guarded fallbacks); a
+    tunable's guarded default is overridden by the candidate's value in
+    :func:`violated_constraints`.
     """
     consts: dict[str, int] = {}
     for line in source.splitlines():
         m = _DEFINE_INT_RE.match(line)
         if m:
-            consts[m.group("name")] = int(m.group("value"))
+            consts.setdefault(m.group("name"), int(m.group("value")))
     return consts
 
 

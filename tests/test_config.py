@@ -378,7 +378,7 @@ def test_include_must_be_a_list(registry):
         ({"search": {"max_wall_minutes": float("inf")}}, "search.max_wall_minutes = inf: must be a finite number"),
         ({"search": {"in_flight": -1}}, "search.in_flight = -1: must be >= 0"),
         ({"search": {"selection_lambda": 0.0}}, "search.selection_lambda = 0.0: must be > 0"),
-        ({"mutator": {"crossover_rate": 1.5}}, "mutator.crossover_rate = 1.5: must be between 0.0 and 1.0"),
+        ({"mutator": {"crossover_rate": 1.5}}, "mutator.crossover_rate = 1.5: must be between 0 and 1"),
         ({"mutator": {"perturb_max": 0}}, "mutator.perturb_max = 0: must be >= 1"),
         ({"compile": {"memory_mb": 256}}, "compile.memory_mb = 256: must be >= 512"),
         ({"compile": {"timeout_s": -1}}, "compile.timeout_s = -1: must be > 0"),
@@ -405,11 +405,9 @@ def test_bad_enum_values(registry):
     assert msg == 'configs/x.toml: mutator.kind = "knob": did you mean "knobs"? allowed: "knobs"'
     msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "llm"}}))
     assert msg == 'configs/x.toml: mutator.kind = "llm": allowed: "knobs"'
-    msg = one_line(error_of({**MINIMAL, "run": {"gpu": "A100"}}))
-    assert msg.startswith('configs/x.toml: run.gpu = "A100": unknown GPU; allowed: "auto", ')
+    msg = one_line(error_of({**MINIMAL, "run": {"gpu": "MI300X"}}))
+    assert msg.startswith('configs/x.toml: run.gpu = "MI300X": unknown GPU; allowed: "auto", ')
     assert '"H100"' in msg and '"H200"' in msg
-    msg = one_line(error_of({**MINIMAL, "run": {"gpu": "H20"}}))
-    assert "did you mean" in msg
     msg = one_line(error_of({**MINIMAL, "compile": {"arch": "sm90a"}}))
     assert msg.startswith('configs/x.toml: compile.arch = "sm90a": must match ') and "sm_90a" in msg
 
@@ -512,3 +510,12 @@ def test_settings_records_are_frozen_dataclasses(registry):
     cfg = parse_config(MINIMAL)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.compile_settings().arch = "sm_80"
+
+
+def test_config_pickles_for_ray(registry, tmp_path):
+    import pickle
+
+    path = write(tmp_path, '[tasks]\ninclude = ["kb19_relu"]\n')
+    cfg = load_config(path)
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back == cfg and back.hash() == cfg.hash() and back.source_path == path

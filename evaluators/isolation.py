@@ -1,0 +1,413 @@
+"""Parent side of the isolated GPU harness: spawn one fresh process per candidate, kill, collect.
+
+Contract (shared/EVALUATION.md, Isolation):
+
+- One new process per candidate (``subprocess``: fork+exec of a fresh interpreter, never a
+  fork of a CUDA process), in its own process group (``start_new_session=True``), pinned to
+  one GPU with ``CUDA_VISIBLE_DEVICES``, with an environment scrubbed of secrets and a
+  private working and temp directory.
+- A wall-clock timeout kills the *whole group* (SIGKILL) and reports ``timeout``; a death
+  without a result file reports ``crash`` with the trimmed tail of stderr and the last
+  progress marker (which shape / trial was running) so a repair prompt can use it.
+- This module never imports torch, CUDA or the candidate: it can run in the engine's GPU
+  actor, a CPU test, or ``evo check``.
+
+The child (``evaluators/harness.py``, or any ``entry`` for tests) gets one argument, the job
+directory, containing ``job.json`` and ``kernel.so``; it writes ``result.json`` atomically
+(``result.json.tmp`` + rename) and ``progress.json`` before each risky step. Exit code 0 =
+the result file says what happened (a candidate failure is data); exit code
+:data:`HARNESS_BUG_EXIT` with ``error.json`` = the harness itself failed, which raises
+:class:`HarnessError` here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from evaluators.base import HarnessSettings
+from evo.records import StageResult, Status
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "HARNESS_BUG_EXIT",
+    "MODES",
+    "HarnessJob",
+    "HarnessReport",
+    "ShapeTiming",
+    "HarnessError",
+    "run_isolated",
+    "child_env",
+    "stage_to_json",
+    "stage_from_json",
+]
+
+log = logging.getLogger(__name__)
+
+#: Version of the correctness + timing protocol; stored with every time.
+PROTOCOL_VERSION = "1"
+#: Exit code by which the harness says "my own bug", with error.json beside it.
+HARNESS_BUG_EXIT = 70
+#: "check": correctness only; "check+time": correctness then timing; "time-only": champion
+#: re-confirmation of an already-checked binary in a fresh process.
+MODES = ("check", "check+time", "time-only")
+
+_STDERR_TAIL = 4000
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PASSWD")
+_ENV_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "PYTHONPATH",
+             "USER", "LOGNAME", "SHELL", "TERM"}
+# Driver / library knobs the child must see (e.g. NCCL_NVLS_ENABLE=0 on shared hosts).
+_ENV_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_", "CUBLAS_", "OMP_")
+
+
+class HarnessError(RuntimeError):
+    """The harness itself failed (not the candidate): a bug or a broken GPU environment."""
+
+
+@dataclass(frozen=True)
+class HarnessJob:
+    """One candidate's GPU evaluation, as the parent hands it to the child.
+
+    ``params``: the candidate's tunables (already compiled into ``so_bytes``; kept for the
+    record). ``shapes``: indices into ``task.shapes`` to check (``None`` = all; the timing
+    stage always uses the task's benchmark shapes unless ``bench_shapes`` is given).
+    ``task_files``: Python files that define user tasks, imported by the child before the
+    registry lookup. ``seed``: base seed of the trial inputs (``None`` = fresh random,
+    recorded in the metrics so any failure can be replayed).
+    """
+
+    task: str
+    candidate_id: str
+    so_bytes: bytes
+    params: tuple[tuple[str, str], ...] = ()
+    mode: str = "check+time"
+    shapes: tuple[int, ...] | None = None
+    bench_shapes: tuple[int, ...] | None = None
+    task_files: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"HarnessJob.mode={self.mode!r}; valid modes: {', '.join(MODES)}")
+        if not isinstance(self.so_bytes, (bytes, bytearray)) or not self.so_bytes:
+            raise ValueError("HarnessJob.so_bytes must be the non-empty bytes of the built .so")
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """Timing of one benchmark shape: candidate and reference medians/IQRs in ms."""
+
+    shape: dict[str, int]
+    median_ms: float
+    iqr_ms: float
+    ref_median_ms: float
+    ref_iqr_ms: float
+    speedup: float
+    sol_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class HarnessReport:
+    """What one isolated run produced: stage results, fitness, per-shape timings, environment.
+
+    ``stages`` holds ``correctness`` and ``timing`` (in that order; a stage not run is
+    ``skipped``). ``fitness`` is the geometric-mean speedup, ``None`` unless both passed.
+    ``env`` records GPU name, driver, CUDA, torch, clocks, protocol version and reps.
+    """
+
+    stages: tuple[StageResult, ...]
+    fitness: float | None = None
+    timings: tuple[ShapeTiming, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    returncode: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(s.status in (Status.OK, Status.SKIPPED) for s in self.stages) and any(
+            s.status is Status.OK for s in self.stages
+        )
+
+    def stage(self, name: str) -> StageResult | None:
+        for s in self.stages:
+            if s.stage == name:
+                return s
+        return None
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def stage_to_json(s: StageResult) -> dict[str, Any]:
+    return {
+        "stage": s.stage,
+        "status": s.status.value,
+        "reason": s.reason,
+        "metrics": s.metrics,
+        "artifacts": s.artifacts,
+        "seconds": s.seconds,
+    }
+
+
+def stage_from_json(d: Mapping[str, Any]) -> StageResult:
+    return StageResult(
+        stage=str(d["stage"]),
+        status=Status(d["status"]),
+        reason=str(d.get("reason", "")),
+        metrics=dict(d.get("metrics") or {}),
+        artifacts={str(k): str(v) for k, v in (d.get("artifacts") or {}).items()},
+        seconds=float(d.get("seconds", 0.0)),
+    )
+
+
+def _job_json(job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str, Any]:
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "task": job.task,
+        "candidate_id": job.candidate_id,
+        "params": [list(p) for p in job.params],
+        "mode": job.mode,
+        "shapes": list(job.shapes) if job.shapes is not None else None,
+        "bench_shapes": list(job.bench_shapes) if job.bench_shapes is not None else None,
+        "task_files": [str(Path(f).resolve()) for f in job.task_files],
+        "seed": seed,
+        "settings": asdict(settings),
+        "so": "kernel.so",
+    }
+
+
+# ----------------------------------------------------------------------------- env
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def child_env(device: int, jobdir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: a whitelist of the parent's, minus anything secret-looking.
+
+    ``CUDA_VISIBLE_DEVICES`` pins the child to ``device``, an index into the parent's own
+    visible devices when the parent is itself restricted (e.g. a Ray GPU actor).
+    """
+    base = dict(os.environ if base is None else base)
+    env: dict[str, str] = {}
+    for k, v in base.items():
+        if any(m in k.upper() for m in _SECRET_MARKERS):
+            continue
+        if k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIXES):
+            env[k] = v
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [x.strip() for x in visible.split(",") if x.strip()]
+        if not 0 <= device < len(ids):
+            raise HarnessError(
+                f"device {device} is not among the parent's CUDA_VISIBLE_DEVICES={visible!r}; "
+                f"use an index in 0..{len(ids) - 1}"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = ids[device]
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+    root = str(_project_root())
+    pp = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+    tmp = jobdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, n: int = _STDERR_TAIL) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    text = data[-n:].decode("utf-8", "replace")
+    if len(data) > n:
+        text = "...[trimmed]\n" + text.split("\n", 1)[-1]
+    return text.strip()
+
+
+def _progress(jobdir: Path) -> str:
+    try:
+        p = json.loads((jobdir / "progress.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    parts = [str(p.get("stage", ""))]
+    if p.get("shape") is not None:
+        parts.append(f"shape {p['shape']}")
+    if p.get("trial") is not None:
+        parts.append(f"trial {p['trial']}")
+    if p.get("dist"):
+        parts.append(f"({p['dist']})")
+    if p.get("step"):
+        parts.append(f"at {p['step']}")
+    return " ".join(x for x in parts if x)
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def _failure_report(
+    status: Status, reason: str, mode: str, artifacts: dict[str, str], seconds: float, rc: int | None
+) -> HarnessReport:
+    first = "timing" if mode == "time-only" else "correctness"
+    stages = [StageResult(first, status, reason, {}, artifacts, seconds)]
+    if first == "correctness":
+        stages.append(
+            StageResult("timing", Status.SKIPPED, f"not run: correctness {status.value}")
+        )
+    else:
+        stages.insert(0, StageResult("correctness", Status.SKIPPED, "time-only re-confirmation"))
+    return HarnessReport(stages=tuple(stages), seconds=seconds, returncode=rc)
+
+
+def _parse_result(data: Mapping[str, Any], seconds: float, rc: int) -> HarnessReport:
+    stages = tuple(stage_from_json(s) for s in data.get("stages", []))
+    timings = tuple(
+        ShapeTiming(
+            shape={str(k): int(v) for k, v in t["shape"].items()},
+            median_ms=float(t["median_ms"]),
+            iqr_ms=float(t["iqr_ms"]),
+            ref_median_ms=float(t["ref_median_ms"]),
+            ref_iqr_ms=float(t["ref_iqr_ms"]),
+            speedup=float(t["speedup"]),
+            sol_ms=None if t.get("sol_ms") is None else float(t["sol_ms"]),
+        )
+        for t in data.get("timings", [])
+    )
+    fit = data.get("fitness")
+    env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
+    return HarnessReport(
+        stages=stages,
+        fitness=None if fit is None else float(fit),
+        timings=timings,
+        env=env,
+        seconds=seconds,
+        returncode=rc,
+    )
+
+
+def run_isolated(
+    job: HarnessJob,
+    settings: HarnessSettings,
+    *,
+    entry: str = "evaluators.harness",
+    python: str | None = None,
+    keep_dir: bool = False,
+    workdir: str | Path | None = None,
+) -> HarnessReport:
+    """Run one candidate's GPU stages in a fresh, killable process; never raises for candidates.
+
+    ``entry``: the child's module (run as ``python -m entry JOBDIR``) or a ``.py`` path (run
+    as ``python path JOBDIR``); tests point it at small fake children. ``settings.check_only``
+    downgrades ``check+time`` to ``check``. Raises :class:`HarnessError` only when the child
+    reports a harness bug (exit :data:`HARNESS_BUG_EXIT` with ``error.json``).
+    """
+    mode = job.mode
+    if settings.check_only and mode == "check+time":
+        mode = "check"
+    seed = job.seed if job.seed is not None else secrets.randbits(62)
+    jobdir = Path(tempfile.mkdtemp(prefix="evo-harness-", dir=workdir))
+    t0 = time.monotonic()
+    try:
+        so = jobdir / "kernel.so"
+        so.write_bytes(bytes(job.so_bytes))
+        os.chmod(so, 0o700)
+        payload = _job_json(job, settings, seed)
+        payload["mode"] = mode
+        (jobdir / "job.json").write_text(json.dumps(payload, indent=1))
+        env = child_env(settings.device, jobdir)
+        exe = python or sys.executable
+        argv = [exe, entry, str(jobdir)] if entry.endswith(".py") else [exe, "-m", entry, str(jobdir)]
+        with open(jobdir / "stdout.log", "wb") as out, open(jobdir / "stderr.log", "wb") as err:
+            proc = subprocess.Popen(
+                argv,
+                cwd=str(jobdir),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+            )
+            pgid = proc.pid  # start_new_session: the child leads its own group
+            timed_out = False
+            try:
+                rc = proc.wait(timeout=settings.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(pgid)
+                rc = proc.wait()
+            finally:
+                # Anything the child left behind in its group (grandchildren) goes too.
+                _kill_group(pgid)
+        seconds = time.monotonic() - t0
+        stderr = _tail(jobdir / "stderr.log")
+        arts = {"stderr": stderr} if stderr else {}
+        where = _progress(jobdir)
+        log.debug("harness %s rc=%s in %.1fs", job.candidate_id[:12], rc, seconds)
+        if timed_out:
+            reason = f"timed out after {settings.timeout_s:g}s (process group killed)"
+            if where:
+                reason += f"; last step: {where}"
+            return _failure_report(Status.TIMEOUT, reason, mode, arts, seconds, None)
+        result = jobdir / "result.json"
+        if rc == HARNESS_BUG_EXIT and (jobdir / "error.json").exists():
+            err_data = json.loads((jobdir / "error.json").read_text())
+            raise HarnessError(
+                f"the GPU harness failed on task {job.task!r} (not the candidate's fault): "
+                f"{err_data.get('error', '?')}\n{err_data.get('traceback', '')}"
+            )
+        if result.exists():
+            try:
+                data = json.loads(result.read_text())
+            except ValueError as e:
+                return _failure_report(
+                    Status.CRASH, f"harness result unreadable: {e}", mode, arts, seconds, rc
+                )
+            report = _parse_result(data, seconds, rc)
+            if rc != 0:
+                log.warning("harness wrote a result but exited %s", rc)
+            return report
+        if rc < 0:
+            why = f"process killed by {_signal_name(rc)}"
+        else:
+            why = f"process exited with code {rc} without a result"
+        if where:
+            why += f" during {where}"
+        if stderr:
+            why += f"; stderr tail: {stderr[-600:]}"
+        return _failure_report(Status.CRASH, why, mode, arts, seconds, rc)
+    finally:
+        if not keep_dir:
+            shutil.rmtree(jobdir, ignore_errors=True)
+        else:
+            log.info("kept harness job dir %s", jobdir)

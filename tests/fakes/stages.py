@@ -1,0 +1,93 @@
+"""Fake compile and GPU stages for engine tests: real Ray scheduling, simulated work.
+
+The fitness landscape is synthetic but deterministic in the tunables, so a search must
+find better children than the seed; some tunable values simulate compile errors and
+incorrect kernels so failure paths are exercised. Latencies are short sleeps. Every
+evaluation appends the candidate id to ``$EVO_FAKE_LOG`` (if set) so tests can prove that
+nothing was evaluated twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from evaluators.base import CompileSettings, HarnessSettings
+from evo.records import Candidate, Evaluation, StageResult, Status
+
+SOURCE = """// synthetic kernel for engine tests
+#include "evo_abi.h"
+// @tunable TILE = 32 in {16, 32, 64, 128, 256}
+// @tunable STAGES = 2 in {1, 2, 3, 4, 5}
+// @tunable VEC = 1 in {1, 2, 4, 8}
+// @constraint TILE * STAGES <= 768
+#ifndef TILE
+#define TILE 32
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef VEC
+#define VEC 1
+#endif
+extern "C" int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) { return 0; }
+"""
+
+COMPILE_S = float(os.environ.get("EVO_FAKE_COMPILE_S", "0.05"))
+GPU_S = float(os.environ.get("EVO_FAKE_GPU_S", "0.05"))
+
+
+class FakeCompileOutcome:
+    def __init__(self, result, so_bytes, key="", cached=False):
+        self.result, self.so_bytes, self.key, self.cached = result, so_bytes, key, cached
+
+
+def _outcome_cls():
+    try:
+        from evaluators.compile import CompileOutcome
+    except ImportError:  # pragma: no cover
+        return FakeCompileOutcome
+    return CompileOutcome
+
+
+def fitness_of(params: dict[str, str]) -> float:
+    tile, stages, vec = int(params["TILE"]), int(params["STAGES"]), int(params["VEC"])
+    return 1.0 + 0.15 * math.log2(tile / 16) + 0.1 * min(stages, 4) + 0.05 * math.log2(vec)
+
+
+def fake_compile(candidate: Candidate, settings: CompileSettings):
+    import ray
+
+    time.sleep(COMPILE_S)
+    p = candidate.params_dict
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    if p.get("STAGES") == "5":
+        res = StageResult("compile", Status.COMPILE_ERROR, reason="error: too many stages (simulated)",
+                          artifacts={"errors": "kernel.cu(12): error: simulated"}, seconds=COMPILE_S,
+                          metrics={"node": node})
+        return _outcome_cls()(result=res, so_bytes=None, key=candidate.id, cached=False)
+    res = StageResult("compile", Status.OK, seconds=COMPILE_S, metrics={"node": node})
+    return _outcome_cls()(result=res, so_bytes=b"\x7fELF-fake-" + candidate.id.encode(), key=candidate.id, cached=False)
+
+
+def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
+    import ray
+
+    time.sleep(GPU_S)
+    log = os.environ.get("EVO_FAKE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(candidate.id + "\n")
+    assert so_bytes.endswith(candidate.id.encode()), "GPU stage got another candidate's binary"
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+    env = {"node": node, "gpu_ids": ",".join(str(g) for g in gpus)}
+    p = candidate.params_dict
+    if p.get("VEC") == "8" and p.get("TILE") == "256":
+        st = StageResult("correctness", Status.INCORRECT, reason="shape 0 trial 1: max abs err 3.2 (simulated)")
+        return Evaluation(candidate.id, (st,), None, gpu="fake", env=env)
+    f = fitness_of(p)
+    stages = (StageResult("correctness", Status.OK), StageResult("timing", Status.OK, metrics={"speedup": f}))
+    return Evaluation(candidate.id, stages, f, gpu="fake", env=env)

@@ -1,0 +1,178 @@
+"""Engine contract on a real local Ray instance with fake (simulated) compile and GPU stages.
+
+Ray's resource accounting is real: the local instance declares two GPUs, so two GPU
+evaluator actors are placed; the stages sleep instead of running nvcc and CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+
+ray = pytest.importorskip("ray")
+import ray.cloudpickle as cloudpickle  # noqa: E402
+
+from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
+from evo.engine import Engine, EngineSettings  # noqa: E402
+from evo.records import StageResult, Status  # noqa: E402
+from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.store import Store  # noqa: E402
+from fakes import stages as fake  # noqa: E402
+
+cloudpickle.register_pickle_by_value(fake)
+
+TASKS = ["synthetic_a", "synthetic_b"]
+
+
+def ok_policy(source: str) -> StageResult:
+    return StageResult("policy", Status.OK)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _engine(store, run_id, rt, budget=40, seed=0, **kw):
+    from mutators.knobs import KnobsMutator
+
+    settings = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=budget,
+                              max_wall_seconds=120, migration_every=10, migration_count=1,
+                              confirm_champions=kw.pop("confirm", True))
+    return Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=TASKS,
+                  seeds={t: (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"}) for t in TASKS},
+                  settings=settings, rng=random.Random(seed), policy=ok_policy, **kw)
+
+
+def _runtime():
+    return Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                   harness_settings=HarnessSettings())
+
+
+def test_search_records_everything_and_improves_on_the_seed(local_ray, tmp_path):
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("engine-test", {}, seed=0, config_hash="x")
+    rt = _runtime().start()
+    assert rt.n_gpus == 2
+    summary = _engine(store, run_id, rt, budget=40).run()
+    assert summary.evaluations == 40
+    cands = store.candidates(run_id)
+    assert len(cands) == 40
+    evs = {c.id: store.get_evaluation(c.id, run_id) for c in cands}
+    assert all(ev is not None for ev in evs.values()), "every proposed candidate is evaluated"
+    ids = {c.id for c in cands}
+    for c in cands:
+        assert set(c.parents) <= ids, "lineage is whole: every parent is in the run"
+    seed_fit = fake.fitness_of({"TILE": "32", "STAGES": "2", "VEC": "1"})
+    for task in TASKS:
+        assert summary.best[task]["fitness"] > seed_fit
+    failures = Counter(ev.failed_stage.stage for ev in evs.values() if ev.failed_stage)
+    assert set(failures) <= {"compile", "correctness"}
+    assert summary.gpu_busy > 0
+    # GPU work went to both evaluator actors
+    gpu_ids = {ev.env.get("gpu_ids") for ev in evs.values() if ev.env}
+    assert len(gpu_ids) == 2, gpu_ids
+    champs = store.champions(run_id)
+    assert {c["task"] for c in champs} == set(TASKS)
+    kinds = {e["kind"] for e in store.events(run_id)}
+    assert {"progress", "finish", "new_best"} <= kinds
+    store.close()
+
+
+def test_in_flight_is_bounded_by_back_pressure(local_ray, tmp_path):
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("bp", {}, seed=1, config_hash="x")
+    rt = _runtime().start()
+    seen = []
+    eng = _engine(store, run_id, rt, budget=24, seed=1, confirm=False,
+                  on_progress=lambda p: seen.append(p.in_flight))
+    cap = eng.max_inflight
+    eng.run()
+    assert seen and max(seen) <= cap
+    store.close()
+
+
+DRIVER = textwrap.dedent('''
+    import random, sys, ray
+    import ray.cloudpickle as cloudpickle
+    sys.path.insert(0, {tests!r})
+    from fakes import stages as fake
+    cloudpickle.register_pickle_by_value(fake)
+    from evo.store import Store
+    from evo.runtime import Runtime, Stages
+    from evo.engine import Engine, EngineSettings
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evo.records import StageResult, Status
+    from mutators.knobs import KnobsMutator
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    store = Store({db!r})
+    run_id = store.create_run("killed", {{}}, seed=3, config_hash="x")
+    print(run_id, flush=True)
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                 harness_settings=HarnessSettings()).start()
+    s = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=400, max_wall_seconds=300,
+                       confirm_champions=False)
+    Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=["synthetic_a"],
+           seeds={{"synthetic_a": (fake.SOURCE, {{"TILE": "32", "STAGES": "2", "VEC": "1"}})}},
+           settings=s, rng=random.Random(3), policy=lambda src: StageResult("policy", Status.OK)).run()
+''')
+
+
+def test_resume_after_sigkill_evaluates_nothing_twice(local_ray, tmp_path):
+    db = tmp_path / "evo.db"
+    log = tmp_path / "evaluated.log"
+    env = dict(os.environ, EVO_FAKE_LOG=str(log), EVO_FAKE_GPU_S="0.1")
+    script = DRIVER.format(tests=os.path.dirname(__file__), db=str(db))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env,
+                            start_new_session=True, text=True)
+    run_id = proc.stdout.readline().strip()
+    deadline = time.time() + 120
+    reader = None
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if db.exists():
+            reader = reader or Store.open_reader(db)
+            if len(reader.evaluated_ids(run_id)) >= 15:
+                break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if reader:
+        reader.close()
+    with Store(db) as store:
+        before = store.evaluated_ids(run_id)
+        n_cands = len(store.candidates(run_id))
+    assert len(before) >= 15, "the killed driver recorded evaluations"
+    log.write_text("")  # from now on, log only what the resumed search evaluates
+    os.environ["EVO_FAKE_LOG"] = str(log)
+    try:
+        store = Store(db)
+        rt = _runtime().start()
+        eng = Engine(store=store, runtime=rt, mutator=__import__("mutators.knobs").knobs.KnobsMutator(0.3, 2),
+                     run_id=run_id, tasks=["synthetic_a"],
+                     seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
+                     settings=EngineSettings(islands_per_task=2, population_size=8,
+                                             max_evaluations=len(before) + 10, confirm_champions=False),
+                     rng=random.Random(4), policy=ok_policy)
+        eng.run(resume=True)
+    finally:
+        os.environ.pop("EVO_FAKE_LOG", None)
+    again = set(log.read_text().split())
+    assert not (again & before), "a candidate evaluated before the kill was evaluated again"
+    after = store.evaluated_ids(run_id)
+    assert before <= after and len(after) >= len(before) + 10 - 1
+    cands = store.candidates(run_id)
+    assert len(cands) >= n_cands
+    ids = {c.id for c in cands}
+    assert all(set(c.parents) <= ids for c in cands), "lineage stays whole"
+    assert all(store.get_evaluation(c.id, run_id) is not None for c in cands)
+    store.close()
