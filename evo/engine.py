@@ -174,14 +174,17 @@ class Engine:
     # ------------------------------------------------------------------ setup
 
     def _build_islands(self) -> None:
+        from populations.island import DEFAULT_DIMS, IslandSpec
+
         specs, meta = [], []
         idx = 0
         for task in self.tasks:
             for _ in range(self.s.islands_per_task):
-                specs.append(dict(
+                specs.append(IslandSpec(
                     index=idx, task=task, capacity=self.s.population_size,
-                    selection_lambda=self.s.selection_lambda, archive=self.s.archive,
+                    selector_options=(("lam", self.s.selection_lambda),),
                     seed=self.rng.randrange(2**31),
+                    archive_dims=DEFAULT_DIMS if self.s.archive else None,
                 ))
                 meta.append({"index": idx, "task": task})
                 idx += 1

@@ -63,7 +63,9 @@ def source_diff(parent: Candidate, child: Candidate, *, context: int = 3) -> str
     )
     lines = [ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in body]
     text = "".join(lines)
-    return "\n".join(head) + ("\n" if head and text else "") + text if head else text
+    if not head:
+        return text
+    return "\n".join(head) + "\n" + text
 
 
 def first_parent_chain(store: "Store", cid: str, *, run_id: str | None = None) -> list[LineageStep]:

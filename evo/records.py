@@ -5,8 +5,8 @@ value, and holds no client, actor or connection. Mappings inside records are pla
 that nobody mutates after construction (a deliberate simplification over
 ``MappingProxyType``, which does not pickle); the records themselves are frozen.
 
-Identity: a candidate's id is ``sha256(source + canonical params)``, so the same kernel with
-the same tunable values is the same candidate whoever proposes it; the engine dedupes on it
+Identity: a candidate's id is ``sha256(source + canonical params + task)``, so the same kernel
+with the same tunable values on the same task is the same candidate whoever proposes it; the engine dedupes on it
 before compiling and the store inserts idempotently on it.
 """
 
@@ -85,13 +85,22 @@ def source_sha(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
-def candidate_id(source: str, params: Mapping[str, Any] | tuple[tuple[str, str], ...] | None) -> str:
-    """Content hash of a candidate: same source + same tunable values -> same id."""
+def candidate_id(
+    source: str, params: Mapping[str, Any] | tuple[tuple[str, str], ...] | None, task: str = ""
+) -> str:
+    """Content hash of a candidate: same task + source + tunable values -> same id.
+
+    The task is part of the identity (when given) because one generic source evaluated on
+    two tasks is two different candidates with two different fitnesses.
+    """
     pairs = params if isinstance(params, tuple) else canonical_params(params)
     h = hashlib.sha256()
     h.update(source.encode("utf-8"))
     h.update(b"\0")
     h.update(json.dumps(pairs, separators=(",", ":")).encode("utf-8"))
+    if task:
+        h.update(b"\0task:")
+        h.update(task.encode("utf-8"))
     return h.hexdigest()
 
 
@@ -130,7 +139,7 @@ class Candidate:
         pairs = canonical_params(params)
         op = operator.value if isinstance(operator, Operator) else str(operator)
         return cls(
-            id=candidate_id(source, pairs),
+            id=candidate_id(source, pairs, task),
             task=task,
             source=source,
             params=pairs,

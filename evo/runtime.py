@@ -150,11 +150,11 @@ class Runtime:
 
         return (RayActorError, RayTaskError, WorkerCrashedError)
 
-    def make_islands(self, specs: list[dict]) -> list:
-        """One IslandActor per spec (kwargs of ``populations.actor.make_island_actor``)."""
+    def make_islands(self, specs: list) -> list:
+        """One IslandActor per ``populations.island.IslandSpec`` (CPU-free, restartable)."""
         from populations.actor import make_island_actor
 
-        return [make_island_actor(**s) for s in specs]
+        return [make_island_actor(s) for s in specs]
 
     @staticmethod
     def call(actor, method: str, *args, **kwargs):

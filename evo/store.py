@@ -406,6 +406,14 @@ def _float_or_none(x: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _cannot_read(path: str, e: Exception) -> str:
+    return (
+        f"cannot use lineage database {path}: {e}. A WAL database needs its directory to be "
+        f"writable (SQLite keeps {Path(path).name}-wal and -shm beside it, readers included); "
+        f"if another process holds it locked for over {BUSY_TIMEOUT_S:.0f} s, stop that process"
+    )
+
+
 _CANDIDATE_COLS = (
     "c.id, c.task, s.text, c.params, c.parents, c.operator, c.island, c.generation, c.notes"
 )
@@ -502,6 +510,9 @@ class Store:
                 if str(mode).lower() != "wal":
                     log.warning("journal_mode WAL refused for %s (got %s)", self.path, mode)
                 conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.OperationalError as e:
+            conn.close()
+            raise StoreError(_cannot_read(self.path, e)) from e
         except sqlite3.DatabaseError as e:
             conn.close()
             raise NotALineageDatabaseError(
@@ -517,6 +528,8 @@ class Store:
         try:
             version = self._db_version()
             tables = set(self.db.table_names())
+        except sqlite3.OperationalError as e:
+            raise StoreError(_cannot_read(self.path, e)) from e
         except sqlite3.DatabaseError as e:
             raise NotALineageDatabaseError(
                 f"{self.path} is not a SQLite database ({e}); point the store at a cute-evo "

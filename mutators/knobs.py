@@ -75,7 +75,7 @@ class KnobsMutator:
                 continue
             if violated_constraints(source, child):
                 continue
-            if candidate_id(source, canonical_params(child)) in context.seen:
+            if candidate_id(source, canonical_params(child), context.task) in context.seen:
                 continue
             return Proposal(source=source, params=child, parents=ids, operator=op, notes=note)
         return None

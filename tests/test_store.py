@@ -616,6 +616,8 @@ def test_concurrent_reader_in_another_process(store, run, open_store):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
     assert proc.returncode == 0, err
     assert out.strip() == f"DONE {n}"
 
@@ -662,6 +664,8 @@ def test_sigkill_mid_transaction_loses_nothing_committed(open_store):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
     assert proc.returncode == -signal.SIGKILL
 
     reader = open_store("killed.db", readonly=True)  # readers can open a crashed DB too

@@ -30,12 +30,18 @@ class Tolerance:
     calibrated so that fp32 arithmetic in any legitimate order passes and tf32/bf16 shortcuts
     fail. ``nondeterminism`` is the largest allowed max-abs difference between two calls
     on the same inputs (0 = bitwise deterministic).
+
+    ``atol_relative``: when True, ``atol`` is in units of the reference's RMS (the output
+    scale), i.e. the elementwise bound is ``atol * rms(ref) + rtol * |ref|``; every built-in
+    task uses this, so one rule fits any shape and input distribution. The check itself is
+    :func:`evo.tasks.tolerance.check`.
     """
 
     atol: float
     rtol: float
     rel_l2: float
     nondeterminism: float = 0.0
+    atol_relative: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,278 @@
+"""Correctness stage (runs inside the isolated harness process): shared/EVALUATION.md, Correctness.
+
+For EVERY shape of the task (smallest first, so a broken kernel fails in milliseconds), at
+least ``trials`` trials (and at least one per declared distribution) with fresh seeds cycling
+through ``task.distributions``:
+
+1. inputs made by the trusted harness (``task.make_inputs`` with a seeded generator on the
+   device) and saved as copies;
+2. reference computed from *cloned* inputs upcast to ``task.reference_dtype`` and kept alive
+   until after the candidate's calls (its memory cannot be recycled into their outputs);
+3. outputs allocated fresh and poisoned (NaN for floats, a sentinel for integers) before
+   every call;
+4. the call, then a device-wide synchronise (errors surface as :class:`CandidateFault` or
+   CUDA exceptions, which the harness maps to ``crash``);
+5. inputs compared bit for bit with the saved copies;
+6. every output checked with ``evo.tasks.tolerance.check`` (shape, dtype, NaN/Inf, unwritten
+   poison, atol/rtol, relative L2);
+7. determinism: a second call on the same inputs into a second fresh, poisoned output must
+   agree within ``task.tolerance.nondeterminism``.
+
+The first failing check ends the stage with ``incorrect`` and a reason naming the shape,
+trial, distribution and worst element, written for a repair prompt.
+
+The device-specific parts are injected (``launch``, ``sync``, ``device``), so the same code
+runs on CPU tensors in the unit tests with Python fake kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from evo.records import StageResult, Status
+
+__all__ = [
+    "CandidateFault",
+    "Launch",
+    "check_correctness",
+    "trial_seed",
+    "shape_order",
+    "poison_",
+    "same_bits",
+    "worst_element",
+    "output_dtype",
+]
+
+log = logging.getLogger(__name__)
+
+#: launch(inputs, outputs): run the candidate once; raise CandidateFault on a reported error.
+Launch = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+
+_INT_POISON = -0x5A5A5A5A
+
+
+class CandidateFault(Exception):
+    """The candidate failed at run time (e.g. evo_launch returned an error code)."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def trial_seed(base: int, shape_index: int, trial: int) -> int:
+    """Deterministic per-trial seed derived from the job's base seed (replayable failures)."""
+    return random.Random(f"{base}:{shape_index}:{trial}").getrandbits(62)
+
+
+def shape_order(shapes: Sequence[Mapping[str, int]], indices: Sequence[int] | None = None) -> list[int]:
+    """Shape indices, smallest problem first (product of the named sizes), stable."""
+    idx = list(range(len(shapes))) if indices is None else list(indices)
+    for i in idx:
+        if not 0 <= i < len(shapes):
+            raise ValueError(f"shape index {i} out of range; the task has {len(shapes)} shapes")
+    return sorted(idx, key=lambda i: (math.prod(int(v) for v in shapes[i].values()), i))
+
+
+def output_dtype(ref: torch.Tensor, task_dtype: torch.dtype) -> torch.dtype:
+    """The candidate's output dtype: the task dtype for floating outputs, else the reference's."""
+    return task_dtype if ref.is_floating_point() else ref.dtype
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with a value no correct kernel leaves there: NaN for floats, a sentinel for ints."""
+    if t.is_floating_point() or t.is_complex():
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    return t.fill_(_INT_POISON)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN-safe): the inputs-unchanged check."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                            b.contiguous().reshape(-1).view(torch.uint8)))
+
+
+def _fmt_index(flat: int, shape: Sequence[int]) -> str:
+    idx = []
+    for s in reversed(list(shape)):
+        idx.append(flat % s if s else 0)
+        flat = flat // s if s else 0
+    return "(" + ", ".join(str(i) for i in reversed(idx)) + ")"
+
+
+def worst_element(out: torch.Tensor, ref: torch.Tensor) -> str:
+    """Human-readable worst element: first unexpected NaN/Inf, else the largest |out - ref|."""
+    if out.shape != ref.shape or out.numel() == 0:
+        return f"output shape {tuple(out.shape)} vs reference {tuple(ref.shape)}"
+    o = out.detach().reshape(-1).double()
+    r = ref.detach().reshape(-1).double()
+    bad = ~torch.isfinite(o) & torch.isfinite(r)
+    n_bad = int(bad.sum())
+    if n_bad:
+        i = int(torch.nonzero(bad)[0])
+        return (f"{n_bad} of {o.numel()} elements non-finite (NaN = unwritten poison or computed NaN), "
+                f"first at {_fmt_index(i, out.shape)}: out={float(o[i])!r}, ref={float(r[i]):.6g}")
+    d = (o - r).abs()
+    d = torch.where(torch.isnan(d), torch.zeros_like(d), d)
+    i = int(torch.argmax(d))
+    return (f"worst |out - ref| = {float(d[i]):.3g} at {_fmt_index(i, out.shape)}: "
+            f"out={float(o[i]):.6g}, ref={float(r[i]):.6g}")
+
+
+def _tolerance_fns() -> tuple[Callable[..., tuple[bool, str, dict]], Callable[..., tuple[bool, str, float]]]:
+    from evo.tasks.tolerance import check, check_deterministic
+
+    return check, check_deterministic
+
+
+def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _jsonable(m: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in m.items():
+        if isinstance(v, (bool, int, str)) or v is None:
+            out[str(k)] = v
+        elif isinstance(v, float):
+            out[str(k)] = v if math.isfinite(v) else str(v)
+        elif isinstance(v, torch.Tensor) and v.numel() == 1:
+            f = float(v)
+            out[str(k)] = f if math.isfinite(f) else str(f)
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+def check_correctness(
+    task: Any,
+    launch: Launch,
+    *,
+    device: str | torch.device,
+    trials: int,
+    seed: int,
+    shape_indices: Sequence[int] | None = None,
+    sync: Callable[[], None] = lambda: None,
+    release: Callable[[], None] = lambda: None,
+    progress: Callable[[dict[str, Any]], None] = lambda p: None,
+    tolerance_check: Callable[..., tuple[bool, str, dict]] | None = None,
+) -> StageResult:
+    """Run the correctness protocol; return an ``ok`` or ``incorrect`` StageResult.
+
+    Raises :class:`CandidateFault` (or the device's own error, e.g. a CUDA RuntimeError)
+    when the candidate faults; the caller maps those to ``crash``. ``release`` is called
+    between shapes (free cached memory, re-poison the allocator). ``progress`` receives a
+    small dict before each candidate call so a crash or timeout can say where it happened.
+    """
+    check, determinism = _tolerance_fns()
+    if tolerance_check is not None:
+        check = tolerance_check
+    t_start = time.monotonic()
+    dists = tuple(task.distributions) or ("normal",)
+    n_trials = max(int(trials), len(dists), 1)
+    task_dtype = getattr(torch, task.dtype)
+    ref_dtype = getattr(torch, task.reference_dtype)
+    tol = task.tolerance
+    order = shape_order(task.shapes, shape_indices)
+    per_shape: list[dict[str, Any]] = []
+    calls = 0
+    worst_l2 = 0.0
+
+    def fail(reason: str, artifacts: dict[str, str] | None = None) -> StageResult:
+        return StageResult(
+            stage="correctness",
+            status=Status.INCORRECT,
+            reason=reason,
+            metrics={"seed": seed, "calls": calls, "shapes": per_shape, "trials": n_trials},
+            artifacts=artifacts or {},
+            seconds=time.monotonic() - t_start,
+        )
+
+    for si in order:
+        shape = dict(task.shapes[si])
+        shape_metrics: dict[str, Any] = {"shape": shape, "index": si}
+        for t in range(n_trials):
+            dist = dists[t % len(dists)]
+            where = f"shape {shape} (index {si}), trial {t} ({dist} inputs)"
+            gen = torch.Generator(device=device)
+            gen.manual_seed(trial_seed(seed, si, t))
+            with torch.no_grad():
+                inputs = tuple(task.make_inputs(shape, gen, dist, device))
+                saved = [x.clone() for x in inputs]
+                ref_in = [
+                    x.to(ref_dtype, copy=True) if x.is_floating_point() else x.clone() for x in inputs
+                ]
+                refs = _as_tuple(task.reference(*ref_in))
+                del ref_in
+                outs = [
+                    poison_(torch.empty(r.shape, dtype=output_dtype(r, task_dtype), device=device))
+                    for r in refs
+                ]
+            sync()
+            progress({"stage": "correctness", "shape": shape, "trial": t, "dist": dist, "step": "call"})
+            calls += 1
+            launch(inputs, outs)
+            sync()
+            for k, (x, s) in enumerate(zip(inputs, saved)):
+                if not same_bits(x, s):
+                    n = int((x.reshape(-1) != s.reshape(-1)).sum()) if x.shape == s.shape else -1
+                    return fail(
+                        f"{where}: the kernel modified input {k} ({n} elements changed); "
+                        "inputs are read-only (write only into `out`)"
+                    )
+            for k, (o, r) in enumerate(zip(outs, refs)):
+                ok, why, m = check(o, r, tol, dtype=output_dtype(r, task_dtype))
+                m = _jsonable(m or {})
+                if isinstance(m.get("rel_l2"), float):
+                    worst_l2 = max(worst_l2, m["rel_l2"])
+                if not ok:
+                    shape_metrics.update({f"out{k}": m})
+                    per_shape.append(shape_metrics)
+                    detail = worst_element(o, r)
+                    return fail(
+                        f"{where}, output {k}: {why}; {detail}",
+                        {"failing_check": f"{where}, output {k}", "worst": detail},
+                    )
+                shape_metrics[f"out{k}"] = m
+            # Determinism: same inputs, a second fresh poisoned output.
+            with torch.no_grad():
+                outs2 = [poison_(torch.empty_like(o)) for o in outs]
+            sync()
+            progress({"stage": "correctness", "shape": shape, "trial": t, "dist": dist,
+                      "step": "determinism call"})
+            calls += 1
+            launch(inputs, outs2)
+            sync()
+            for k, (o1, o2) in enumerate(zip(outs, outs2)):
+                same, why, _diff = determinism(o1, o2, tol)
+                if not same:
+                    detail = worst_element(o2, o1.to(torch.float64))
+                    return fail(
+                        f"{where}, output {k}: {why}; the kernel is nondeterministic, keeps "
+                        f"state between calls, or leaves elements unwritten (second call vs "
+                        f"first: {detail})",
+                        {"failing_check": f"{where}, output {k}, determinism", "worst": detail},
+                    )
+            del inputs, saved, refs, outs, outs2
+        per_shape.append(shape_metrics)
+        release()
+    return StageResult(
+        stage="correctness",
+        status=Status.OK,
+        reason="",
+        metrics={"seed": seed, "calls": calls, "trials": n_trials, "shapes": per_shape,
+                 "max_rel_l2": worst_l2, "distributions": list(dists)},
+        seconds=time.monotonic() - t_start,
+    )

@@ -1,0 +1,306 @@
+"""The isolated GPU harness: ``python -m evaluators.harness JOBDIR`` (spawned by isolation.py).
+
+Runs in a fresh process that owns nothing but one candidate. Steps:
+
+1. read ``JOBDIR/job.json`` (written by :func:`evaluators.isolation.run_isolated`);
+2. import the task (user task files first), initialise CUDA on the one visible GPU, turn
+   TF32 off, create the harness stream, poison the allocator (allocate + fill NaN + free a
+   large block back to the driver, so memory a kernel allocates holds NaN, not old results);
+3. ``ctypes``-load ``JOBDIR/kernel.so`` (``evaluators.abi``);
+4. correctness (``evaluators.correctness``) unless ``time-only``; timing
+   (``evaluators.timing``) for ``check+time`` / ``time-only`` once correctness passed;
+5. write ``result.json`` atomically and exit 0 — a failing candidate is data.
+
+Failure mapping: an exception before the candidate's first call is the harness's own bug:
+``error.json`` + exit :data:`~evaluators.isolation.HARNESS_BUG_EXIT`. After the first call,
+any exception is charged to the candidate as ``crash`` (a sticky CUDA error surfaces at
+whatever CUDA call comes next, often in harness code), with the traceback kept as an
+artifact. Before each candidate call ``progress.json`` records where we are, so the parent
+can say where a hang or a segfault happened.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from evaluators.isolation import HARNESS_BUG_EXIT, PROTOCOL_VERSION, stage_to_json
+from evo.records import StageResult, Status
+
+log = logging.getLogger("evaluators.harness")
+
+_POISON_MAX_BYTES = 8 << 30
+
+
+class _State:
+    """Where the child is (for crash attribution) and whether the candidate ever ran."""
+
+    def __init__(self, jobdir: Path) -> None:
+        self.jobdir = jobdir
+        self.stage = "setup"
+        self.candidate_ran = False
+
+    def progress(self, p: dict[str, Any]) -> None:
+        self.stage = str(p.get("stage", self.stage))
+        if p.get("step", "").endswith("call") or p.get("step") in ("warm-up",):
+            self.candidate_ran = True
+        _write_json(self.jobdir / "progress.json", p)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _load_task(name: str, files: list[str]) -> Any:
+    import importlib.util
+
+    import evo.tasks as tasks
+
+    for i, f in enumerate(files):
+        loader = getattr(tasks, "load_task_file", None)
+        if loader is not None:
+            loader(f)
+            continue
+        spec = importlib.util.spec_from_file_location(f"evo_user_task_{i}", f)
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"cannot import user task file {f}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    return tasks.get_task(name)
+
+
+def _nvidia_smi(uuid: str | None, index: str) -> dict[str, str]:
+    q = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
+    target = uuid or index
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={target}", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=15,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0 or not out.stdout.strip():
+        return {}
+    vals = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+    keys = ["driver", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "power_w", "temp_c"]
+    return {k: v for k, v in zip(keys, vals) if v and "N/A" not in v and "Not Supported" not in v}
+
+
+def _env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
+    props = torch.cuda.get_device_properties(0)
+    uuid = getattr(props, "uuid", None)
+    uuid_s = None
+    if uuid is not None:
+        uuid_s = str(uuid)
+        if not uuid_s.startswith("GPU-"):
+            uuid_s = "GPU-" + uuid_s
+    env = {
+        "gpu": torch.cuda.get_device_name(0),
+        "capability": "%d.%d" % torch.cuda.get_device_capability(0),
+        "sms": str(props.multi_processor_count),
+        "l2_bytes": str(getattr(props, "L2_cache_size", "")),
+        "memory_bytes": str(props.total_memory),
+        "cuda": str(torch.version.cuda),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "protocol": PROTOCOL_VERSION,
+        "reps": str(settings.get("reps")),
+        "warmup": str(settings.get("warmup")),
+        "flush_mb": str(settings.get("flush_mb")),
+        "trials": str(settings.get("trials")),
+    }
+    env.update(_nvidia_smi(uuid_s, os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
+    return env
+
+
+def _poison_allocator(torch: Any) -> int:
+    """Fill a large block with NaN and return it to the driver; returns its size in bytes."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info()
+    n = min(int(free * 0.25), _POISON_MAX_BYTES) // 4 * 4
+    if n <= 0:
+        return 0
+    block = torch.empty(n // 4, dtype=torch.float32, device="cuda")
+    block.fill_(float("nan"))
+    torch.cuda.synchronize()
+    del block
+    torch.cuda.empty_cache()
+    return n
+
+
+def _sol_fn(task: Any) -> Any:
+    """shape -> speed-of-light ms for this GPU, or a function returning None (with a warning)."""
+    try:
+        from evo.tasks.gpus import detect_gpu, speed_of_light_ms
+    except ImportError as e:
+        log.warning("speed-of-light bound unavailable (%s); SOL check skipped", e)
+        return lambda shape: None
+    gpu = detect_gpu()
+    if gpu is None:
+        log.warning("no datasheet spec for this GPU; speed-of-light check skipped")
+        return lambda shape: None
+    return lambda shape: speed_of_light_ms(task, shape, gpu)
+
+
+def _crash(stage: str, reason: str, tb: str = "") -> StageResult:
+    arts = {"traceback": tb[-4000:]} if tb else {}
+    return StageResult(stage, Status.CRASH, reason, {}, arts)
+
+
+def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
+    """Do the job; return the result dict. Raises only for harness bugs (before the candidate ran)."""
+    import torch
+
+    from evaluators import abi
+    from evaluators.correctness import CandidateFault, check_correctness
+    from evaluators.timing import time_shapes
+
+    settings = job["settings"]
+    mode = job["mode"]
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "the harness child sees no CUDA device (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run GPU stages on a GPU machine"
+        )
+    task = _load_task(job["task"], job.get("task_files") or [])
+    torch.cuda.set_device(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    stream = torch.cuda.Stream()
+    env = _env_info(torch, settings)
+    poisoned = _poison_allocator(torch)
+    stages: list[StageResult] = []
+    fitness = None
+    timings: list[dict[str, Any]] = []
+
+    def release() -> None:
+        torch.cuda.synchronize()
+        _poison_allocator(torch)
+
+    try:
+        kernel = abi.load_kernel(jobdir / job["so"])
+    except abi.KernelLoadError as e:
+        stages.append(_crash("correctness", str(e)))
+        stages.append(StageResult("timing", Status.SKIPPED, "not run: kernel did not load"))
+        return {"stages": [stage_to_json(s) for s in stages], "env": env}
+
+    scalars = tuple(float(s) for s in task.scalars)
+    handle = int(stream.cuda_stream)
+
+    def launch(ins: Any, outs: Any) -> None:
+        state.candidate_ran = True
+        rc = kernel.launch(ins, outs, scalars, handle)
+        if rc != 0:
+            raise CandidateFault(Status.CRASH, f"evo_launch returned {kernel.error_name(rc)} ({rc})")
+        err = kernel.last_error()
+        if err:
+            raise CandidateFault(Status.CRASH, f"cudaGetLastError after evo_launch: "
+                                 f"{kernel.error_name(err)} ({err})")
+
+    seed = int(job["seed"])
+    current = "correctness"
+    try:
+        with torch.cuda.stream(stream):
+            if mode == "time-only":
+                stages.append(StageResult("correctness", Status.SKIPPED, "time-only re-confirmation"))
+            else:
+                res = check_correctness(
+                    task, launch, device="cuda", trials=int(settings["trials"]), seed=seed,
+                    shape_indices=job.get("shapes"), sync=torch.cuda.synchronize,
+                    release=release, progress=state.progress,
+                )
+                res = StageResult(res.stage, res.status, res.reason,
+                                  {**res.metrics, "allocator_poison_bytes": poisoned},
+                                  res.artifacts, res.seconds)
+                stages.append(res)
+            if mode in ("check+time", "time-only") and stages[-1].status in (Status.OK, Status.SKIPPED):
+                current = "timing"
+                bench = job.get("bench_shapes")
+                if bench is None:
+                    bench = list(range(min(task.bench_shapes, len(task.shapes))))
+                release()
+                tres = time_shapes(
+                    task, kernel, shape_indices=bench, scalars=scalars,
+                    warmup=int(settings["warmup"]), reps=int(settings["reps"]),
+                    flush_mb=int(settings["flush_mb"]), seed=seed, stream=stream,
+                    sol_ms=_sol_fn(task), progress=state.progress,
+                )
+                state.candidate_ran = True
+                stages.append(tres)
+                if tres.status is Status.OK:
+                    fitness = tres.metrics.get("fitness")
+                    timings = [
+                        {k: r[k] for k in ("shape", "median_ms", "iqr_ms", "ref_median_ms",
+                                           "ref_iqr_ms", "speedup", "sol_ms")}
+                        for r in tres.metrics.get("shapes", [])
+                    ]
+            elif mode != "check":
+                stages.append(StageResult("timing", Status.SKIPPED,
+                                          f"not run: correctness {stages[-1].status.value}"))
+            else:
+                stages.append(StageResult("timing", Status.SKIPPED, "check-only mode"))
+    except CandidateFault as f:
+        stages.append(StageResult(current, f.status, f.reason))
+    except Exception as e:  # noqa: BLE001 - attribution rule in the module docstring
+        if not state.candidate_ran:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        stages.append(_crash(current, f"{type(e).__name__} after the kernel ran "
+                                      f"({state.stage}): {msg}", traceback.format_exc()))
+    if stages and stages[-1].stage == "correctness":
+        stages.append(StageResult("timing", Status.SKIPPED,
+                                  f"not run: correctness {stages[-1].status.value}"))
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "stages": [stage_to_json(s) for s in stages],
+        "fitness": fitness,
+        "timings": timings,
+        "env": env,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m evaluators.harness JOBDIR", file=sys.stderr)
+        return 2
+    jobdir = Path(argv[0])
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s harness %(levelname)s %(message)s")
+    state = _State(jobdir)
+    t0 = time.monotonic()
+    try:
+        job = json.loads((jobdir / "job.json").read_text())
+        result = run_job(jobdir, job, state)
+    except BaseException as e:  # noqa: BLE001 - harness bug: report, exit nonzero
+        _write_json(jobdir / "error.json",
+                    {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        sys.stderr.flush()
+        os._exit(HARNESS_BUG_EXIT)
+    result["seconds"] = time.monotonic() - t0
+    _write_json(jobdir / "result.json", result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: after a CUDA fault, freeing device memory can hang or abort.
+    os._exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover - entry point
+    main()

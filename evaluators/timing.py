@@ -1,0 +1,285 @@
+"""Timing stage (runs inside the isolated harness process): shared/EVALUATION.md, Timing.
+
+Per benchmark shape, candidate and reference are timed by the same loop, interleaved rep by
+rep so clock and thermal drift hit both alike:
+
+- inputs made once by the harness, rotated among several identical copies when inputs plus
+  outputs would fit in ~3x the L2 (each copy has its own outputs);
+- warm-up calls of both, then ``reps`` timed calls each: L2 flush (``flush_mb`` written on
+  the harness stream) -> start event -> call -> end event, all on the harness stream; the
+  host waits for the end event, then times a device-wide ``synchronize``. Work still running
+  after the harness stream's end event ("leftover") means the kernel ran on another stream,
+  which the events did not see: the result is ``invalid``;
+- median and IQR of each; every sample is stored in the metrics;
+- after the timed calls the candidate's output is poisoned, recomputed and compared with its
+  first output: a kernel that changes behaviour after many calls (a call counter, a cache
+  keyed by pointer) is ``incorrect``;
+- speed-of-light: a candidate median under ``evo.tasks.gpus.speed_of_light_ms`` is physically
+  impossible and ``invalid``; a speedup > 10x over the reference sets
+  ``metrics["needs_reconfirm"]`` (the engine re-times it in a fresh process first).
+
+fitness = geometric mean over shapes of ``ref_median / candidate_median``.
+The reference is the task's own reference on the original-dtype inputs with TF32 off.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from evo.records import StageResult, Status
+
+__all__ = [
+    "ShapeSamples",
+    "median",
+    "iqr",
+    "geomean",
+    "summarize",
+    "input_copies",
+    "time_shapes",
+    "RECONFIRM_SPEEDUP",
+    "LEFTOVER_MIN_MS",
+]
+
+log = logging.getLogger(__name__)
+
+#: Speedups above this are re-measured in a fresh process before becoming champion.
+RECONFIRM_SPEEDUP = 10.0
+#: Median device work left after the end event above this (and above half the kernel's own
+#: median) means work on an untimed stream.
+LEFTOVER_MIN_MS = 0.05
+#: Inputs + outputs smaller than this many L2s get rotated copies.
+ROTATE_L2_MULTIPLE = 3
+MAX_COPIES = 16
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median of no samples")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _quantile(s: list[float], q: float) -> float:
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def iqr(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    if not s:
+        raise ValueError("IQR of no samples")
+    return _quantile(s, 0.75) - _quantile(s, 0.25)
+
+
+def geomean(xs: Sequence[float]) -> float:
+    if not xs or any(x <= 0 or not math.isfinite(x) for x in xs):
+        raise ValueError(f"geometric mean needs positive finite values, got {list(xs)}")
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def input_copies(total_bytes: int, l2_bytes: int) -> int:
+    """How many identical input sets to rotate so one rep never hits another's L2 lines."""
+    budget = ROTATE_L2_MULTIPLE * max(l2_bytes, 1)
+    if total_bytes <= 0:
+        return MAX_COPIES
+    if total_bytes >= budget:
+        return 1
+    return max(2, min(MAX_COPIES, math.ceil(budget / total_bytes)))
+
+
+@dataclass(frozen=True)
+class ShapeSamples:
+    """Raw samples of one shape (ms) and what the checks need."""
+
+    shape: dict[str, int]
+    cand_ms: tuple[float, ...]
+    ref_ms: tuple[float, ...]
+    leftover_ms: tuple[float, ...]
+    copies: int
+    sol_ms: float | None
+
+
+def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
+    """Turn raw samples into the timing StageResult (medians, IQRs, SOL and side-stream checks)."""
+    rows: list[dict[str, Any]] = []
+    speedups: list[float] = []
+    for s in samples:
+        cm, rm = median(s.cand_ms), median(s.ref_ms)
+        lo = median(s.leftover_ms) if s.leftover_ms else 0.0
+        row = {
+            "shape": s.shape,
+            "median_ms": cm,
+            "iqr_ms": iqr(s.cand_ms),
+            "ref_median_ms": rm,
+            "ref_iqr_ms": iqr(s.ref_ms),
+            "speedup": rm / cm if cm > 0 else float("inf"),
+            "sol_ms": s.sol_ms,
+            "pct_sol": (100.0 * s.sol_ms / cm) if (s.sol_ms and cm > 0) else None,
+            "leftover_median_ms": lo,
+            "input_copies": s.copies,
+            "samples_ms": list(s.cand_ms),
+            "ref_samples_ms": list(s.ref_ms),
+        }
+        rows.append(row)
+        if lo > LEFTOVER_MIN_MS and lo > 0.5 * cm:
+            return StageResult(
+                "timing", Status.INVALID,
+                f"shape {s.shape}: device work continued {lo:.3f} ms (median) after the harness "
+                f"stream's end event while the timed call took {cm:.3f} ms: the kernel launches "
+                "on another stream; launch every kernel on the `stream` argument",
+                {"shapes": rows},
+            )
+        if cm <= 0:
+            return StageResult("timing", Status.INVALID,
+                               f"shape {s.shape}: non-positive median time {cm}", {"shapes": rows})
+        if s.sol_ms is not None and cm < s.sol_ms:
+            return StageResult(
+                "timing", Status.INVALID,
+                f"shape {s.shape}: median {cm:.4f} ms beats the speed-of-light bound "
+                f"{s.sol_ms:.4f} ms (compulsory bytes / peak bandwidth, FLOPs / peak rate); "
+                "the measurement cannot be real (skipped work, another stream, cached results)",
+                {"shapes": rows},
+            )
+        speedups.append(row["speedup"])
+    fitness = geomean(speedups) if speedups else None
+    metrics: dict[str, Any] = {
+        "shapes": rows,
+        "fitness": fitness,
+        "needs_reconfirm": bool(speedups) and max(speedups) > RECONFIRM_SPEEDUP,
+    }
+    return StageResult("timing", Status.OK, "", metrics)
+
+
+def time_shapes(
+    task: Any,
+    kernel: Any,
+    *,
+    shape_indices: Sequence[int],
+    scalars: Sequence[float],
+    warmup: int,
+    reps: int,
+    flush_mb: int,
+    seed: int,
+    stream: Any,
+    sol_ms: Callable[[dict[str, int]], float | None],
+    progress: Callable[[dict[str, Any]], None] = lambda p: None,
+) -> StageResult:
+    """Time candidate and reference on the task's benchmark shapes (CUDA only).
+
+    ``kernel`` is an :class:`evaluators.abi.KernelLibrary`; ``stream`` a ``torch.cuda.Stream``
+    that is current. Raises :class:`evaluators.correctness.CandidateFault` or CUDA errors on
+    a fault (the harness maps them to ``crash``).
+    """
+    import torch
+
+    from evaluators.correctness import CandidateFault, poison_, trial_seed
+
+    t_start = time.monotonic()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+    task_dtype = getattr(torch, task.dtype)
+    flush = torch.empty(int(flush_mb) * 2**20, dtype=torch.uint8, device=dev)
+    handle = int(stream.cuda_stream)
+    all_samples: list[ShapeSamples] = []
+
+    def call(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        rc = kernel.launch(ins, outs, scalars, handle)
+        if rc != 0:
+            raise CandidateFault(Status.CRASH, f"evo_launch returned {kernel.error_name(rc)} ({rc})")
+
+    def check_last_error(where: str) -> None:
+        err = kernel.last_error()
+        if err:
+            raise CandidateFault(Status.CRASH, f"{where}: cudaGetLastError = {kernel.error_name(err)} ({err})")
+
+    for si in shape_indices:
+        shape = dict(task.shapes[si])
+        dist = task.distributions[0] if task.distributions else "normal"
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(trial_seed(seed, 1000 + si, 0))
+        with torch.no_grad():
+            base = tuple(task.make_inputs(shape, gen, dist, dev))
+            refs = task.reference(*base)
+            refs = tuple(refs) if isinstance(refs, (tuple, list)) else (refs,)
+        out_specs = [(r.shape, task_dtype if r.is_floating_point() else r.dtype) for r in refs]
+        total = sum(x.numel() * x.element_size() for x in base) + sum(
+            r.numel() * r.element_size() for r in refs)
+        del refs
+        n = input_copies(total, l2)
+        copies = [base] + [tuple(x.clone() for x in base) for _ in range(n - 1)]
+        outs = [[torch.empty(s, dtype=d, device=dev) for s, d in out_specs] for _ in range(n)]
+        torch.cuda.synchronize()
+        progress({"stage": "timing", "shape": shape, "step": "warm-up"})
+        ref_fn = task.reference
+        with torch.no_grad():
+            for i in range(max(int(warmup), 1)):
+                ref_fn(*copies[i % n])
+                call(copies[i % n], outs[i % n])
+            torch.cuda.synchronize()
+            check_last_error(f"shape {shape} warm-up")
+            first = [o.clone() for o in outs[0]]
+
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            cand_ms: list[float] = []
+            ref_ms: list[float] = []
+            left_ms: list[float] = []
+            progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
+            for r in range(int(reps)):
+                c = r % n
+                # reference
+                flush.zero_()
+                ev[0].record(stream)
+                ref_fn(*copies[c])
+                ev[1].record(stream)
+                # candidate
+                flush.zero_()
+                ev[2].record(stream)
+                call(copies[c], outs[c])
+                ev[3].record(stream)
+                ev[3].synchronize()
+                t0 = time.perf_counter()
+                torch.cuda.synchronize()
+                left_ms.append((time.perf_counter() - t0) * 1e3)
+                ref_ms.append(ev[0].elapsed_time(ev[1]))
+                cand_ms.append(ev[2].elapsed_time(ev[3]))
+            check_last_error(f"shape {shape} timed calls")
+
+            # Behaviour must not change after many calls.
+            for o in outs[0]:
+                poison_(o)
+            progress({"stage": "timing", "shape": shape, "step": "post-timing re-check"})
+            call(copies[0], outs[0])
+            torch.cuda.synchronize()
+        for k, (a, b) in enumerate(zip(first, outs[0])):
+            d = (a.double() - b.double()).abs()
+            diff = float(d.max()) if d.numel() else 0.0
+            if not (math.isfinite(diff) and diff <= task.tolerance.nondeterminism):
+                return StageResult(
+                    "timing", Status.INCORRECT,
+                    f"shape {shape}, output {k}: after {int(reps) + int(warmup)} calls the kernel's "
+                    f"output changed (max |diff| = {diff:.3g} vs its first output, NaN = unwritten); "
+                    "it keeps state between calls (call counter, pointer-keyed cache)",
+                    {"shapes": [s.shape for s in all_samples]},
+                    seconds=time.monotonic() - t_start,
+                )
+        sol: float | None = None
+        try:
+            sol = sol_ms(shape)
+        except Exception as e:  # a missing bound must not fail the candidate
+            log.warning("no speed-of-light bound for %s %s: %s", task.name, shape, e)
+        all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol))
+        del copies, outs, first, base
+        torch.cuda.empty_cache()
+    res = summarize(all_samples)
+    metrics = dict(res.metrics)
+    metrics.update({"reps": int(reps), "warmup": int(warmup), "flush_mb": int(flush_mb)})
+    return StageResult(res.stage, res.status, res.reason, metrics, res.artifacts,
+                       seconds=time.monotonic() - t_start)

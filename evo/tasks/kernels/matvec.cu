@@ -1,0 +1,161 @@
+// matvec.cu -- seed template for out[M, 1] = A[M, K] @ b[K, 1] (fp32, memory-bound).
+//
+// Inputs: (A[M, K], b[K, 1] or b[K]); output [M, 1] (or [M]). A is streamed once from DRAM
+// (it dominates the traffic: 8 GB at the benchmark shape); b is small enough to stay in L2
+// and is re-read by every CTA.
+//
+// Structure: one CTA per ROWS rows. Each thread walks K in VEC-element (128-bit) vectors
+// with stride BLOCK, UNROLL vectors per row per step, all loads of a step in flight before
+// the FMAs; a b vector is loaded once per step and used for all ROWS rows. Each thread's
+// partial sums are sequential; the CTA then reduces them with a fixed shuffle tree and a
+// fixed shared-memory pass, so the result is bitwise deterministic (no atomics, no
+// workspace). K % VEC != 0 or unaligned pointers use the VEC = 1 instantiation.
+#include <cute/tensor.hpp>
+#include <cuda_runtime.h>
+#include "evo_abi.h"
+
+// @evo:task-config
+
+// @tunable BLOCK = 512 in {128, 256, 512, 1024}
+// @tunable VEC = 4 in {1, 2, 4}
+// @tunable UNROLL = 4 in {1, 2, 4, 8}
+// @tunable ROWS = 1 in {1, 2, 4}
+// @constraint UNROLL * ROWS <= 16
+#ifndef BLOCK
+#define BLOCK 512
+#endif
+#ifndef VEC
+#define VEC 4
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef ROWS
+#define ROWS 1
+#endif
+
+namespace evo_seed {
+using namespace cute;
+using T = float;
+static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
+constexpr int kWarps = BLOCK / 32;
+
+template <int V>
+using Vec = cute::array_aligned<T, V, V * sizeof(T)>;
+
+template <int V>
+__global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, const T* __restrict__ b,
+                                                       T* __restrict__ y, int64_t m, int64_t k) {
+  __shared__ float smem[ROWS][kWarps];
+  const int64_t kv = k / V;
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+  // A as [M, K/V] vectors (rows past M are clamped to the last row and never stored).
+  Tensor gA = make_tensor(make_gmem_ptr(reinterpret_cast<const Vec<V>*>(a)), make_shape(m, kv),
+                          make_stride(kv, Int<1>{}));
+  Tensor gB = make_tensor(make_gmem_ptr(reinterpret_cast<const Vec<V>*>(b)), make_shape(kv));
+  int64_t rows[ROWS];
+  CUTE_UNROLL
+  for (int r = 0; r < ROWS; ++r) rows[r] = row0 + r < m ? row0 + r : m - 1;
+
+  float acc[ROWS];
+  CUTE_UNROLL
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+
+  constexpr int STEP = BLOCK * UNROLL;
+  int64_t base = 0;
+  for (; base + STEP <= kv; base += STEP) {  // full steps: no predicates
+    Vec<V> bv[UNROLL];
+    Vec<V> av[ROWS][UNROLL];
+    CUTE_UNROLL
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = base + threadIdx.x + u * BLOCK;
+      bv[u] = gB(c);
+      CUTE_UNROLL
+      for (int r = 0; r < ROWS; ++r) av[r][u] = gA(rows[r], c);
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < UNROLL; ++u)
+      CUTE_UNROLL
+      for (int r = 0; r < ROWS; ++r)
+        CUTE_UNROLL
+        for (int e = 0; e < V; ++e) acc[r] = fmaf(av[r][u][e], bv[u][e], acc[r]);
+  }
+  for (int64_t c = base + threadIdx.x; c < kv; c += BLOCK) {  // last partial step
+    const Vec<V> bv = gB(c);
+    CUTE_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+      const Vec<V> av = gA(rows[r], c);
+      CUTE_UNROLL
+      for (int e = 0; e < V; ++e) acc[r] = fmaf(av[e], bv[e], acc[r]);
+    }
+  }
+  for (int64_t c = kv * V + threadIdx.x; c < k; c += BLOCK) {  // K % V scalar tail
+    CUTE_UNROLL
+    for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(a[rows[r] * k + c], b[c], acc[r]);
+  }
+
+  // Deterministic CTA reduction: fixed xor-shuffle tree per warp, then warp 0 over warps.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  CUTE_UNROLL
+  for (int r = 0; r < ROWS; ++r) {
+    float v = acc[r];
+    CUTE_UNROLL
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) smem[r][warp] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+      float v = lane < kWarps ? smem[r][lane] : 0.f;
+      CUTE_UNROLL
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && row0 + r < m) y[row0 + r] = v;
+    }
+  }
+}
+
+static bool is_contiguous(const EvoTensor& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+static bool aligned_for(const void* p, int bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
+}
+
+}  // namespace evo_seed
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) {
+  using namespace evo_seed;
+  (void)scalars;
+  (void)n_scalars;
+  if (n_in != 2 || n_out != 1) return cudaErrorInvalidValue;
+  const EvoTensor& at = in[0];
+  const EvoTensor& bt = in[1];
+  const EvoTensor& yt = out[0];
+  if (at.dtype != EVO_F32 || bt.dtype != EVO_F32 || yt.dtype != EVO_F32 || at.ndim != 2) return cudaErrorInvalidValue;
+  const int64_t m = at.shape[0], k = at.shape[1];
+  const bool b_ok = (bt.ndim == 1 && bt.shape[0] == k) || (bt.ndim == 2 && bt.shape[0] == k && bt.shape[1] == 1);
+  const bool y_ok = (yt.ndim == 1 && yt.shape[0] == m) || (yt.ndim == 2 && yt.shape[0] == m && yt.shape[1] == 1);
+  if (!b_ok || !y_ok || !is_contiguous(at) || !is_contiguous(bt) || !is_contiguous(yt)) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  const T* a = static_cast<const T*>(at.data);
+  const T* b = static_cast<const T*>(bt.data);
+  T* y = static_cast<T*>(yt.data);
+  const int64_t grid = (m + ROWS - 1) / ROWS;
+  if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
+  constexpr int kVecBytes = VEC * int(sizeof(T));
+  const bool vec_ok = VEC > 1 && k % VEC == 0 && aligned_for(a, kVecBytes) && aligned_for(b, kVecBytes);
+  if (vec_ok) {
+    matvec_kernel<VEC><<<dim3(unsigned(grid)), dim3(BLOCK), 0, stream>>>(a, b, y, m, k);
+  } else {
+    matvec_kernel<1><<<dim3(unsigned(grid)), dim3(BLOCK), 0, stream>>>(a, b, y, m, k);
+  }
+  return static_cast<int>(cudaGetLastError());
+}

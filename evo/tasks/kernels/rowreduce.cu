@@ -1,0 +1,341 @@
+// rowreduce.cu -- seed template for row-wise reductions over the last dim of a [R, C] tensor.
+//
+//   EVO_OP_SOFTMAX      out = exp(x - max) / sum(exp(x - max))          in = (x[R, C])
+//   EVO_OP_LOG_SOFTMAX  out = (x - max) - log(sum(exp(x - max)))        in = (x[R, C])
+//   EVO_OP_RMSNORM      out = x / sqrt(mean(x^2) + eps) * w             in = (x[R, C], w[C]),
+//                                                                       scalars[0] = eps
+// The task config block below sets EVO_DTYPE / EVO_ELEM_BYTES / EVO_DTYPE_CODE and one op.
+// Maths is fp32 for every dtype; sums are per-thread sequential, then tree reductions across
+// the warp, the block and the cluster in a fixed order (bitwise deterministic, no atomics).
+//
+// Structure: a row is split over a cluster of CL CTAs (CL = 1 when the row fits in the
+// registers of one CTA, otherwise CL = CLUSTER); each CTA owns a contiguous chunk of
+// VEC-element vectors, and each thread walks its chunk with stride BLOCK, REG_VECS vectors
+// per step (all loads of a step in flight together).
+//   pass 1: per-thread online (max, sum of exp) -- or sum of squares for RMSNorm --,
+//           combined over the block (shuffles + shared memory) and the cluster (DSMEM);
+//   pass 2: out from the registers when the chunk fitted in them (one read of the input),
+//           else by re-reading the chunk (it is small and recent, so mostly an L2 hit).
+// Rows whose length or base pointers do not allow VEC-wide aligned access use VEC = 1.
+#include <cute/tensor.hpp>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#include "evo_abi.h"
+
+// @evo:task-config
+
+#ifndef EVO_DTYPE
+#define EVO_DTYPE float
+#define EVO_ELEM_BYTES 4
+#define EVO_DTYPE_CODE EVO_F32
+#endif
+#ifndef EVO_S0_DEFAULT
+#define EVO_S0_DEFAULT 1e-6
+#endif
+
+// @tunable BLOCK = 256 in {128, 256, 512, 1024}
+// @tunable VEC = 4 in {1, 2, 4, 8}
+// @tunable REG_VECS = 4 in {1, 2, 4, 8, 16}
+// @tunable CLUSTER = 8 in {1, 2, 4, 8, 16}
+// @constraint VEC * EVO_ELEM_BYTES <= 16
+// @constraint REG_VECS * VEC * EVO_ELEM_BYTES <= 128
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+#ifndef VEC
+#define VEC 4
+#endif
+#ifndef REG_VECS
+#define REG_VECS 4
+#endif
+#ifndef CLUSTER
+#define CLUSTER 8
+#endif
+
+namespace evo_seed {
+using namespace cute;
+namespace cg = cooperative_groups;
+using T = EVO_DTYPE;
+
+static_assert(VEC * sizeof(T) <= 16, "VEC * sizeof(element) must fit one 128-bit access");
+static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
+constexpr int kWarps = BLOCK / 32;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void from_f32(float v, float& dst) { dst = v; }
+__device__ __forceinline__ void from_f32(float v, __nv_bfloat16& dst) { dst = __float2bfloat16_rn(v); }
+
+template <int V>
+using Vec = cute::array_aligned<T, V, V * sizeof(T)>;
+
+// Partial state of a row: softmax keeps (max, sum of exp(x - max)); RMSNorm keeps (0, sum x^2).
+struct Acc {
+  float m, s;
+};
+
+__device__ __forceinline__ Acc combine(Acc a, Acc b) {
+#if defined(EVO_OP_RMSNORM)
+  return {0.f, a.s + b.s};
+#else
+  if (a.m == -INFINITY) return b;  // empty partials (-inf max) must not produce inf - inf
+  if (b.m == -INFINITY) return a;
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+#endif
+}
+
+__device__ __forceinline__ Acc empty_acc() {
+#if defined(EVO_OP_RMSNORM)
+  return {0.f, 0.f};
+#else
+  return {-INFINITY, 0.f};
+#endif
+}
+
+// Folds one step of up to REG_VECS vectors (flags say which are valid) into acc.
+template <int V>
+__device__ __forceinline__ Acc accumulate(Acc acc, const Vec<V> (&r)[REG_VECS], int nvalid) {
+#if defined(EVO_OP_RMSNORM)
+  CUTE_UNROLL
+  for (int i = 0; i < REG_VECS; ++i)
+    if (i < nvalid) {
+      CUTE_UNROLL
+      for (int k = 0; k < V; ++k) {
+        const float x = to_f32(r[i][k]);
+        acc.s = fmaf(x, x, acc.s);
+      }
+    }
+  return acc;
+#else
+  float m = -INFINITY;
+  CUTE_UNROLL
+  for (int i = 0; i < REG_VECS; ++i)
+    if (i < nvalid) {
+      CUTE_UNROLL
+      for (int k = 0; k < V; ++k) m = fmaxf(m, to_f32(r[i][k]));
+    }
+  if (m == -INFINITY) return acc;
+  float s = 0.f;
+  CUTE_UNROLL
+  for (int i = 0; i < REG_VECS; ++i)
+    if (i < nvalid) {
+      CUTE_UNROLL
+      for (int k = 0; k < V; ++k) s += expf(to_f32(r[i][k]) - m);
+    }
+  return combine(acc, Acc{m, s});
+#endif
+}
+
+// Block-wide reduction in a fixed order; every thread gets the result.
+__device__ __forceinline__ Acc block_reduce(Acc a, Acc* smem_warp) {
+  CUTE_UNROLL
+  for (int off = 16; off > 0; off >>= 1) {
+    Acc o{__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)};
+    a = combine(a, o);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) smem_warp[warp] = a;
+  __syncthreads();
+  a = lane < kWarps ? smem_warp[lane] : empty_acc();
+  CUTE_UNROLL
+  for (int off = 16; off > 0; off >>= 1) {
+    Acc o{__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)};
+    a = combine(a, o);
+  }
+  return a;  // identical in every warp (same inputs, same order)
+}
+
+// The per-row epilogue: y = f(x) given the row's reduced state.
+struct RowFinal {
+  float m, inv_s, log_s, scale;
+};
+
+__device__ __forceinline__ RowFinal finalize(Acc a, int64_t cols, float eps) {
+  RowFinal f;
+#if defined(EVO_OP_RMSNORM)
+  f.m = 0.f; f.inv_s = 0.f; f.log_s = 0.f;
+  f.scale = 1.0f / sqrtf(a.s / float(cols) + eps);
+#else
+  f.m = a.m; f.inv_s = 1.0f / a.s; f.log_s = logf(a.s); f.scale = 0.f;
+#endif
+  return f;
+}
+
+template <int V>
+__device__ __forceinline__ void emit(Vec<V>& v, const RowFinal& f, const T* __restrict__ w, int64_t vec_idx) {
+#if defined(EVO_OP_RMSNORM)
+  const Vec<V> wv = reinterpret_cast<const Vec<V>*>(w)[vec_idx];
+#endif
+  CUTE_UNROLL
+  for (int k = 0; k < V; ++k) {
+    const float x = to_f32(v[k]);
+#if defined(EVO_OP_SOFTMAX)
+    from_f32(expf(x - f.m) * f.inv_s, v[k]);
+#elif defined(EVO_OP_LOG_SOFTMAX)
+    from_f32((x - f.m) - f.log_s, v[k]);
+#elif defined(EVO_OP_RMSNORM)
+    from_f32((x * f.scale) * to_f32(wv[k]), v[k]);
+#else
+#error "define EVO_OP_SOFTMAX, EVO_OP_LOG_SOFTMAX or EVO_OP_RMSNORM in the task config block"
+#endif
+  }
+}
+
+// grid.x = rows * cl; the cl CTAs of a row form one cluster (cl == 1: no cluster).
+// kInRegs: the chunk fits in REG_VECS vectors per thread, so pass 2 reuses the registers.
+template <int V, bool kInRegs>
+__global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                    T* __restrict__ y, int64_t cols, int cl, float eps) {
+  __shared__ Acc smem_warp[32];
+  __shared__ Acc cta_acc;
+  const int64_t row = blockIdx.x / cl;
+  const int rank = blockIdx.x % cl;
+  const int64_t cv = cols / V;  // vectors per row
+  Tensor gX = make_tensor(make_gmem_ptr(reinterpret_cast<const Vec<V>*>(x + row * cols)), make_shape(cv));
+  Tensor gY = make_tensor(make_gmem_ptr(reinterpret_cast<Vec<V>*>(y + row * cols)), make_shape(cv));
+  const int64_t chunk = (cv + cl - 1) / cl;
+  const int64_t begin = rank * chunk;
+  const int64_t end = begin + chunk < cv ? begin + chunk : cv;
+  constexpr int STEP = BLOCK * REG_VECS;
+
+  Vec<V> r[REG_VECS];
+  Acc acc = empty_acc();
+  for (int64_t base = begin; base < end; base += STEP) {
+    const int64_t first = base + threadIdx.x;
+    const int nvalid = first < end ? int((end - 1 - first) / BLOCK) + 1 : 0;
+    CUTE_UNROLL
+    for (int i = 0; i < REG_VECS; ++i)
+      if (i < nvalid) r[i] = gX(first + int64_t(i) * BLOCK);
+    acc = accumulate<V>(acc, r, nvalid);
+    if (kInRegs) break;
+  }
+  acc = block_reduce(acc, smem_warp);
+  if (cl > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) cta_acc = acc;
+    cluster.sync();
+    Acc total = empty_acc();
+    for (int j = 0; j < cl; ++j) total = combine(total, *cluster.map_shared_rank(&cta_acc, j));
+    acc = total;
+    cluster.sync();  // no CTA may exit while another still reads its shared memory
+  }
+  const RowFinal f = finalize(acc, cols, eps);
+
+  for (int64_t base = begin; base < end; base += STEP) {
+    const int64_t first = base + threadIdx.x;
+    const int nvalid = first < end ? int((end - 1 - first) / BLOCK) + 1 : 0;
+    if (!kInRegs) {
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) r[i] = gX(first + int64_t(i) * BLOCK);
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < REG_VECS; ++i)
+      if (i < nvalid) {
+        emit<V>(r[i], f, w, first + int64_t(i) * BLOCK);
+        gY(first + int64_t(i) * BLOCK) = r[i];
+      }
+    if (kInRegs) break;
+  }
+}
+
+// ---------------------------------------------------------------- host side
+static bool is_contiguous(const EvoTensor& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+static bool aligned_for(const void* p, int bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
+}
+
+template <int V, bool kInRegs>
+static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, float eps,
+                          cudaStream_t stream) {
+  auto kernel = row_kernel<V, kInRegs>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows * cl));
+  cfg.blockDim = dim3(BLOCK);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cl);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cl > 1 ? 1 : 0;
+  if (cl > 8) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, x, w, y, cols, cl, eps);
+}
+
+template <int V>
+static cudaError_t dispatch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, float eps,
+                            cudaStream_t stream) {
+  const int64_t cv = cols / V;
+  const int64_t regs_capacity = int64_t(BLOCK) * REG_VECS;  // vectors one CTA holds in registers
+  int cl = 1;
+  if (cv > regs_capacity) {
+    cl = CLUSTER;
+    while (cl > 1 && (cv + cl - 1) / cl < BLOCK) cl /= 2;  // keep every CTA's threads busy
+  }
+  if (rows * cl > 0x7fffffffLL) return cudaErrorInvalidValue;
+  const bool in_regs = (cv + cl - 1) / cl <= regs_capacity;
+  return in_regs ? launch<V, true>(x, w, y, rows, cols, cl, eps, stream)
+                 : launch<V, false>(x, w, y, rows, cols, cl, eps, stream);
+}
+
+}  // namespace evo_seed
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) {
+  using namespace evo_seed;
+#if defined(EVO_OP_RMSNORM)
+  constexpr int kInputs = 2;
+#else
+  constexpr int kInputs = 1;
+#endif
+  if (n_in != kInputs || n_out != 1) return cudaErrorInvalidValue;
+  const EvoTensor& xt = in[0];
+  const EvoTensor& yt = out[0];
+  if (xt.dtype != EVO_DTYPE_CODE || yt.dtype != EVO_DTYPE_CODE || xt.ndim < 1 || xt.ndim != yt.ndim ||
+      !is_contiguous(xt) || !is_contiguous(yt)) {
+    return cudaErrorInvalidValue;
+  }
+  for (int i = 0; i < xt.ndim; ++i)
+    if (xt.shape[i] != yt.shape[i]) return cudaErrorInvalidValue;
+  const int64_t cols = xt.shape[xt.ndim - 1];
+  const int64_t numel = evo_numel(xt);
+  if (numel == 0) return cudaSuccess;
+  const int64_t rows = numel / cols;
+  const T* w = nullptr;
+  float eps = 0.f;
+#if defined(EVO_OP_RMSNORM)
+  const EvoTensor& wt = in[1];
+  if (wt.dtype != EVO_DTYPE_CODE || wt.ndim != 1 || wt.shape[0] != cols || !is_contiguous(wt))
+    return cudaErrorInvalidValue;
+  w = static_cast<const T*>(wt.data);
+  eps = float((scalars != nullptr && n_scalars > 0) ? scalars[0] : EVO_S0_DEFAULT);
+#else
+  (void)scalars;
+  (void)n_scalars;
+#endif
+  const T* x = static_cast<const T*>(xt.data);
+  T* y = static_cast<T*>(yt.data);
+  constexpr int kVecBytes = VEC * int(sizeof(T));
+  const bool vec_ok = VEC > 1 && cols % VEC == 0 && aligned_for(x, kVecBytes) && aligned_for(y, kVecBytes) &&
+                      (w == nullptr || aligned_for(w, kVecBytes));
+  cudaError_t e = vec_ok ? dispatch<VEC>(x, w, y, rows, cols, eps, stream)
+                         : dispatch<1>(x, w, y, rows, cols, eps, stream);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return static_cast<int>(cudaGetLastError());
+}

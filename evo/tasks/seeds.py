@@ -1,0 +1,155 @@
+"""Seed kernels: the starting CuTe source of every task, rendered from a few templates.
+
+Each task's seed is a :class:`SeedSpec` (template + ``#define`` lines + optional per-task
+tunable defaults; see :mod:`evo.tasks.seedspec`). The memory-bound families live here:
+
+- ``elementwise``: unary activations and scaling, fp32 and bf16, plus the row-scale
+  ``kb12_diag`` (``EVO_ROWSCALE``);
+- ``rowreduce``: softmax, log-softmax (fp32, bf16) and RMSNorm (bf16) over the last dim;
+- ``matvec``: ``kb04_matvec``.
+
+GEMM seeds come from :mod:`evo.tasks.gemm_seeds` (``GEMM_SEEDS``). The registry ``SEEDS`` is
+their union; an unknown name raises :class:`UnknownSeedError` (a ``KeyError``) listing the
+valid names.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from evo.tasks.seedspec import SeedSpec, render, template_source
+from evo.tunables import parse_tunables
+
+__all__ = [
+    "SeedSpec",
+    "UnknownSeedError",
+    "ELEMENTWISE_SEEDS",
+    "ROWREDUCE_SEEDS",
+    "MATVEC_SEEDS",
+    "SEEDS",
+    "seed_names",
+    "seed_spec",
+    "seed_source",
+    "seed_params",
+    "template_names",
+    "render",
+]
+
+log = logging.getLogger(__name__)
+
+_F32 = (("EVO_DTYPE", "float"), ("EVO_ELEM_BYTES", "4"), ("EVO_DTYPE_CODE", "EVO_F32"))
+_BF16 = (("EVO_DTYPE", "__nv_bfloat16"), ("EVO_ELEM_BYTES", "2"), ("EVO_DTYPE_CODE", "EVO_BF16"))
+_BF16_VEC = (("VEC", "8"),)
+
+
+def _unary(op: str, description: str, dtype=_F32, s0: float | None = None, s1: float | None = None,
+           tunable_defaults: tuple[tuple[str, str], ...] = ()) -> SeedSpec:
+    defines = dtype + ((f"EVO_OP_{op}", "1"),)
+    if s0 is not None:
+        defines += (("EVO_S0_DEFAULT", repr(float(s0))),)
+    if s1 is not None:
+        defines += (("EVO_S1_DEFAULT", repr(float(s1))),)
+    return SeedSpec("elementwise", defines, description, tunable_defaults)
+
+
+ELEMENTWISE_SEEDS: dict[str, SeedSpec] = {
+    "kb05_scalar": _unary("SCALE", "out = A * scalars[0] (exact double multiply, one rounding)", s0=3.14),
+    "kb19_relu": _unary("RELU", "ReLU, NaN-propagating"),
+    "kb20_leaky_relu": _unary("LEAKY_RELU", "LeakyReLU, slope = scalars[0] (0.01)", s0=0.01),
+    "kb21_sigmoid": _unary("SIGMOID", "sigmoid = 1 / (1 + expf(-x))"),
+    "kb22_tanh": _unary("TANH", "tanhf"),
+    "kb25_swish": _unary("SWISH", "x * sigmoid(x), one pass"),
+    "kb26_gelu": _unary("GELU", "erf GELU as 0.5 x erfc(-x / sqrt 2) (no cancellation for x << 0)"),
+    "kb27_selu": _unary("SELU", "SELU with torch's alpha and scale, expm1f"),
+    "kb28_hardsigmoid": _unary("HARDSIGMOID", "relu6(x + 3) / 6"),
+    "kb29_softplus": _unary("SOFTPLUS", "x > 20 ? x : log1p(exp(x)) (beta 1, threshold 20)"),
+    "kb30_softsign": _unary("SOFTSIGN", "x / (1 + |x|), one pass"),
+    "kb31_elu": _unary("ELU", "ELU, alpha = scalars[0] (1.0), expm1f", s0=1.0),
+    "kb32_hardtanh": _unary("HARDTANH", "clamp(x, scalars[0], scalars[1]) = (-1, 1)", s0=-1.0, s1=1.0),
+    "gelu_bf16": _unary("GELU", "erf GELU, bf16 in/out, fp32 maths", dtype=_BF16, tunable_defaults=_BF16_VEC),
+    "silu_bf16": _unary("SWISH", "SiLU x * sigmoid(x), bf16 in/out, fp32 maths", dtype=_BF16,
+                        tunable_defaults=_BF16_VEC),
+    "kb12_diag": SeedSpec(
+        "elementwise", _F32 + (("EVO_ROWSCALE", "1"),),
+        "diag(A) @ B as a row scale: out[i, j] = A[i] * B[i, j]",
+    ),
+}
+
+ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
+    "kb23_softmax": SeedSpec(
+        "rowreduce", _F32 + (("EVO_OP_SOFTMAX", "1"),),
+        "softmax over dim 1: cluster-split rows, online max/sum pass, then a write pass",
+        (("BLOCK", "1024"),),
+    ),
+    "kb24_log_softmax": SeedSpec(
+        "rowreduce", _F32 + (("EVO_OP_LOG_SOFTMAX", "1"),),
+        "log-softmax over dim 1: same structure as kb23_softmax",
+        (("BLOCK", "1024"),),
+    ),
+    "softmax_bf16": SeedSpec(
+        "rowreduce", _BF16 + (("EVO_OP_SOFTMAX", "1"),),
+        "softmax over the last dim, bf16 in/out, fp32 maths; a row lives in one CTA's registers",
+        (("VEC", "8"), ("REG_VECS", "2")),
+    ),
+    "rmsnorm_bf16": SeedSpec(
+        "rowreduce", _BF16 + (("EVO_OP_RMSNORM", "1"), ("EVO_S0_DEFAULT", "1e-06")),
+        "RMSNorm with weight, eps = scalars[0], bf16 in/out, fp32 maths",
+        (("VEC", "8"), ("REG_VECS", "2")),
+    ),
+}
+
+MATVEC_SEEDS: dict[str, SeedSpec] = {
+    "kb04_matvec": SeedSpec(
+        "matvec", (), "A @ b: one CTA per row, 128-bit streaming of A, deterministic CTA reduction"
+    ),
+}
+
+
+def _gemm_seeds() -> dict[str, SeedSpec]:
+    try:
+        from evo.tasks.gemm_seeds import GEMM_SEEDS
+    except ModuleNotFoundError as exc:
+        if exc.name != "evo.tasks.gemm_seeds":
+            raise
+        log.warning("evo.tasks.gemm_seeds is missing: the registry has no GEMM seeds")
+        return {}
+    return dict(GEMM_SEEDS)
+
+
+SEEDS: dict[str, SeedSpec] = {**ELEMENTWISE_SEEDS, **ROWREDUCE_SEEDS, **MATVEC_SEEDS, **_gemm_seeds()}
+
+
+class UnknownSeedError(KeyError):
+    """No seed of that name; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown seed"
+
+
+def seed_names() -> list[str]:
+    """All registered seed names, sorted."""
+    return sorted(SEEDS)
+
+
+def template_names() -> list[str]:
+    """The templates the registered seeds use, sorted."""
+    return sorted({spec.template for spec in SEEDS.values()})
+
+
+def seed_spec(task_name: str) -> SeedSpec:
+    """The SeedSpec of ``task_name``; UnknownSeedError lists the valid names."""
+    try:
+        return SEEDS[task_name]
+    except KeyError:
+        raise UnknownSeedError(f"no seed kernel for {task_name!r}; valid names: {', '.join(seed_names())}") from None
+
+
+def seed_source(task_name: str) -> str:
+    """The rendered, self-contained seed source of ``task_name``."""
+    return render(seed_spec(task_name))
+
+
+def seed_params(task_name: str) -> dict[str, str]:
+    """The seed's tunables at their defaults (the seed candidate's params)."""
+    return {t.name: t.default for t in parse_tunables(seed_source(task_name))}
+

@@ -1,0 +1,264 @@
+"""The correctness rule: compare a kernel's output with the reference (CPU or CUDA tensors).
+
+:func:`check` is the single implementation of :class:`~evo.tasks.base.Tolerance`; the GPU
+harness calls it for every trial. An output passes when
+
+1. it is a floating tensor of the reference's shape (and of ``dtype`` when given);
+2. it is finite wherever the reference is finite (and matches the reference's own NaN/Inf);
+3. elementwise ``|out - ref| <= atol_eff + rtol * |ref|`` where ``atol_eff = atol * rms(ref)``
+   for ``Tolerance(atol_relative=True)`` (every built-in task) and ``atol`` otherwise;
+4. ``||out - ref||_2 / ||ref||_2 <= rel_l2``.
+
+Everything is computed in float64, in chunks (bounded temporary memory even for the
+1.6 G-element activation tasks), with torch operations only, so it runs on the tensors'
+own device. ``out`` is moved to ``ref``'s device if they differ.
+
+Calibration (see docs/tasks.md, "Tolerances"): fp32 tasks must pass any legitimate fp32
+summation order (and fast-math ``__expf``-style few-ulp functions) and fail tf32 (relative
+error ~3e-4) and bf16 arithmetic; bf16 tasks allow about 2 bf16 ulps per element.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from evo.tasks.base import Tolerance
+
+__all__ = [
+    "check",
+    "check_deterministic",
+    "fp32_gemm",
+    "FP32_ELEMENTWISE",
+    "FP32_SOFTMAX",
+    "BF16_ELEMENTWISE",
+    "BF16_GEMM",
+    "FP32_UNIT_ROUNDOFF",
+]
+
+#: Unit roundoff of float32 (half an ulp of 1.0).
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def fp32_gemm(k: int) -> Tolerance:
+    """Strict fp32 GEMM rule for reduction length ``k``.
+
+    ``rel_l2 = min(1e-4, max(1e-5, 4 u sqrt(k)))`` with u = 2^-24: fp32 summation in any
+    order gives about ``u sqrt(k) / 2`` (random-walk rounding), far inside it; tf32 rounds
+    every input to 10 mantissa bits, so each product carries ~4e-4 relative error that does
+    not cancel on zero-mean inputs (rel_l2 ~3e-4 or more), outside it at every k. The
+    elementwise rule is a looser outlier guard: ``atol = 8 rel_l2`` (in RMS units),
+    ``rtol = rel_l2``.
+    """
+    rel = min(1e-4, max(1e-5, 4.0 * FP32_UNIT_ROUNDOFF * math.sqrt(max(int(k), 1))))
+    return Tolerance(atol=8.0 * rel, rtol=rel, rel_l2=rel, atol_relative=True)
+
+
+#: fp32 elementwise maps (activations, scaling): a few ulps per element, with an absolute
+#: floor of 1e-6 x RMS for cancellation in formulas like 1 - 2 / (exp(2x) + 1).
+FP32_ELEMENTWISE = Tolerance(atol=1e-6, rtol=1e-5, rel_l2=1e-5, atol_relative=True)
+#: fp32 softmax / log-softmax: per-element relative 1e-5 (exp + row-sum rounding).
+FP32_SOFTMAX = Tolerance(atol=1e-6, rtol=1e-5, rel_l2=1e-5, atol_relative=True)
+#: bf16 elementwise / row-wise ops: ~2 bf16 ulps (2^-7 each) per element.
+BF16_ELEMENTWISE = Tolerance(atol=1e-2, rtol=1.6e-2, rel_l2=1e-2, atol_relative=True)
+#: bf16 GEMMs with fp32 accumulation and a bf16 output (and fused epilogues).
+BF16_GEMM = Tolerance(atol=1e-2, rtol=1.6e-2, rel_l2=1e-2, atol_relative=True)
+
+_DEFAULT_CHUNK = 1 << 23
+
+
+def _dtype(d: torch.dtype | str | None) -> torch.dtype | None:
+    if d is None or isinstance(d, torch.dtype):
+        return d
+    from evo.tasks.inputs import torch_dtype
+
+    return torch_dtype(d)
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    idx = []
+    for s in reversed(shape):
+        flat, r = divmod(flat, s)
+        idx.append(r)
+    return list(reversed(idx))
+
+
+def _fmt_idx(idx: list[int]) -> str:
+    return "(" + ", ".join(str(i) for i in idx) + ")"
+
+
+def check(
+    out: Any,
+    ref: torch.Tensor,
+    tol: Tolerance,
+    *,
+    dtype: torch.dtype | str | None = None,
+    chunk: int = _DEFAULT_CHUNK,
+) -> tuple[bool, str, dict[str, Any]]:
+    """Compare ``out`` with ``ref`` under ``tol``.
+
+    Args:
+      out: the kernel's output tensor.
+      ref: the ground truth (usually computed at ``Task.reference_dtype``).
+      tol: the task's tolerance.
+      dtype: the declared output dtype (``Task.dtype``); None skips the dtype check beyond
+        "is floating point". ``ref`` may legitimately have a wider dtype.
+      chunk: elements per float64 working chunk.
+
+    Returns ``(ok, reason, metrics)``. ``reason`` is ``"ok"`` or every failed criterion,
+    ``"; "``-separated, naming the worst element (index, output, reference values).
+    ``metrics`` (plain floats / ints / lists, JSON-ready): ``numel``, ``max_abs_err``,
+    ``rel_l2``, ``ref_rms``, ``atol_eff``, ``n_nonfinite`` (bad non-finite outputs),
+    ``n_violations`` (elementwise), ``worst_index``, ``worst_out``, ``worst_ref``,
+    ``worst_ratio`` (error / allowed; > 1 fails).
+    """
+    if not isinstance(out, torch.Tensor):
+        return False, f"output is a {type(out).__name__}, not a torch.Tensor", {}
+    if tuple(out.shape) != tuple(ref.shape):
+        return False, (
+            f"shape mismatch: output has shape {tuple(out.shape)}, "
+            f"reference has {tuple(ref.shape)}"
+        ), {}
+    want = _dtype(dtype)
+    if want is not None and out.dtype != want:
+        return False, f"dtype mismatch: output is {out.dtype}, task declares {want}", {}
+    if not out.is_floating_point():
+        return False, f"dtype mismatch: output is {out.dtype}, expected a floating dtype", {}
+    if out.device != ref.device:
+        out = out.to(ref.device)
+
+    n = ref.numel()
+    shape = tuple(ref.shape)
+    metrics: dict[str, Any] = {"numel": n}
+    if n == 0:
+        metrics.update(max_abs_err=0.0, rel_l2=0.0, ref_rms=0.0, atol_eff=0.0,
+                       n_nonfinite=0, n_violations=0)
+        return True, "ok", metrics
+    o = out.reshape(-1)
+    r = ref.reshape(-1)
+    dev = ref.device
+    f64 = torch.float64
+    chunk = max(int(chunk), 1)
+
+    # Pass 1: the output scale (RMS over the reference's finite entries).
+    ref_sumsq = torch.zeros((), dtype=f64, device=dev)
+    ref_finite = torch.zeros((), dtype=torch.int64, device=dev)
+    for s in range(0, n, chunk):
+        rc = r[s : s + chunk].to(f64)
+        fin = torch.isfinite(rc)
+        ref_sumsq += torch.where(fin, rc * rc, 0.0).sum()
+        ref_finite += fin.sum()
+    ref_sumsq_f = float(ref_sumsq.item())
+    n_ref_finite = int(ref_finite.item())
+    rms = math.sqrt(ref_sumsq_f / n_ref_finite) if n_ref_finite else 0.0
+    atol_eff = tol.atol * rms if tol.atol_relative else tol.atol
+
+    # Pass 2: non-finite mismatches, elementwise bound, error norms, worst element.
+    diff_sumsq = torch.zeros((), dtype=f64, device=dev)
+    max_abs = torch.zeros((), dtype=f64, device=dev)
+    n_bad_nf = torch.zeros((), dtype=torch.int64, device=dev)
+    n_viol = torch.zeros((), dtype=torch.int64, device=dev)
+    first_nf: list[torch.Tensor] = []  # per chunk: flat index of first bad non-finite or -1
+    worst: list[tuple[torch.Tensor, torch.Tensor]] = []  # per chunk: (ratio, flat index)
+    for s in range(0, n, chunk):
+        rc = r[s : s + chunk].to(f64)
+        oc = o[s : s + chunk].to(f64)
+        rfin = torch.isfinite(rc)
+        ofin = torch.isfinite(oc)
+        same_special = (torch.isnan(rc) & torch.isnan(oc)) | (rc == oc)
+        bad_nf = (rfin & ~ofin) | (~rfin & ~same_special)
+        cnt = bad_nf.sum()
+        n_bad_nf += cnt
+        first_nf.append(torch.where(cnt > 0, bad_nf.to(torch.int8).argmax() + s, -1))
+        both = rfin & ofin
+        d = torch.where(both, (oc - rc).abs(), 0.0)
+        diff_sumsq += (d * d).sum()
+        max_abs = torch.maximum(max_abs, d.max())
+        allowed = atol_eff + tol.rtol * rc.abs()
+        n_viol += (both & (d > allowed)).sum()
+        ratio = torch.where(both & (d > 0), d / allowed, 0.0)  # d > 0, allowed 0 -> inf
+        i = ratio.argmax()
+        worst.append((ratio[i], i + s))
+
+    metrics["ref_rms"] = rms
+    metrics["atol_eff"] = atol_eff
+    metrics["max_abs_err"] = float(max_abs.item())
+    diff_sumsq_f = float(diff_sumsq.item())
+    if ref_sumsq_f > 0:
+        rel_l2 = math.sqrt(diff_sumsq_f / ref_sumsq_f)
+    else:
+        rel_l2 = 0.0 if diff_sumsq_f == 0 else math.inf
+    metrics["rel_l2"] = rel_l2
+    nbad = int(n_bad_nf.item())
+    metrics["n_nonfinite"] = nbad
+    metrics["n_violations"] = int(n_viol.item())
+    ratios = torch.stack([w[0] for w in worst])
+    j = int(ratios.argmax().item())
+    wflat = int(worst[j][1].item())
+    metrics["worst_ratio"] = float(ratios[j].item())
+    metrics["worst_index"] = _unravel(wflat, shape)
+    metrics["worst_out"] = float(o[wflat].item())
+    metrics["worst_ref"] = float(r[wflat].item())
+
+    reasons = []
+    if nbad:
+        firsts = [int(x.item()) for x in first_nf]
+        f = next(x for x in firsts if x >= 0)
+        reasons.append(
+            f"non-finite output: {nbad} of {n} elements are NaN/Inf where the reference is "
+            f"not (or differ from the reference's own NaN/Inf); first at "
+            f"{_fmt_idx(_unravel(f, shape))}: out={float(o[f].item())!r} "
+            f"ref={float(r[f].item())!r}"
+        )
+    if metrics["n_violations"]:
+        wi = metrics["worst_index"]
+        err = abs(metrics["worst_out"] - metrics["worst_ref"])
+        allowed = atol_eff + tol.rtol * abs(metrics["worst_ref"])
+        unit = f" (= {tol.atol:g} x ref RMS {rms:.4g})" if tol.atol_relative else ""
+        reasons.append(
+            f"elementwise tolerance exceeded at {metrics['n_violations']} of {n} elements; "
+            f"worst at {_fmt_idx(wi)}: out={metrics['worst_out']:.8g} "
+            f"ref={metrics['worst_ref']:.8g} |err|={err:.3g} > allowed {allowed:.3g} "
+            f"(atol {atol_eff:.3g}{unit} + rtol {tol.rtol:g} x |ref|)"
+        )
+    if not rel_l2 <= tol.rel_l2:
+        reasons.append(
+            f"relative L2 error {rel_l2:.3g} exceeds {tol.rel_l2:g} "
+            f"(max abs error {metrics['max_abs_err']:.3g}, ref RMS {rms:.4g})"
+        )
+    if reasons:
+        return False, "; ".join(reasons), metrics
+    return True, "ok", metrics
+
+
+def check_deterministic(
+    first: torch.Tensor, second: torch.Tensor, tol: Tolerance
+) -> tuple[bool, str, float]:
+    """Two calls on the same inputs must agree: bitwise (NaN == NaN) when
+    ``tol.nondeterminism == 0``, else within that max-abs difference.
+
+    Returns ``(ok, reason, max_abs_diff)``.
+    """
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return False, (
+            f"outputs of two calls differ in shape/dtype: {tuple(first.shape)} {first.dtype} "
+            f"vs {tuple(second.shape)} {second.dtype}"
+        ), math.inf
+    a = first.reshape(-1).to(torch.float64)
+    b = second.reshape(-1).to(torch.float64)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    if bool(same.all().item()):
+        return True, "ok", 0.0
+    d = torch.where(same, 0.0, (a - b).abs())
+    d = torch.nan_to_num(d, nan=math.inf)
+    mx = float(d.max().item())
+    if tol.nondeterminism > 0 and mx <= tol.nondeterminism:
+        return True, "ok", mx
+    i = int(d.argmax().item())
+    return False, (
+        f"nondeterministic: two calls on the same inputs differ by up to {mx:.3g} "
+        f"(allowed {tol.nondeterminism:g}); e.g. at {_fmt_idx(_unravel(i, tuple(first.shape)))}: "
+        f"{float(a[i].item())!r} vs {float(b[i].item())!r}"
+    ), mx
