@@ -1,1 +1,65 @@
-"""evo/tasks"""
+"""The task suite: what a kernel must compute, on which inputs, how exactly, how fast.
+
+Public API (everything a caller needs; see docs/tasks.md)::
+
+    get_task(name) -> Task                    # UnknownTaskError (a KeyError) lists names
+    task_names(family=None) -> list[str]
+    families() -> list[str]                   # ["kernelbench-l1", "modern", ("user")]
+    tasks_for(["kb19_relu", "family:modern"]) -> list[Task]
+    register_task(task)                       # DuplicateTaskError on a taken name
+    load_task_file(path) -> list[Task]        # user tasks; TaskFileError (a ValueError)
+    task_table(gpu) -> list[dict]             # rows for `evo tasks`
+    gpu_names(), get_gpu(name), detect_gpu(), speed_of_light_ms(task, shape, gpu)
+    evo.tasks.tolerance.check(out, ref, tol) -> (ok, reason, metrics)
+
+Importing this package imports torch (the references are torch functions) but needs no GPU.
+"""
+
+from evo.tasks.base import Shape, Task, Tolerance
+from evo.tasks.gpus import GpuSpec, UnknownGpuError, detect_gpu, get_gpu, gpu_names, speed_of_light_ms
+from evo.tasks.inputs import DISTRIBUTIONS, InputSpec, TensorInputs
+from evo.tasks.registry import (
+    DuplicateTaskError,
+    InvalidTaskError,
+    UnknownFamilyError,
+    UnknownTaskError,
+    families,
+    format_shape,
+    get_task,
+    register_task,
+    task_names,
+    task_table,
+    tasks_for,
+    validate_task,
+)
+from evo.tasks.user import TaskFileError, load_task_file, seed_path
+
+__all__ = [
+    "Shape",
+    "Task",
+    "Tolerance",
+    "GpuSpec",
+    "UnknownGpuError",
+    "detect_gpu",
+    "get_gpu",
+    "gpu_names",
+    "speed_of_light_ms",
+    "DISTRIBUTIONS",
+    "InputSpec",
+    "TensorInputs",
+    "DuplicateTaskError",
+    "InvalidTaskError",
+    "UnknownFamilyError",
+    "UnknownTaskError",
+    "families",
+    "format_shape",
+    "get_task",
+    "register_task",
+    "task_names",
+    "task_table",
+    "tasks_for",
+    "validate_task",
+    "TaskFileError",
+    "load_task_file",
+    "seed_path",
+]

@@ -1,0 +1,229 @@
+"""User tasks: load ``Task`` definitions from a Python file (config ``[tasks] files``).
+
+A task file is plain Python that defines either ``TASKS = [Task(...), ...]`` or a function
+``tasks() -> list[Task]`` (see ``configs/examples/my_task.py`` and docs/tasks.md). Its
+reference, ``make_inputs``, ``flops`` and ``bytes`` must be module-level functions (or
+picklable objects such as :class:`evo.tasks.inputs.TensorInputs`): the task is pickled into
+the isolated harness process.
+
+How that works: the file is imported as the module ``evo.tasks.user._f<hex of its absolute
+path>``. This module (``evo.tasks.user``) acts as a package for those names and installs an
+import hook that maps such a name back to its file, so *any* process (a spawned harness
+worker, a Ray actor on the same filesystem) that unpickles a user task re-imports the file by
+itself. A file is therefore executed at most once per process; edits need a new process.
+
+Loading forces ``family = "user"``, resolves a ``seed`` that names a ``.cu`` file (relative
+to the task file) to its absolute path, validates every task, checks that it pickles, and
+registers it (idempotently). Every failure raises :class:`TaskFileError` (a ValueError) that
+names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import logging
+import os
+import pickle
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from evo.tasks.base import Task
+from evo.tasks.registry import DuplicateTaskError, InvalidTaskError, register_task, validate_task
+
+__all__ = ["USER_FAMILY", "TaskFileError", "load_task_file", "module_name_for", "seed_path"]
+
+logger = logging.getLogger(__name__)
+
+USER_FAMILY = "user"
+_PREFIX = __name__ + "._f"
+
+# Submodules of this module are user task files, found by _UserTaskFinder (not on disk).
+__path__: list[str] = []
+
+
+class TaskFileError(ValueError):
+    """A user task file could not be loaded; the message names the file and the fix."""
+
+
+class _UserTaskFinder(importlib.abc.MetaPathFinder):
+    """Maps ``evo.tasks.user._f<hex path>`` to the file at that path."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib protocol
+        if not fullname.startswith(_PREFIX):
+            return None
+        try:
+            file = bytes.fromhex(fullname[len(_PREFIX):]).decode("utf-8")
+        except ValueError:
+            return None
+        if not os.path.isfile(file):
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def _install_finder() -> None:
+    if not any(type(f).__name__ == "_UserTaskFinder" and getattr(f, "_evo", False)
+               for f in sys.meta_path):
+        finder = _UserTaskFinder()
+        finder._evo = True  # type: ignore[attr-defined]
+        sys.meta_path.append(finder)
+
+
+_install_finder()
+
+
+def module_name_for(path: str | os.PathLike[str]) -> str:
+    """The module name a task file is imported under (stable for its absolute path)."""
+    return _PREFIX + str(Path(path).expanduser().resolve()).encode("utf-8").hex()
+
+
+def seed_path(task: Task) -> Path | None:
+    """The seed kernel file of a task whose ``seed`` is a ``.cu`` path, else None (the seed
+    is then a name in :mod:`evo.tasks.seeds`, or empty)."""
+    if task.seed and task.seed.endswith(".cu"):
+        return Path(task.seed)
+    return None
+
+
+def _import(path: Path) -> Any:
+    name = module_name_for(path)
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        return importlib.import_module(name)
+    except SyntaxError as exc:
+        raise TaskFileError(
+            f"{path}:{exc.lineno}: syntax error: {exc.msg}; fix the file and load it again"
+        ) from exc
+    except Exception as exc:
+        raise TaskFileError(
+            f"{path}: importing the task file raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _collect(path: Path, mod: Any) -> list[Any]:
+    has_list, has_fn = hasattr(mod, "TASKS"), hasattr(mod, "tasks")
+    if has_list and has_fn:
+        raise TaskFileError(f"{path}: defines both TASKS and tasks(); keep one of them")
+    if has_list:
+        items = mod.TASKS
+        where = "TASKS"
+    elif has_fn:
+        if not callable(mod.tasks):
+            raise TaskFileError(f"{path}: 'tasks' must be a function returning a list of Task")
+        try:
+            items = mod.tasks()
+        except Exception as exc:
+            raise TaskFileError(f"{path}: tasks() raised {type(exc).__name__}: {exc}") from exc
+        where = "tasks()"
+    else:
+        raise TaskFileError(
+            f"{path}: defines no tasks; add `TASKS = [Task(...), ...]` or a function "
+            f"`def tasks() -> list[Task]` (see configs/examples/my_task.py)"
+        )
+    if isinstance(items, Task):
+        items = [items]
+    if not isinstance(items, (list, tuple)):
+        raise TaskFileError(
+            f"{path}: {where} must be a list of evo.tasks.Task, got {type(items).__name__}"
+        )
+    if not items:
+        raise TaskFileError(f"{path}: {where} is empty")
+    for i, t in enumerate(items):
+        if not isinstance(t, Task):
+            raise TaskFileError(
+                f"{path}: {where}[{i}] is a {type(t).__name__}, not an evo.tasks.Task "
+                f"(build it with `from evo.tasks import Task, Tolerance`)"
+            )
+    return list(items)
+
+
+def _resolve_seed(path: Path, task: Task) -> str:
+    seed = task.seed
+    if not isinstance(seed, str) or not seed:
+        return seed
+    if seed.endswith(".cu") or "/" in seed or os.sep in seed:
+        p = Path(seed).expanduser()
+        if not p.is_absolute():
+            p = path.parent / p
+        p = p.resolve()
+        if not p.is_file():
+            raise TaskFileError(
+                f"{path}: task {task.name!r}: seed kernel {seed!r} not found (looked for {p}); "
+                f"a relative seed path is relative to the task file"
+            )
+        return str(p)
+    return seed
+
+
+def _check_pickles(path: Path, task: Task) -> None:
+    for field_name in ("reference", "make_inputs", "flops", "bytes"):
+        obj = getattr(task, field_name)
+        try:
+            back = pickle.loads(pickle.dumps(obj))
+        except Exception as exc:
+            raise TaskFileError(
+                f"{path}: task {task.name!r}: {field_name} cannot be pickled "
+                f"({type(exc).__name__}: {exc}); define it as a module-level function in the "
+                f"task file (no lambdas or nested functions)"
+            ) from exc
+        if callable(obj) and back is not obj and type(back) is not type(obj):
+            raise TaskFileError(
+                f"{path}: task {task.name!r}: {field_name} does not survive pickling"
+            )
+
+
+def load_task_file(path: str | os.PathLike[str], *, register: bool = True) -> list[Task]:
+    """Import a user task file and return its tasks (family ``user``), registered unless
+    ``register=False``. Loading the same file again returns the same tasks (no-op)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TaskFileError(f"{path}: task file not found")
+    if not p.is_file():
+        raise TaskFileError(f"{path}: not a file (expected a .py file defining TASKS)")
+    p = p.resolve()
+    mod = _import(p)
+    tasks = []
+    seen: set[str] = set()
+    for t in _collect(p, mod):
+        if t.family != USER_FAMILY:
+            logger.debug("%s: task %s family %r -> %r", p, t.name, t.family, USER_FAMILY)
+        shapes = t.shapes
+        if isinstance(shapes, list):
+            shapes = tuple(shapes)
+        if isinstance(shapes, tuple):
+            shapes = tuple(dict(s) if isinstance(s, dict) else s for s in shapes)
+        dists = tuple(t.distributions) if isinstance(t.distributions, list) else t.distributions
+        scalars = tuple(t.scalars) if isinstance(t.scalars, list) else t.scalars
+        t = replace(t, family=USER_FAMILY, shapes=shapes, distributions=dists, scalars=scalars,
+                    seed=_resolve_seed(p, t))
+        try:
+            validate_task(t)
+        except InvalidTaskError as exc:
+            raise TaskFileError(f"{p}: {exc}") from exc
+        if t.name in seen:
+            raise TaskFileError(f"{p}: task name {t.name!r} is defined twice")
+        seen.add(t.name)
+        _check_pickles(p, t)
+        tasks.append(t)
+    if register:
+        from evo.tasks.registry import _REGISTRY, _lock
+
+        with _lock:  # all or nothing: check every name before registering any
+            for t in tasks:
+                old = _REGISTRY.get(t.name)
+                if old is not None and old != t:
+                    raise TaskFileError(
+                        f"{p}: task {t.name!r} is already registered (family {old.family!r}); "
+                        f"rename it"
+                    )
+        for t in tasks:
+            try:
+                register_task(t)
+            except DuplicateTaskError as exc:
+                raise TaskFileError(f"{p}: {exc}") from exc
+    logger.info("loaded %d user task(s) from %s", len(tasks), p)
+    return tasks
