@@ -65,22 +65,13 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _load_task(name: str, files: list[str]) -> Any:
-    import importlib.util
+    """The task from the registry, after importing user task files (which register theirs)."""
+    from evo.tasks.registry import get_task
+    from evo.tasks.user import load_task_file
 
-    import evo.tasks as tasks
-
-    for i, f in enumerate(files):
-        loader = getattr(tasks, "load_task_file", None)
-        if loader is not None:
-            loader(f)
-            continue
-        spec = importlib.util.spec_from_file_location(f"evo_user_task_{i}", f)
-        if spec is None or spec.loader is None:
-            raise RuntimeError(f"cannot import user task file {f}")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-    return tasks.get_task(name)
+    for f in files:
+        load_task_file(f)
+    return get_task(name)
 
 
 def _nvidia_smi(uuid: str | None, index: str) -> dict[str, str]:

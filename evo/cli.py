@@ -318,9 +318,11 @@ def lineage(
 
     by_id = {d["id"]: d for d in data}
 
+    from rich.markup import escape
+
     def label(d: dict) -> str:
-        return (f"{d['id'][:12]} [{d['operator']}] gen {d['generation']} "
-                f"{d['status']} speedup {_fmt(d['fitness'])}")
+        return escape(f"{d['id'][:12]} [{d['operator']}] gen {d['generation']} "
+                      f"{d['status']} speedup {_fmt(d['fitness'])}")
 
     root = Tree(label(data[0]))
 

@@ -428,13 +428,13 @@ class Engine:
         for task, actors in self.islands.items():
             if len(actors) < 2:
                 continue
+            # Take every island's emigrants before any island receives: one hop per round.
+            outgoing = [self.rt.call(src, "emigrants", self.s.migration_count) for src in actors]
             moved = 0
-            for i, src in enumerate(actors):
-                dst = actors[(i + 1) % len(actors)]
-                emigrants = self.rt.call(src, "emigrants", self.s.migration_count)
+            for i, emigrants in enumerate(outgoing):
                 if emigrants:
-                    moved += self.rt.call(dst, "immigrate", emigrants)
-            self.store.log_event(self.run_id, "migration", {"task": task, "moved": moved, "at": n})
+                    moved += self.rt.call(actors[(i + 1) % len(actors)], "immigrate", emigrants)
+            self.store.log_event(self.run_id, "island_migration", {"task": task, "moved": moved, "at": n})
             self._exhausted.difference_update(m["index"] for m in self.island_meta if m["task"] == task)
 
     # ------------------------------------------------------------------ progress / end
@@ -502,11 +502,12 @@ class Engine:
     def _replay(self) -> None:
         """Rebuild islands and in-flight work from the store (see module docstring)."""
         cands = self.store.candidates(self.run_id)
+        evals = {ev.candidate_id: ev for ev in self.store.evaluations(self.run_id)}
         pending_cands: list[Candidate] = []
         done = correct = 0
         for cand in cands:
             self.seen.add(cand.id)
-            ev = self.store.get_evaluation(cand.id, self.run_id)
+            ev = evals.get(cand.id)
             if ev is None:
                 pending_cands.append(cand)
                 continue

@@ -1,0 +1,812 @@
+"""Compile stage: a candidate's CUDA source -> shared object bytes, cached by content.
+
+Contract:
+  ``compile_candidate(candidate, settings) -> CompileOutcome``. ``outcome.result`` is a
+  ``StageResult(stage="compile")`` whose status is ``ok``, ``compile_error`` (nvcc failed,
+  including running out of the memory limit), ``timeout`` (nvcc ran past
+  ``settings.timeout_s`` and its whole process group was killed) or ``rejected`` (tunable
+  values that are not numbers/identifiers; they would be spliced into -D flags).
+  ``outcome.so_bytes`` holds the .so when ok (bytes travel to GPU workers, so no shared disk is
+  needed). A failure of the *candidate* is data; a failure of the *system* (nvcc or the
+  nvidia-cutlass wheel missing, an unusable arch string) raises a clear exception.
+
+Build (ARCHITECTURE.md): ``nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
+--expt-relaxed-constexpr -shared -Xcompiler -fPIC -Xptxas -v -lineinfo -I<evo_abi.h dir>
+-I<cutlass include> -DNAME=VALUE...`` plus ``settings.extra_flags``. No ``--use_fast_math``:
+it changes fp32 results, so a candidate that wants fast intrinsics writes them itself.
+
+Isolation: nvcc runs in a private temporary directory (also its TMPDIR), in its own process
+group, under ``RLIMIT_AS = settings.memory_mb`` (per process: nvcc, cicc, ptxas, the host
+compiler each get the limit), with core dumps off. The limit is set by a tiny Python
+``exec`` wrapper rather than ``preexec_fn``, which is unsafe in threaded processes such as
+Ray workers. A template bomb therefore ends as ``compile_error`` or ``timeout``.
+
+Cache: ``<cache_dir>/compile/<key[:2]>/<key>.{so,json}``, key = sha256 of the source,
+canonical params, flags, the ABI header, nvcc version, host compiler version, CUTLASS
+version and arch. Writes go to a temporary file then ``os.replace`` (the JSON last, as the
+commit marker), and an ``flock`` per key makes concurrent compiles of the same key from
+several processes wait for one nvcc run instead of repeating it. Successful builds and
+deterministic compile errors are cached; timeouts and resource kills are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from evaluators.base import CompileSettings
+from evo.records import Candidate, Status, StageResult, canonical_params
+
+__all__ = [
+    "CompileOutcome",
+    "CompileStage",
+    "CutlassNotFound",
+    "NvccNotFound",
+    "KernelResources",
+    "PtxasReport",
+    "abi_include_dir",
+    "build_command",
+    "build_flags",
+    "cache_key",
+    "compile_candidate",
+    "compile_to_file",
+    "cutlass_include_dir",
+    "cutlass_version",
+    "extract_errors",
+    "find_nvcc",
+    "gencode_flags",
+    "nvcc_version",
+    "parse_ptxas",
+    "trim_log",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Bumped when the cache layout or the meaning of cached results changes.
+CACHE_SCHEMA = 1
+ERRORS_MAX_LINES = 40
+ERRORS_MAX_BYTES = 4 * 1024
+LOG_MAX_BYTES = 16 * 1024
+_LOG_READ_MAX = 4 * 1024 * 1024  # never read more of a runaway log than this
+_SOURCE_NAME = "candidate.cu"
+_OUTPUT_NAME = "candidate.so"
+
+
+class NvccNotFound(RuntimeError):
+    """nvcc could not be located or run. The message lists where we looked and the fix."""
+
+
+class CutlassNotFound(RuntimeError):
+    """The nvidia-cutlass wheel (CuTe/CUTLASS headers) is not installed or is incomplete."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Toolchain discovery
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_include_dir() -> Path:
+    """The CuTe/CUTLASS header directory shipped by the ``nvidia-cutlass`` wheel.
+
+    The wheel installs a ``cutlass_library`` package whose ``source/include`` holds ``cute/``
+    and ``cutlass/``. Raises :class:`CutlassNotFound` naming ``pip install nvidia-cutlass``.
+    """
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        raise CutlassNotFound(
+            "the CuTe/CUTLASS headers were not found: the `cutlass_library` package is missing. "
+            "Install them with `pip install nvidia-cutlass`."
+        )
+    for loc in spec.submodule_search_locations:
+        inc = Path(loc) / "source" / "include"
+        if (inc / "cute" / "tensor.hpp").is_file() and (inc / "cutlass" / "cutlass.h").is_file():
+            return inc
+    raise CutlassNotFound(
+        f"`cutlass_library` is installed at {list(spec.submodule_search_locations)} but has no "
+        "source/include/cute/tensor.hpp; reinstall with `pip install --force-reinstall nvidia-cutlass`."
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_version() -> str:
+    """CUTLASS version of the headers actually used (``cutlass/version.h``), e.g. ``"4.2.0"``."""
+    header = cutlass_include_dir() / "cutlass" / "version.h"
+    try:
+        text = header.read_text(errors="replace")
+        parts = [re.search(rf"#define\s+CUTLASS_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts)  # type: ignore[union-attr]
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nvidia-cutlass")
+    except PackageNotFoundError as exc:  # pragma: no cover - headers without the wheel metadata
+        raise CutlassNotFound("cannot determine the CUTLASS version; `pip install nvidia-cutlass`") from exc
+
+
+def abi_include_dir() -> Path:
+    """Directory holding ``evo_abi.h`` (package data of ``evo.tasks``)."""
+    # find_spec does not execute evo/tasks/__init__.py (which registers tasks and imports torch)
+    spec = importlib.util.find_spec("evo.tasks")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / "kernels" if locations else Path(__file__).resolve().parents[1] / "evo/tasks/kernels"
+    if not (path / "evo_abi.h").is_file():
+        raise FileNotFoundError(f"evo_abi.h is missing from {path}; the cute-evo install is broken")
+    return path
+
+
+def _is_exe(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_nvcc(settings: CompileSettings | None = None) -> str:
+    """Locate nvcc: ``settings.nvcc`` if set to anything but the default ``"nvcc"``, then
+    ``$CUDA_HOME/bin/nvcc``, ``/usr/local/cuda/bin/nvcc``, then ``nvcc`` on ``PATH``.
+
+    An explicitly configured ``compile.nvcc`` that does not exist is an error (never silently
+    replaced by another toolkit). Raises :class:`NvccNotFound` listing what was tried.
+    """
+    requested = settings.nvcc if settings is not None else "nvcc"
+    if requested and requested != "nvcc":
+        found = requested if os.sep in requested else shutil.which(requested)
+        if found and _is_exe(found):
+            return str(found)
+        raise NvccNotFound(
+            f"compile.nvcc = {requested!r} is not an executable file; fix the setting or remove it "
+            "to search $CUDA_HOME, /usr/local/cuda and PATH"
+        )
+    tried = []
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root:
+            cand = os.path.join(root, "bin", "nvcc")
+            tried.append(cand)
+            if _is_exe(cand):
+                return cand
+    cand = "/usr/local/cuda/bin/nvcc"
+    tried.append(cand)
+    if _is_exe(cand):
+        return cand
+    found = shutil.which("nvcc")
+    tried.append("nvcc on PATH")
+    if found:
+        return found
+    raise NvccNotFound(
+        f"nvcc not found (tried {', '.join(tried)}). Install the CUDA toolkit (12.x or newer), set "
+        "CUDA_HOME, or set compile.nvcc to its path."
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _tool_version(path: str, mtime_ns: int, args: tuple[str, ...]) -> str:
+    del mtime_ns  # part of the cache key only: a replaced binary is asked again
+    try:
+        out = subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NvccNotFound(f"could not run `{path} {' '.join(args)}`: {exc}") from exc
+    return (out.stdout + out.stderr).strip()
+
+
+def nvcc_version(nvcc: str) -> str:
+    """nvcc's full version, e.g. ``"13.0.88"`` (from ``nvcc --version``)."""
+    try:
+        mtime = os.stat(nvcc).st_mtime_ns
+    except OSError as exc:
+        raise NvccNotFound(f"nvcc {nvcc!r} does not exist") from exc
+    text = _tool_version(nvcc, mtime, ("--version",))
+    m = re.search(r"release\s+[\d.]+,\s*V([\w.\-]+)", text)
+    if not m:
+        raise NvccNotFound(f"`{nvcc} --version` printed no release line; is it really nvcc?\n{text[:400]}")
+    return m.group(1)
+
+
+def _host_compiler_version(settings: CompileSettings) -> str:
+    """Version of the host C++ compiler nvcc will call (part of the cache key)."""
+    flags = list(settings.extra_flags)
+    cc = "g++"
+    for i, f in enumerate(flags):
+        if f in ("-ccbin", "--compiler-bindir") and i + 1 < len(flags):
+            cc = flags[i + 1]
+        elif f.startswith(("-ccbin=", "--compiler-bindir=")):
+            cc = f.split("=", 1)[1]
+    path = cc if os.sep in cc else shutil.which(cc)
+    if not path or not os.path.exists(path):
+        return f"{cc}:unknown"
+    if os.path.isdir(path):
+        path = os.path.join(path, "g++")
+        if not os.path.exists(path):
+            return f"{cc}:unknown"
+    try:
+        text = _tool_version(path, os.stat(path).st_mtime_ns, ("--version",))
+    except NvccNotFound:
+        return f"{cc}:unknown"
+    return text.splitlines()[0] if text else f"{cc}:unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags and keys
+
+
+def gencode_flags(arch: str) -> list[str]:
+    """``"sm_90a"`` -> ``["-gencode=arch=compute_90a,code=sm_90a"]`` (also ``sm_100a``, ``sm_80``)."""
+    m = re.fullmatch(r"sm_(\d{2,3}[a-z]?)", arch.strip())
+    if not m:
+        raise ValueError(f"compile.arch = {arch!r} is not an SM architecture like 'sm_90a' or 'sm_100a'")
+    v = m.group(1)
+    return [f"-gencode=arch=compute_{v},code=sm_{v}"]
+
+
+def build_flags(settings: CompileSettings) -> list[str]:
+    """The path-free nvcc flags (they are part of the cache key)."""
+    return [
+        "-std=c++17",
+        "-O3",
+        *gencode_flags(settings.arch),
+        "--expt-relaxed-constexpr",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        "-Xptxas",
+        "-v",
+        "-lineinfo",
+        *settings.extra_flags,
+    ]
+
+
+def _define_flags(params: tuple[tuple[str, str], ...]) -> list[str]:
+    return [f"-D{k}={v}" for k, v in params]
+
+
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PARAM_VALUE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[A-Za-z]{0,3}|[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*")
+
+
+def _bad_param(params: tuple[tuple[str, str], ...]) -> str | None:
+    for k, v in params:
+        if not _PARAM_NAME.fullmatch(k):
+            return f"tunable name {k[:40]!r} is not an identifier"
+        if not _PARAM_VALUE.fullmatch(v):
+            return f"tunable {k}={v[:40]!r}: values must be numbers or identifiers"
+    return None
+
+
+def build_command(
+    nvcc: str, source_path: str, out_path: str, settings: CompileSettings,
+    params: tuple[tuple[str, str], ...] = (),
+) -> list[str]:
+    """The full nvcc argv for one build."""
+    return [
+        nvcc,
+        *build_flags(settings),
+        f"-I{abi_include_dir()}",
+        f"-I{cutlass_include_dir()}",
+        *_define_flags(params),
+        source_path,
+        "-o",
+        out_path,
+    ]
+
+
+def _abi_header_sha() -> str:
+    return hashlib.sha256((abi_include_dir() / "evo_abi.h").read_bytes()).hexdigest()
+
+
+def cache_key(
+    source: str, params: Mapping[str, Any] | tuple[tuple[str, str], ...] | None, settings: CompileSettings,
+    nvcc_ver: str, cutlass_ver: str, host_cc: str = "",
+) -> str:
+    """sha256 over everything that determines the .so: source, canonical params, flags, the
+    ABI header, nvcc / host compiler / CUTLASS versions and arch."""
+    pairs = params if isinstance(params, tuple) else canonical_params(params)
+    blob = json.dumps(
+        {
+            "schema": CACHE_SCHEMA,
+            "source": source,
+            "params": [list(p) for p in pairs],
+            "flags": build_flags(settings),
+            "abi": _abi_header_sha(),
+            "nvcc": nvcc_ver,
+            "host_cc": host_cc,
+            "cutlass": cutlass_ver,
+            "arch": settings.arch,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# ptxas report and error text
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """ptxas resource usage of one entry function (kernel)."""
+
+    name: str
+    registers: int = 0
+    barriers: int = 0
+    smem_bytes: int = 0
+    cmem_bytes: int = 0
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        d = dataclasses.asdict(self)
+        d.pop("name")
+        return d
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """What ``-Xptxas -v`` said: per-kernel resources and performance advisories.
+
+    ``wgmma_serialized``: ``(function, cause)`` for every "wgmma.mma_async instructions are
+    serialized due to <cause>" advisory, a strong signal that a Hopper GEMM lost its tensor
+    core pipelining. ``advisories``: every ``(Cxxxx)`` advisory line, verbatim.
+    """
+
+    kernels: tuple[KernelResources, ...] = ()
+    wgmma_serialized: tuple[tuple[str, str], ...] = ()
+    advisories: tuple[str, ...] = ()
+
+    def metrics(self) -> dict[str, Any]:
+        ks = self.kernels
+        return {
+            "kernels": {k.name: k.as_dict() for k in ks},
+            "registers": max((k.registers for k in ks), default=0),
+            "smem_bytes": max((k.smem_bytes for k in ks), default=0),
+            "stack_frame": max((k.stack_frame for k in ks), default=0),
+            "spill_stores": sum(k.spill_stores for k in ks),
+            "spill_loads": sum(k.spill_loads for k in ks),
+            "wgmma_serialized": bool(self.wgmma_serialized),
+        }
+
+
+_RE_ENTRY = re.compile(r"ptxas\s+info\s*:\s*Compiling entry function '([^']+)'")
+_RE_PROPS = re.compile(r"ptxas\s+info\s*:\s*Function properties for (\S+)")
+_RE_FRAME = re.compile(
+    r"(\d+) bytes stack frame,\s*(\d+) bytes spill stores,\s*(\d+) bytes spill loads"
+)
+_RE_USED = re.compile(r"ptxas\s+info\s*:\s*Used (\d+) registers(.*)")
+_RE_WGMMA = re.compile(
+    r"wgmma\.mma_async instructions are serialized(?: due to (.*?))?(?: in the function '([^']+)')?\s*\.?\s*$"
+)
+_RE_ADVISORY = re.compile(r"ptxas\s+(?:info|warning)\s*:\s*\(C\d+\).*")
+
+
+def parse_ptxas(log: str) -> PtxasReport:
+    """Parse the ``ptxas info`` lines of an nvcc ``-Xptxas -v`` log.
+
+    Resource lines ("Used N registers, used M barriers, S bytes smem, C bytes cmem[0]") follow
+    "Compiling entry function 'X'"; the stack/spill line follows "Function properties for X".
+    Non-entry (device) functions' properties are ignored. Unknown lines are skipped, so the
+    parser tolerates format drift between CUDA versions (missing fields read as 0).
+    """
+    kernels: dict[str, dict[str, int]] = {}
+    order: list[str] = []
+    current: str | None = None
+    props_for: str | None = None
+    wgmma: list[tuple[str, str]] = []
+    advisories: list[str] = []
+    for raw in log.splitlines():
+        line = raw.strip()
+        m = _RE_ENTRY.search(line)
+        if m:
+            current = m.group(1)
+            if current not in kernels:
+                kernels[current] = {}
+                order.append(current)
+            props_for = None
+            continue
+        m = _RE_PROPS.search(line)
+        if m:
+            props_for = m.group(1)
+            continue
+        m = _RE_FRAME.search(line)
+        if m and props_for is not None:
+            if props_for in kernels:
+                kernels[props_for].update(
+                    stack_frame=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+                )
+            props_for = None
+            continue
+        m = _RE_USED.search(line)
+        if m and current is not None:
+            rest = m.group(2)
+            k = kernels[current]
+            k["registers"] = int(m.group(1))
+            for key, pat in (("barriers", r"(\d+) barriers"), ("smem_bytes", r"(\d+) bytes smem")):
+                mm = re.search(pat, rest)
+                if mm:
+                    k[key] = int(mm.group(1))
+            k["cmem_bytes"] = sum(int(x) for x in re.findall(r"(\d+) bytes cmem\[\d+\]", rest))
+            continue
+        if _RE_ADVISORY.search(line) or "Potential Performance Loss" in line:
+            advisories.append(line)
+        m = _RE_WGMMA.search(line)
+        if m:
+            wgmma.append(((m.group(2) or "").strip(), (m.group(1) or "").strip()))
+    return PtxasReport(
+        kernels=tuple(KernelResources(name=n, **kernels[n]) for n in order),
+        wgmma_serialized=tuple(wgmma),
+        advisories=tuple(advisories),
+    )
+
+
+_DIAG_START = re.compile(r"^(?:\S.*?(?:\(\d+\)|:\d+:\d+):\s|ptxas|nvcc|nvlink|/usr/bin/ld|collect2|\S+\.(?:cu|h|hpp|cuh)\b)")
+
+
+def extract_errors(log: str, max_lines: int = ERRORS_MAX_LINES, max_bytes: int = ERRORS_MAX_BYTES) -> str:
+    """The part of a compile log worth showing a repair prompt.
+
+    Keeps the first ``max_lines`` lines that contain "error" (case-insensitive), each with
+    the context lines nvcc prints under it (the offending source line and caret, "detected
+    during instantiation ..." notes), up to the next diagnostic; trimmed to ``max_bytes``.
+    """
+    lines = log.splitlines()
+    out: list[str] = []
+    n_err = 0
+    i = 0
+    while i < len(lines) and n_err < max_lines:
+        line = lines[i]
+        if "error" in line.lower():
+            n_err += 1
+            out.append(line.rstrip())
+            j = i + 1
+            ctx = 0
+            while j < len(lines) and ctx < 8:
+                nxt = lines[j]
+                if not nxt.strip() or (_DIAG_START.match(nxt) and not nxt.startswith((" ", "\t"))):
+                    break
+                out.append(nxt.rstrip())
+                ctx += 1
+                j += 1
+            i = j
+        else:
+            i += 1
+    text = "\n".join(out)
+    if not text:  # e.g. killed by a signal without a message: fall back to the log's tail
+        text = "\n".join(lines[-20:])
+    if len(text.encode()) > max_bytes:
+        text = text.encode()[: max_bytes - 20].decode("utf-8", "ignore").rstrip() + "\n... [truncated]"
+    return text
+
+
+def trim_log(log: str, max_bytes: int = LOG_MAX_BYTES) -> str:
+    """Head and tail of a log within ``max_bytes`` (errors come first, summaries last)."""
+    raw = log.encode()
+    if len(raw) <= max_bytes:
+        return log
+    head = raw[: max_bytes * 3 // 4].decode("utf-8", "ignore")
+    tail = raw[-(max_bytes // 4 - 64) :].decode("utf-8", "ignore")
+    return f"{head}\n... [{len(raw) - len(head.encode()) - len(tail.encode())} bytes omitted] ...\n{tail}"
+
+
+def _sanitize(log: str, workdir: str) -> str:
+    """Replace the private temp dir and the CUTLASS path so logs are stable and short."""
+    log = log.replace(workdir + os.sep, "").replace(workdir, ".")
+    try:
+        log = log.replace(str(cutlass_include_dir()), "<cutlass>")
+    except CutlassNotFound:  # pragma: no cover
+        pass
+    return log
+
+
+# ---------------------------------------------------------------------------------------------
+# Running nvcc
+
+_LIMIT_WRAPPER = (
+    "import os, resource, sys\n"
+    "lim = int(sys.argv[1])\n"
+    "if lim > 0:\n"
+    "    soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+    "    if hard != resource.RLIM_INFINITY:\n"
+    "        lim = min(lim, hard)\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (lim, hard))\n"
+    "try:\n"
+    "    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+    "except (ValueError, OSError):\n"
+    "    pass\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+_OOM_MARKERS = ("out of memory", "bad_alloc", "cannot allocate memory", "memory exhausted",
+                "virtual memory exhausted", "insufficient memory")
+
+
+@dataclass(frozen=True)
+class _Run:
+    returncode: int | None  # None: timed out
+    log: str
+    seconds: float
+
+
+def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int) -> _Run:
+    """Run ``cmd`` in its own process group under an address-space limit; kill the group on timeout."""
+    log_path = os.path.join(cwd, "nvcc.log")
+    env = dict(os.environ, TMPDIR=cwd, TMP=cwd, TEMP=cwd)
+    argv = [sys.executable, "-I", "-S", "-c", _LIMIT_WRAPPER, str(max(0, int(memory_mb)) * 1024 * 1024), *cmd]
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log_f:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log_f, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True,
+        )
+        rc: int | None
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            if proc.poll() is None or rc is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+            else:
+                # nvcc is done; make sure no straggler of its group keeps running
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    seconds = time.perf_counter() - t0
+    with open(log_path, "rb") as f:
+        data = f.read(_LOG_READ_MAX)
+    return _Run(rc, data.decode("utf-8", "replace"), seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+@contextmanager
+def _key_lock(path: Path) -> Iterator[None]:
+    """Exclusive per-key lock across processes (flock); a no-op where flock is unavailable."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _cache_paths(cache_dir: str, key: str) -> tuple[Path, Path, Path]:
+    shard = Path(cache_dir).expanduser() / "compile" / key[:2]
+    return shard / f"{key}.so", shard / f"{key}.json", shard / f"{key}.lock"
+
+
+def _cache_load(cache_dir: str, key: str) -> tuple[StageResult, bytes | None] | None:
+    so_path, json_path, _ = _cache_paths(cache_dir, key)
+    try:
+        meta = json.loads(json_path.read_text())
+        if meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key:
+            return None
+        status = Status(meta["status"])
+        so = None
+        if status is Status.OK:
+            so = so_path.read_bytes()
+            if hashlib.sha256(so).hexdigest() != meta.get("so_sha256"):
+                logger.warning("compile cache entry %s is corrupt (sha mismatch); rebuilding", key[:12])
+                return None
+    except (OSError, ValueError, KeyError):
+        return None
+    res = StageResult(
+        stage="compile", status=status, reason=meta.get("reason", ""), metrics=dict(meta.get("metrics", {})),
+        artifacts=dict(meta.get("artifacts", {})), seconds=0.0,
+    )
+    return res, so
+
+
+def _cache_store(cache_dir: str, key: str, result: StageResult, so: bytes | None) -> None:
+    so_path, json_path, _ = _cache_paths(cache_dir, key)
+    so_path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "schema": CACHE_SCHEMA,
+        "key": key,
+        "status": result.status.value,
+        "reason": result.reason,
+        "metrics": result.metrics,
+        "artifacts": result.artifacts,
+        "so_sha256": hashlib.sha256(so).hexdigest() if so is not None else None,
+        "created": time.time(),
+    }
+    if so is not None:
+        _atomic_write(so_path, so)
+    _atomic_write(json_path, json.dumps(meta, sort_keys=True).encode())  # commit marker, last
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """Result of one compile: the stage result, the .so bytes (when ok), the cache key, and
+    whether it came from the cache without running nvcc."""
+
+    result: StageResult
+    so_bytes: bytes | None
+    key: str
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.result.passed
+
+
+def _fail(status: Status, reason: str, key: str, seconds: float, **artifacts: str) -> CompileOutcome:
+    return CompileOutcome(StageResult("compile", status, reason, artifacts=dict(artifacts), seconds=seconds),
+                          None, key, False)
+
+
+def compile_candidate(candidate: Candidate, settings: CompileSettings) -> CompileOutcome:
+    """Build ``candidate`` into a shared object (see the module docstring for the contract)."""
+    t0 = time.perf_counter()
+    params = candidate.params if isinstance(candidate.params, tuple) else canonical_params(candidate.params)
+    nvcc = find_nvcc(settings)
+    nv_ver = nvcc_version(nvcc)
+    cu_ver = cutlass_version()
+    host_cc = _host_compiler_version(settings)
+    key = cache_key(candidate.source, params, settings, nv_ver, cu_ver, host_cc)
+    bad = _bad_param(params)
+    if bad:
+        return _fail(Status.REJECTED, bad, key, time.perf_counter() - t0)
+
+    hit = _cache_load(settings.cache_dir, key)
+    if hit is not None:
+        logger.debug("compile cache hit %s for candidate %s", key[:12], candidate.short_id)
+        res, so = hit
+        return CompileOutcome(dataclasses.replace(res, seconds=time.perf_counter() - t0), so, key, True)
+
+    so_path, json_path, lock_path = _cache_paths(settings.cache_dir, key)
+    so_path.parent.mkdir(parents=True, exist_ok=True)
+    with _key_lock(lock_path):
+        hit = _cache_load(settings.cache_dir, key)  # another process may have built it meanwhile
+        if hit is not None:
+            logger.debug("compile cache hit %s (built concurrently) for %s", key[:12], candidate.short_id)
+            res, so = hit
+            return CompileOutcome(dataclasses.replace(res, seconds=time.perf_counter() - t0), so, key, True)
+        outcome = _build(candidate, params, settings, nvcc, key, t0)
+        if _cacheable(outcome):
+            try:
+                _cache_store(settings.cache_dir, key, outcome.result, outcome.so_bytes)
+            except OSError as exc:
+                logger.warning("could not write compile cache entry %s: %s", key[:12], exc)
+        return outcome
+
+
+def _cacheable(outcome: CompileOutcome) -> bool:
+    r = outcome.result
+    if r.status is Status.OK:
+        return True
+    return r.status is Status.COMPILE_ERROR and not r.metrics.get("resource_failure", False)
+
+
+def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: CompileSettings, nvcc: str,
+           key: str, t0: float) -> CompileOutcome:
+    with tempfile.TemporaryDirectory(prefix="evo-nvcc-") as work:
+        with open(os.path.join(work, _SOURCE_NAME), "w", encoding="utf-8") as f:
+            f.write(candidate.source)
+        cmd = build_command(nvcc, _SOURCE_NAME, _OUTPUT_NAME, settings, params)
+        logger.debug("nvcc for %s in %s: %s", candidate.short_id, work, " ".join(cmd))
+        run = _run_limited(cmd, work, settings.timeout_s, settings.memory_mb)
+        log = _sanitize(run.log, work)
+        so_file = os.path.join(work, _OUTPUT_NAME)
+        so = None
+        if run.returncode == 0 and os.path.isfile(so_file):
+            with open(so_file, "rb") as f:
+                so = f.read()
+    seconds = time.perf_counter() - t0
+    metrics: dict[str, Any] = {"nvcc_seconds": round(run.seconds, 3)}
+    artifacts: dict[str, str] = {"log": trim_log(log)}
+    if run.returncode is None:
+        return CompileOutcome(StageResult(
+            "compile", Status.TIMEOUT, f"nvcc timed out after {settings.timeout_s:g}s (compile.timeout_s)",
+            metrics=metrics, artifacts={**artifacts, "errors": extract_errors(log)}, seconds=seconds), None, key)
+    if so is None:
+        low = log.lower()
+        oom = any(mk in low for mk in _OOM_MARKERS) or run.returncode < 0 or run.returncode in (137, 139, 134)
+        errors = extract_errors(log)
+        first = next((ln.strip() for ln in errors.splitlines() if "error" in ln.lower()), "")
+        if oom and settings.memory_mb > 0 and not first:
+            reason = f"nvcc failed (exit {run.returncode}) under the memory limit of {settings.memory_mb} MB (compile.memory_mb)"
+        elif oom and settings.memory_mb > 0 and any(mk in low for mk in _OOM_MARKERS):
+            reason = f"nvcc ran out of memory under compile.memory_mb = {settings.memory_mb} MB: {first[:200]}"
+        else:
+            reason = f"nvcc failed (exit {run.returncode}): {first[:300] or 'no error text; see the log'}"
+            if run.returncode == 0:
+                reason = "nvcc exited 0 but produced no shared object"
+        metrics["resource_failure"] = bool(oom)
+        return CompileOutcome(StageResult("compile", Status.COMPILE_ERROR, reason, metrics=metrics,
+                                          artifacts={**artifacts, "errors": errors}, seconds=seconds), None, key)
+    report = parse_ptxas(log)
+    metrics.update(report.metrics())
+    metrics["so_size"] = len(so)
+    ptxas_lines = "\n".join(ln for ln in log.splitlines() if "ptxas" in ln or "bytes stack frame" in ln)
+    artifacts["ptxas"] = trim_log(ptxas_lines, 8 * 1024)
+    if report.wgmma_serialized:
+        artifacts["wgmma_serialization"] = "\n".join(
+            ln for ln in report.advisories if "wgmma.mma_async instructions are serialized" in ln)
+    if report.advisories:
+        artifacts["ptxas_advisories"] = trim_log("\n".join(report.advisories), 4 * 1024)
+    return CompileOutcome(StageResult("compile", Status.OK, "", metrics=metrics, artifacts=artifacts,
+                                      seconds=seconds), so, key)
+
+
+def compile_to_file(
+    source: str, params: Mapping[str, Any] | None, settings: CompileSettings, out_path: str | os.PathLike[str],
+) -> CompileOutcome:
+    """Compile a source (e.g. from a script) and, when it builds, write the .so to ``out_path``.
+
+    Returns the outcome either way; nothing is written on failure.
+    """
+    cand = Candidate.create(task="", source=source, params=params, operator="user")
+    outcome = compile_candidate(cand, settings)
+    if outcome.ok and outcome.so_bytes is not None:
+        out = Path(out_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out, outcome.so_bytes)
+    return outcome
+
+
+@dataclass(frozen=True)
+class CompileStage:
+    """The compile step as a cascade :class:`~evaluators.base.Stage` (picklable; its only state
+    is the on-disk cache). ``build`` returns the full outcome including the .so bytes."""
+
+    settings: CompileSettings = CompileSettings()
+    name: str = "compile"
+
+    def build(self, candidate: Candidate) -> CompileOutcome:
+        return compile_candidate(candidate, self.settings)
+
+    def run(self, candidate: Candidate) -> StageResult:
+        return self.build(candidate).result
