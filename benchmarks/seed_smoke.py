@@ -31,7 +31,7 @@ F32, BF16 = 0, 2
 
 
 # --------------------------------------------------------------------------- build (CPU side)
-def build(outdir: Path, names: list[str] | None, jobs: int) -> None:
+def build(outdir: Path, names: list[str] | None, jobs: int, variants: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import cutlass_library
 
@@ -42,21 +42,27 @@ def build(outdir: Path, names: list[str] | None, jobs: int) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     todo = names or [n for n, s in seeds.SEEDS.items() if s.template in ("elementwise", "rowreduce", "matvec")]
 
-    def one(name: str) -> str:
-        src = outdir / f"{name}.cu"
+    def one(item) -> str:
+        name, tag, defs = item
+        stem = f"{name}__{tag}" if tag else name
+        src = outdir / f"{stem}.cu"
         src.write_text(seeds.seed_source(name))
-        cmd = ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
+        cmd = ["nvcc", *[f"-D{d}" for d in defs], "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
                "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{inc}", f"-I{kdir}", str(src), "-o",
-               str(outdir / f"{name}.so")]
+               str(outdir / f"{stem}.so")]
         t = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True)
-        (outdir / f"{name}.log").write_text(r.stderr)
+        (outdir / f"{stem}.log").write_text(r.stderr)
         if r.returncode:
-            return f"{name}: FAILED\n{r.stderr[-3000:]}"
-        return f"{name}: ok ({time.time() - t:.1f} s)"
+            return f"{stem}: FAILED\n{r.stderr[-3000:]}"
+        return f"{stem}: ok ({time.time() - t:.1f} s)"
 
+    items = [(n, "", ()) for n in todo]
+    for v in variants:  # NAME:TAG:K=V,K=V -- the seed with tunables overridden by -D flags
+        name, tag, defs = v.split(":")
+        items.append((name, tag, tuple(defs.split(","))))
     with ThreadPoolExecutor(jobs) as ex:
-        for line in ex.map(one, todo):
+        for line in ex.map(one, items):
             print(line, flush=True)
 
 
@@ -103,14 +109,14 @@ def task_table():
     import torch.nn.functional as F
 
     act = (4096, 393216)
-    small = [(257, 1031), (1, 7)]
+    small = [(129, 1031), (3, 65537), (1, 7)]
     T = {}
 
     def unary(name, fn, dtype="f32", scalars=(), wide=5.0):
         T[name] = dict(kind="unary", fn=fn, dtype=dtype, scalars=scalars, shapes=[act] + small, wide=wide)
 
     unary("kb05_scalar", lambda x: x * 3.14, scalars=(3.14,))
-    T["kb05_scalar"]["shapes"] = [(65536, 16384)] + small
+    T["kb05_scalar"]["shapes"] = [(65536, 16384), (257, 1031), (3, 13)]
     unary("kb19_relu", torch.relu)
     unary("kb20_leaky_relu", lambda x: F.leaky_relu(x, 0.01), scalars=(0.01,))
     unary("kb21_sigmoid", torch.sigmoid)
@@ -126,16 +132,16 @@ def task_table():
     unary("gelu_bf16", F.gelu, dtype="bf16")
     unary("silu_bf16", F.silu, dtype="bf16")
     T["kb12_diag"] = dict(kind="diag", fn=lambda a, b: a[:, None] * b, dtype="f32", scalars=(),
-                          shapes=[(4096, 4096)] + small)
+                          shapes=[(4096, 4096), (257, 1031), (3, 13)])
     T["kb23_softmax"] = dict(kind="row", fn=lambda x: torch.softmax(x, dim=1), dtype="f32", scalars=(),
-                             shapes=[act, (257, 1031), (1, 7), (3, 100003)], wide=5.0)
+                             shapes=[act] + small, wide=5.0)
     T["kb24_log_softmax"] = dict(kind="row", fn=lambda x: torch.log_softmax(x, dim=1), dtype="f32",
-                                 scalars=(), shapes=[act, (257, 1031), (1, 7), (3, 100003)], wide=5.0)
+                                 scalars=(), shapes=[act] + small, wide=5.0)
     T["softmax_bf16"] = dict(kind="row", fn=lambda x: torch.softmax(x, dim=-1), dtype="bf16", scalars=(),
-                             shapes=[(32768, 4096), (257, 1031), (1, 7), (5, 70000)], wide=5.0)
+                             shapes=[(32768, 4096)] + small, wide=5.0)
     T["rmsnorm_bf16"] = dict(kind="rms", dtype="bf16", scalars=(1e-6,),
-                             shapes=[(32768, 4096), (257, 1031), (1, 7), (5, 70000)], wide=1.0)
-    T["kb04_matvec"] = dict(kind="matvec", dtype="f32", scalars=(), shapes=[(2048, 1048576), (257, 1031), (1, 7)])
+                             shapes=[(32768, 4096), (129, 1031), (3, 16387), (1, 7)], wide=1.0)
+    T["kb04_matvec"] = dict(kind="matvec", dtype="f32", scalars=(), shapes=[(2048, 1048576), (129, 1031), (33, 65537), (1, 7)])
     return T
 
 
@@ -178,10 +184,13 @@ def run_gpu(libs: Path, outdir: Path, names: list[str] | None, reps: int) -> int
         buf = torch.randn(n + offset, generator=gen, device=dev, dtype=torch.float32).mul_(wide)
         return buf.to(dt)[offset:].view(shape)
 
+    jobs = []
     for name, t in table.items():
         if names and name not in names:
             continue
-        so = libs / f"{name}.so"
+        jobs.append((name, t, libs / f"{name}.so"))
+        jobs += [(f"{name}[{p.stem.split('__', 1)[1]}]", t, p) for p in sorted(libs.glob(f"{name}__*.so"))]
+    for name, t, so in jobs:
         if not so.exists():
             failures.append(f"{name}: no {so}")
             continue
@@ -259,7 +268,7 @@ def run_gpu(libs: Path, outdir: Path, names: list[str] | None, reps: int) -> int
         shape, ms_s, ms_t, gbs = bench
         rows.append(dict(task=name, shape=list(shape), max_rel_err=worst, seed_ms=ms_s, torch_ms=ms_t,
                          speedup=ms_t / ms_s, gbps=gbs))
-        print(f"{name:18s} {str(tuple(shape)):18s} err {worst:9.2e}  seed {ms_s:8.4f} ms  torch {ms_t:8.4f} ms"
+        print(f"{name:24s} {str(tuple(shape)):18s} err {worst:9.2e}  seed {ms_s:8.4f} ms  torch {ms_t:8.4f} ms"
               f"  x{ms_t / ms_s:5.2f}  {gbs:6.0f} GB/s", flush=True)
 
     print("\n| task | shape | max rel err | seed ms | torch ms | speedup | GB/s |\n|---|---|---|---|---|---|---|")
@@ -281,11 +290,12 @@ def main() -> int:
     ap.add_argument("--libs", type=Path, help="folder of prebuilt <task>.so files (GPU side)")
     ap.add_argument("--out", type=Path, default=None, help="write seed_smoke.json here")
     ap.add_argument("--tasks", nargs="*", default=None)
+    ap.add_argument("--variant", action="append", default=[], help="NAME:TAG:K=V,K=V extra build (with --build)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     a = ap.parse_args()
     if a.build:
-        build(a.build, a.tasks, a.jobs)
+        build(a.build, a.tasks, a.jobs, a.variant)
         return 0
     if not a.libs:
         ap.error("give --build DIR or --libs DIR")

@@ -107,7 +107,10 @@ def cutlass_include_dir() -> Path:
     The wheel installs a ``cutlass_library`` package whose ``source/include`` holds ``cute/``
     and ``cutlass/``. Raises :class:`CutlassNotFound` naming ``pip install nvidia-cutlass``.
     """
-    spec = importlib.util.find_spec("cutlass_library")
+    try:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):  # ValueError: a broken or blocked sys.modules entry
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise CutlassNotFound(
             "the CuTe/CUTLASS headers were not found: the `cutlass_library` package is missing. "
@@ -275,17 +278,13 @@ def _define_flags(params: tuple[tuple[str, str], ...]) -> list[str]:
     return [f"-D{k}={v}" for k, v in params]
 
 
-_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PARAM_VALUE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[A-Za-z]{0,3}|[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*")
-
-
 def _bad_param(params: tuple[tuple[str, str], ...]) -> str | None:
-    for k, v in params:
-        if not _PARAM_NAME.fullmatch(k):
-            return f"tunable name {k[:40]!r} is not an identifier"
-        if not _PARAM_VALUE.fullmatch(v):
-            return f"tunable {k}={v[:40]!r}: values must be numbers or identifiers"
-    return None
+    """Tunable values become -D flags: re-check them here (the engine runs policy on the
+    source alone and dedupes by source), with the policy's ``param-syntax`` rule."""
+    from evaluators.policy import param_violations
+
+    bad = param_violations(params)
+    return f"policy rule param-syntax: {bad[0].message}" if bad else None
 
 
 def build_command(
@@ -753,17 +752,20 @@ def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: 
             metrics=metrics, artifacts={**artifacts, "errors": extract_errors(log)}, seconds=seconds), None, key)
     if so is None:
         low = log.lower()
-        oom = any(mk in low for mk in _OOM_MARKERS) or run.returncode < 0 or run.returncode in (137, 139, 134)
+        out_of_memory = any(mk in low for mk in _OOM_MARKERS)
+        killed = run.returncode < 0 or run.returncode in (134, 137, 139)
         errors = extract_errors(log)
         first = next((ln.strip() for ln in errors.splitlines() if "error" in ln.lower()), "")
-        if oom and settings.memory_mb > 0 and not first:
-            reason = f"nvcc failed (exit {run.returncode}) under the memory limit of {settings.memory_mb} MB (compile.memory_mb)"
-        elif oom and settings.memory_mb > 0 and any(mk in low for mk in _OOM_MARKERS):
-            reason = f"nvcc ran out of memory under compile.memory_mb = {settings.memory_mb} MB: {first[:200]}"
+        limit = f"compile.memory_mb = {settings.memory_mb} MB"
+        if out_of_memory:
+            reason = f"nvcc ran out of memory under {limit}" + (f": {first[:200]}" if first else "")
+        elif killed:
+            reason = f"nvcc was killed (exit {run.returncode}); the memory limit ({limit}) is the likely cause"
+        elif run.returncode == 0:
+            reason = "nvcc exited 0 but produced no shared object"
         else:
             reason = f"nvcc failed (exit {run.returncode}): {first[:300] or 'no error text; see the log'}"
-            if run.returncode == 0:
-                reason = "nvcc exited 0 but produced no shared object"
+        oom = out_of_memory or killed
         metrics["resource_failure"] = bool(oom)
         return CompileOutcome(StageResult("compile", Status.COMPILE_ERROR, reason, metrics=metrics,
                                           artifacts={**artifacts, "errors": errors}, seconds=seconds), None, key)

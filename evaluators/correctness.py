@@ -5,7 +5,8 @@ least ``trials`` trials (and at least one per declared distribution) with fresh 
 through ``task.distributions``:
 
 1. inputs made by the trusted harness (``task.make_inputs`` with a seeded generator on the
-   device) and saved as copies;
+   device), copied into the same buffers every trial of a shape (fresh values at repeated
+   addresses defeat result caches keyed by pointer) and saved as copies;
 2. reference computed from *cloned* inputs upcast to ``task.reference_dtype`` and kept alive
    until after the candidate's calls (its memory cannot be recycled into their outputs);
 3. outputs allocated fresh and poisoned (NaN for floats, a sentinel for integers) before
@@ -203,13 +204,23 @@ def check_correctness(
     for si in order:
         shape = dict(task.shapes[si])
         shape_metrics: dict[str, Any] = {"shape": shape, "index": si}
+        bufs: tuple[torch.Tensor, ...] | None = None
         for t in range(n_trials):
             dist = dists[t % len(dists)]
             where = f"shape {shape} (index {si}), trial {t} ({dist} inputs)"
             gen = torch.Generator(device=device)
             gen.manual_seed(trial_seed(seed, si, t))
             with torch.no_grad():
-                inputs = tuple(task.make_inputs(shape, gen, dist, device))
+                fresh = tuple(task.make_inputs(shape, gen, dist, device))
+                if bufs is None or [b.shape for b in bufs] != [f.shape for f in fresh]:
+                    bufs = fresh
+                else:
+                    # New values at the same addresses: a result cache keyed by pointer
+                    # returns stale results and fails.
+                    for b, f in zip(bufs, fresh):
+                        b.copy_(f)
+                del fresh
+                inputs = bufs
                 saved = [x.clone() for x in inputs]
                 ref_in = [
                     x.to(ref_dtype, copy=True) if x.is_floating_point() else x.clone() for x in inputs
@@ -266,6 +277,7 @@ def check_correctness(
                         {"failing_check": f"{where}, output {k}, determinism", "worst": detail},
                     )
             del inputs, saved, refs, outs, outs2
+        del bufs
         per_shape.append(shape_metrics)
         release()
     return StageResult(

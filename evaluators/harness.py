@@ -101,6 +101,7 @@ def _env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
             uuid_s = "GPU-" + uuid_s
     env = {
         "gpu": torch.cuda.get_device_name(0),
+        "uuid": uuid_s or "",
         "capability": "%d.%d" % torch.cuda.get_device_capability(0),
         "sms": str(props.multi_processor_count),
         "l2_bytes": str(getattr(props, "L2_cache_size", "")),
@@ -254,6 +255,9 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         stages.append(_crash(current, f"{type(e).__name__} after the kernel ran "
                                       f"({state.stage}): {msg}", traceback.format_exc()))
+    if any(s.stage == "timing" and s.status is not Status.SKIPPED for s in stages):
+        after = _nvidia_smi(env.get("uuid") or None, os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+        env.update({f"{k}_after_timing": v for k, v in after.items() if k != "driver"})
     if stages and stages[-1].stage == "correctness":
         stages.append(StageResult("timing", Status.SKIPPED,
                                   f"not run: correctness {stages[-1].status.value}"))

@@ -245,6 +245,8 @@ def _tail(path: Path, n: int = _STDERR_TAIL) -> str:
         data = path.read_bytes()
     except OSError:
         return ""
+    # faulthandler's one-line list of loaded extension modules drowns the useful frames.
+    data = b"\n".join(l for l in data.split(b"\n") if not l.startswith(b"Extension modules:"))
     text = data[-n:].decode("utf-8", "replace")
     if len(data) > n:
         text = "...[trimmed]\n" + text.split("\n", 1)[-1]

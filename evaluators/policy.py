@@ -49,6 +49,7 @@ __all__ = [
     "check_policy",
     "check_candidate",
     "include_allowed",
+    "param_violations",
     "parse_source",
     "PolicyStage",
 ]
@@ -114,6 +115,7 @@ class Frame:
     head: str
     device: bool = False
     c_linkage: bool = False
+    head_start: int = 0  # offset where the opening statement (e.g. the declaration) begins
 
 
 @dataclass(frozen=True)
@@ -195,41 +197,58 @@ def _is_digit_separator(text: str, i: int) -> bool:
     return bool(run) and (run[0].isdigit() or (run[0] == "." and len(run) > 1 and run[1].isdigit()))
 
 
-_RAW_PREFIX = re.compile(r"(?:u8|u|U|L)?R$")
+_RAW_PREFIX = re.compile(r"(?:u8|u|U|L)?R(?=$)")
 
 
 def _blank(chars: list[str], a: int, b: int) -> None:
-    for k in range(a, b):
-        if chars[k] != "\n":
-            chars[k] = " "
+    chars[a:b] = [c if c == "\n" else " " for c in chars[a:b]]
+
+
+def _blank_str(s: str) -> str:
+    return re.sub(r"[^\n]", " ", s)
+
+
+def _apply_blanks(text: str, spans: list[tuple[int, int]]) -> str:
+    out, pos = [], 0
+    for a, b in spans:
+        if b <= a:
+            continue
+        out.append(text[pos:a])
+        out.append(_blank_str(text[a:b]))
+        pos = b
+    out.append(text[pos:])
+    return "".join(out)
+
+
+_LEX_EVENT = re.compile(r"//|/\*|[\"']")
 
 
 def _lex(text: str) -> tuple[str, str]:
     """Return (nocomment, code-with-literal-contents-blanked); same length as ``text``."""
-    nc = list(text)
+    comment_spans: list[tuple[int, int]] = []
     lit_spans: list[tuple[int, int]] = []
     i, n = 0, len(text)
     while i < n:
-        c = text[i]
-        if c == "/" and i + 1 < n and text[i + 1] == "/":
+        m = _LEX_EVENT.search(text, i)
+        if not m:
+            break
+        i = m.start()
+        tok = m.group(0)
+        if tok == "//":
             j = text.find("\n", i)
             j = n if j < 0 else j
-            _blank(nc, i, j)
+            comment_spans.append((i, j))
             i = j
-        elif c == "/" and i + 1 < n and text[i + 1] == "*":
+        elif tok == "/*":
             j = text.find("*/", i + 2)
             j = n if j < 0 else j + 2
-            _blank(nc, i, j)
+            comment_spans.append((i, j))
             i = j
-        elif c == '"':
-            prefix = text[max(0, i - 3) : i]
-            ident_before = i - 1 >= 0 and (text[i - 1].isalnum() or text[i - 1] == "_")
-            m = _RAW_PREFIX.search(prefix) if ident_before else None
-            start_ok = m is not None and (
-                i - len(m.group(0)) - 1 < 0
-                or not (text[i - len(m.group(0)) - 1].isalnum() or text[i - len(m.group(0)) - 1] == "_")
-            )
-            if m and start_ok:
+        elif tok == '"':
+            pm = _RAW_PREFIX.search(text, max(0, i - 3), i)
+            start_ok = pm is not None and (
+                pm.start() == 0 or not (text[pm.start() - 1].isalnum() or text[pm.start() - 1] == "_"))
+            if pm and start_ok:
                 k = text.find("(", i + 1)
                 delim = text[i + 1 : k] if k >= 0 else ""
                 end = text.find(")" + delim + '"', k + 1) if k >= 0 else -1
@@ -242,7 +261,7 @@ def _lex(text: str) -> tuple[str, str]:
                     j += 2 if text[j] == "\\" else 1
                 lit_spans.append((i + 1, min(j, n)))
                 i = j + 1
-        elif c == "'" and not _is_digit_separator(text, i):
+        elif not _is_digit_separator(text, i):  # a character literal
             j = i + 1
             while j < n and text[j] != "'" and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
@@ -250,11 +269,8 @@ def _lex(text: str) -> tuple[str, str]:
             i = j + 1
         else:
             i += 1
-    nocomment = "".join(nc)
-    code = list(nocomment)
-    for a, b in lit_spans:
-        _blank(code, a, b)
-    return nocomment, "".join(code)
+    nocomment = _apply_blanks(text, comment_spans)
+    return nocomment, _apply_blanks(nocomment, lit_spans)
 
 
 _DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*([A-Za-z_]\w*)?(.*)$", re.M)
@@ -321,11 +337,14 @@ def _normalize_head(head: str) -> str:
     """Drop attributes and parenthesised specifiers that are not declarators."""
     s = _strip_template_prefix(head)
     s = re.sub(r"\[\[.*?\]\]", " ", s)
-    for kw in (r"__attribute__", r"__declspec", r"alignas", r"__align__", r"__launch_bounds__",
-               r"__cluster_dims__", r"__maxnreg__"):
-        s = _strip_balanced(s, r"\b" + kw, keep=False)
-    for kw in (r"decltype", r"sizeof", r"alignof", r"noexcept", r"__builtin_\w+"):
-        s = _strip_balanced(s, r"\b" + kw, keep=True)
+    if "(" in s:
+        for kw in ("__attribute__", "__declspec", "alignas", "__align__", "__launch_bounds__",
+                   "__cluster_dims__", "__maxnreg__", "CUTE_ALIGNAS", "CUTLASS_ALIGNAS"):
+            if kw in s:
+                s = _strip_balanced(s, r"\b" + kw, keep=False)
+        for kw in ("decltype", "sizeof", "alignof", "noexcept", "__builtin_"):
+            if kw in s:
+                s = _strip_balanced(s, r"\b" + kw + r"\w*\s*(?:\.\.\.)?", keep=True)
     s = re.sub(r"\boperator\s*(\(\s*\)|\[\s*\]|[^\s(\w]+|\w+)", " operator_ ", s)
     return s.strip()
 
@@ -351,6 +370,9 @@ _CLASS_HEAD = re.compile(
 )
 
 
+_FUNC_TAIL = re.compile(r"\)\s*(?:const|volatile|noexcept|override|final|&&|&|\s)*$|->")
+
+
 def _classify_brace(head: str, device_macros: frozenset[str]) -> tuple[str, bool, bool]:
     """Kind of scope a ``{`` opens at namespace or class scope: (kind, device, c_linkage)."""
     raw = head.strip()
@@ -360,7 +382,8 @@ def _classify_brace(head: str, device_macros: frozenset[str]) -> tuple[str, bool
         return "ns", False, True
     s = _normalize_head(raw)
     m = _CLASS_HEAD.match(s)
-    if m and _top_level_index(s, "(=") < 0:
+    if m and _top_level_index(s, "=") < 0 and not _FUNC_TAIL.search(s):
+        # `struct X : B<(N > 1)> {` is a class; `struct X f(int) {` (ends in `)`) a function
         return ("init" if m.group(1) == "enum" else "class"), False, False
     eq = _top_level_index(s, "=")
     par = _top_level_index(s, "(")
@@ -377,10 +400,10 @@ def _scan(code: str, device_macros: frozenset[str]) -> tuple[list[Frame], list[t
     """Walk braces/parens/semicolons; return frames and statements with their scope kind."""
 
     class _Open:
-        __slots__ = ("kind", "start", "head", "device", "c_linkage", "stmt_start", "paren")
+        __slots__ = ("kind", "start", "head", "device", "c_linkage", "stmt_start", "paren", "head_start")
 
-        def __init__(self, kind, start, head, device, c_linkage):
-            self.kind, self.start, self.head = kind, start, head
+        def __init__(self, kind, start, head, device, c_linkage, head_start=0):
+            self.kind, self.start, self.head, self.head_start = kind, start, head, head_start
             self.device, self.c_linkage = device, c_linkage
             self.stmt_start = start + 1 if start >= 0 else 0
             self.paren = 0
@@ -389,31 +412,35 @@ def _scan(code: str, device_macros: frozenset[str]) -> tuple[list[Frame], list[t
     stack = [root]
     frames: list[Frame] = []
     statements: list[tuple[str, int, str]] = []
-    for i, c in enumerate(code):
+    for m in re.finditer(r"[(){};]", code):
+        i, c = m.start(), m.group(0)
         top = stack[-1]
         if c == "(":
             top.paren += 1
         elif c == ")":
             top.paren = max(0, top.paren - 1)
         elif c == "{":
-            head = code[top.stmt_start : i]
+            head = ""
             if top.paren > 0 or top.kind == "init":
                 kind, dev, cl = "init", False, False
             elif top.kind in ("func", "block"):
                 kind, dev, cl = "block", top.device, False
             else:
+                head = code[top.stmt_start : i]
                 kind, dev, cl = _classify_brace(head, device_macros)
             cl = cl or top.c_linkage
-            stack.append(_Open(kind, i, head.strip(), dev, cl))
+            lead = len(head) - len(head.lstrip())
+            stack.append(_Open(kind, i, head.strip(), dev, cl, top.stmt_start + lead if head else i))
         elif c == "}":
             if len(stack) == 1:
                 continue  # unbalanced; the compiler will say so
             fr = stack.pop()
-            frames.append(Frame(fr.kind, fr.start, i + 1, fr.head, fr.device, fr.c_linkage))
+            frames.append(Frame(fr.kind, fr.start, i + 1, fr.head, fr.device, fr.c_linkage, fr.head_start))
             parent = stack[-1]
             if fr.kind in ("func", "ns"):
                 if parent.kind in ("ns", "class"):
-                    statements.append((parent.kind, parent.stmt_start, code[parent.stmt_start : i + 1]))
+                    # a function or namespace definition: kept (for completeness) but marked
+                    statements.append((parent.kind + "-def", parent.stmt_start, code[parent.stmt_start : i + 1]))
                 parent.stmt_start = i + 1
             elif fr.kind == "block":
                 parent.stmt_start = i + 1
@@ -423,20 +450,19 @@ def _scan(code: str, device_macros: frozenset[str]) -> tuple[list[Frame], list[t
     return frames, statements
 
 
+_INNER_BRACES = re.compile(r"\{[^{}]*\}")
+
+
 def _collapse_braces(s: str) -> str:
-    out, depth = [], 0
-    for c in s:
-        if c == "{":
-            if depth == 0:
-                out.append("{")
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                out.append("}")
-        elif depth == 0:
-            out.append(c)
-    return "".join(out)
+    """``a {b {c}} d`` -> ``a {} d`` (brace contents removed, outermost pair kept)."""
+    if "{" not in s:
+        return s
+    while True:
+        s2 = _INNER_BRACES.sub("\x00", s)
+        if s2 == s:
+            break
+        s = s2
+    return s.replace("\x00", "{}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,6 +564,22 @@ def _is_member(s: str, start: int) -> bool:
     return j >= 0 and (s[j] == "." or (s[j] == ">" and j >= 1 and s[j - 1] == "-"))
 
 
+_NOT_TYPES = frozenset({"return", "else", "do", "case", "throw", "co_return", "co_yield", "co_await",
+                        "new", "delete", "sizeof", "typeid", "not", "and", "or"})
+
+
+def _declares(s: str, start: int) -> bool:
+    """Whether the identifier at ``start`` follows a type name (so it is being declared)."""
+    j = _prev_nonspace(s, start)
+    if j < 0:
+        return False
+    if s[j] in "*&>":
+        k = _prev_nonspace(s, j)  # `T* name(` / `X<T> name(`, but not `a > name(` style comparisons
+        return s[j] != ">" or (k >= 0 and (s[k].isalnum() or s[k] in "_>"))
+    m = re.search(r"([A-Za-z_]\w*)$", s[max(0, j - 64) : j + 1])
+    return bool(m) and m.group(1) not in _NOT_TYPES
+
+
 def _count_args(s: str, open_idx: int) -> int:
     depth, n, seen = 0, 1, False
     for k in range(open_idx, len(s)):
@@ -597,6 +639,8 @@ def _scan_names(p: ParsedSource, rule: str, names: _Names) -> list[Violation]:
                     continue
                 nxt = _next_nonspace(view, m.end())
                 called = nxt < len(view) and view[nxt] == "("
+                if called and name in calls and name not in anywhere and _declares(view, m.start()):
+                    continue  # `void send(int)`: a declaration of the candidate's own function
                 if name in calls and name not in anywhere and not (called or in_define):
                     continue
                 if called and name in max_args and _count_args(view, nxt) > max_args[name]:
@@ -611,7 +655,7 @@ def _scan_names(p: ParsedSource, rule: str, names: _Names) -> list[Violation]:
                 if _is_member(view, m.start()):
                     continue
                 line = p.line(m.start())
-                token = re.sub(r"\s+", "", m.group(0))
+                token = re.sub(r"\s+", "", m.group(0)).rstrip("(")
                 if (line, token) in seen:
                     continue
                 seen.add((line, token))
@@ -767,10 +811,10 @@ _SIDE_STREAM = _Names(
     patterns=(
         r"\bcudaStreamCreate\w*", r"\bcudaMalloc\w*", r"\bcudaFree\w*", r"\bcudaEvent\w*", r"\bcudaGraph\w*",
         r"\bcudaStreamBeginCapture\w*",
-        r"\bcudaMemcpy\w*(?<!Async)\b", r"\bcudaMemset\w*(?<!Async)\b",
+        r"\bcudaMemcpy\w*(?<!Async)\s*\(", r"\bcudaMemset\w*(?<!Async)\s*\(",
         r"\bcuStreamCreate\w*", r"\bcuCtx(?:Create|Destroy|SetCurrent|PushCurrent|PopCurrent)\w*",
         r"\bcuEvent\w*", r"\bcuGraph\w*", r"\bcuMemAlloc\w*", r"\bcuMemFree\w*",
-        r"\bcuMemcpy\w*(?<!Async)\b", r"\bcuMemsetD\w*(?<!Async)\b",
+        r"\bcuMemcpy\w*(?<!Async)\s*\(", r"\bcuMemsetD\w*(?<!Async)\s*\(",
     ),
     what="stream/sync/allocation call",
 )
@@ -829,7 +873,8 @@ def _is_const_decl(decl: str) -> bool:
     return True
 
 
-_LITERAL_ARGS = re.compile(r"\(\s*(?:[-+]?[\d.][\w.']*|nullptr|NULL|true|false|\"\s*\"|'\s*')?\s*(?:,\s*(?:[-+]?[\d.][\w.']*|nullptr|NULL|true|false))*\s*\)")
+_LIT = r"(?:[-+]?(?:\d|\.\d)[\w.']*|nullptr|NULL|true|false|\"\s*\"|'\s*')"
+_LITERAL_ARGS = re.compile(r"\(\s*(?:" + _LIT + r")?\s*(?:,\s*" + _LIT + r")*\s*\)")
 
 
 def _variable_in(stmt: str) -> tuple[str, str] | None:
@@ -844,9 +889,18 @@ def _variable_in(stmt: str) -> tuple[str, str] | None:
     if first in ("using", "typedef", "static_assert", "friend", "namespace", "template", "asm",
                  "__asm__", "__asm", "return"):
         return None
-    # pure type declarations / definitions: `struct X;`, `struct X : B {}`, `enum class E {}`
-    if re.fullmatch(r"(?:struct|class|union|enum(?:\s+(?:class|struct))?)\s+[\w:<>, ]*(?::[^{}]*)?(?:\{\})?\s*", s):
-        return None
+    # type declarations / definitions: `struct X;`, `struct X : B<Y...> {}`, `enum class E {}`;
+    # a variable only if a declarator follows the body (`struct {...} g;`) or the name
+    if re.match(r"(?:struct|class|union|enum)\b", s) and not _FUNC_TAIL.search(s.split("{}")[0]):
+        if "{}" in s:
+            tail = s[s.rindex("{}") + 2 :]
+            if not re.search(r"[A-Za-z_]", tail):
+                return None
+            name_m = re.search(r"([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*$", tail.split("=")[0].strip())
+            return s.split("=")[0], (name_m.group(1) if name_m else "?")
+        body = re.sub(r"<[^<>]*>", "", re.sub(r"<[^<>]*>", "", s))  # drop (two levels of) template args
+        if len(re.findall(r"[A-Za-z_]\w*", body.split("=")[0].split(":")[0])) <= 2:
+            return None
     eq = _top_level_index(s, "=")
     par = _top_level_index(s, "(")
     if par >= 0 and (eq < 0 or par < eq):
@@ -944,8 +998,7 @@ def _normalize_param(param: str) -> str:
     param = re.sub(r"([A-Za-z_]\w*)?\s*\[[^\]]*\]\s*$", lambda m: "* " + (m.group(1) or ""), param)
     toks = re.findall(r"[A-Za-z_]\w*|\*|&", param)
     if len(toks) >= 2 and re.fullmatch(r"[A-Za-z_]\w*", toks[-1]) and toks[-1] not in _TYPE_WORDS:
-        prev = toks[-2]
-        if prev in ("*", "&") or (re.fullmatch(r"[A-Za-z_]\w*", prev) and prev not in _TYPE_WORDS):
+        if any(t not in _TYPE_WORDS for t in toks[:-1]):  # a type precedes it: it is the name
             toks = toks[:-1]
     pieces: list[list[str]] = [[]]
     seps: list[str] = []
@@ -1008,10 +1061,10 @@ def _check_entry_point(p: ParsedSource) -> list[Violation]:
         return out
     defs.sort(key=lambda f: f.start)
     for extra in defs[1:]:
-        out.append(Violation("one-entry-point", p.line(extra.start),
+        out.append(Violation("one-entry-point", p.line(extra.head_start),
                              "a second definition of `evo_launch`; exactly one is allowed"))
     f = defs[0]
-    line = p.line(f.start)
+    line = p.line(f.head_start)
     split = _split_params(_normalize_head(f.head))
     if split is None:
         return out
@@ -1023,6 +1076,8 @@ def _check_entry_point(p: ParsedSource) -> list[Violation]:
                              f"({', '.join(_EXPECTED_PARAMS)})"))
     ret_words = [w for w in re.findall(r"[A-Za-z_]\w*", re.sub(r'"[^"]*"', " ", ret))
                  if w not in ("EVO_EXPORT", "extern", "__host__")]
+    if re.match(r"\s*template\b", f.head):
+        ret_words = ["template<...>", *ret_words]
     if ret_words != ["int"]:
         out.append(Violation("one-entry-point", line,
                              f"evo_launch must be declared `EVO_EXPORT int evo_launch(...)`, not `{' '.join(ret_words)}`"))
@@ -1061,8 +1116,18 @@ _PARAM_VALUE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[A-Za-z]{0,
 
 
 def _check_params(p: ParsedSource) -> list[Violation]:
+    return param_violations(p.params)
+
+
+def param_violations(params: Mapping[str, Any] | tuple[tuple[str, str], ...] | None) -> list[Violation]:
+    """Rule ``param-syntax`` on tunable values alone (the compile stage re-checks with it).
+
+    Names must be plain identifiers (not reserved ``__x``), values numbers or identifiers, and
+    an identifier value must not name anything the call rules forbid (``-DTILE=system``).
+    """
+    pairs = params if isinstance(params, tuple) else canonical_params(params)
     out = []
-    for name, value in p.params:
+    for name, value in pairs:
         if not _PARAM_NAME.fullmatch(name) or name.startswith("__") or name == "evo_launch":
             out.append(Violation("param-syntax", 1, f"tunable name `{name[:40]}` is not a plain identifier"))
             continue

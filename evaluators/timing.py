@@ -6,10 +6,11 @@ rep so clock and thermal drift hit both alike:
 - inputs made once by the harness, rotated among several identical copies when inputs plus
   outputs would fit in ~3x the L2 (each copy has its own outputs);
 - warm-up calls of both, then ``reps`` timed calls each: L2 flush (``flush_mb`` written on
-  the harness stream) -> start event -> call -> end event, all on the harness stream; the
-  host waits for the end event, then times a device-wide ``synchronize``. Work still running
-  after the harness stream's end event ("leftover") means the kernel ran on another stream,
-  which the events did not see: the result is ``invalid``;
+  the harness stream) -> start event -> call -> end event, all on the harness stream, then a
+  device-wide ``synchronize`` so nothing of one rep spills into the next;
+- a side-stream probe: a few untimed calls from an idle device, each followed by waiting for
+  the harness stream's end event and timing a device-wide ``synchronize``; time beyond the
+  bare synchronize cost ("leftover") is work on a stream the events did not see: ``invalid``;
 - median and IQR of each; every sample is stored in the metrics;
 - after the timed calls the candidate's output is poisoned, recomputed and compared with its
   first output: a kernel that changes behaviour after many calls (a call counter, a cache
@@ -38,6 +39,7 @@ __all__ = [
     "iqr",
     "geomean",
     "summarize",
+    "side_stream_verdict",
     "input_copies",
     "time_shapes",
     "RECONFIRM_SPEEDUP",
@@ -48,9 +50,11 @@ log = logging.getLogger(__name__)
 
 #: Speedups above this are re-measured in a fresh process before becoming champion.
 RECONFIRM_SPEEDUP = 10.0
-#: Median device work left after the end event above this (and above half the kernel's own
-#: median) means work on an untimed stream.
+#: Median device work left after the end event (beyond the bare synchronize cost) above this,
+#: and above half the kernel's own median, means work on an untimed stream.
 LEFTOVER_MIN_MS = 0.05
+#: Side-stream probe calls per shape (untimed).
+PROBES = 5
 #: Inputs + outputs smaller than this many L2s get rotated copies.
 ROTATE_L2_MULTIPLE = 3
 MAX_COPIES = 16
@@ -104,6 +108,18 @@ class ShapeSamples:
     leftover_ms: tuple[float, ...]
     copies: int
     sol_ms: float | None
+    sync_ms: tuple[float, ...] = ()
+
+
+def side_stream_verdict(shape: dict[str, int], cand_median_ms: float, leftover_ms: float) -> str | None:
+    """The ``invalid`` reason when device work outlasts the harness stream's end event."""
+    if leftover_ms > LEFTOVER_MIN_MS and leftover_ms > 0.5 * cand_median_ms:
+        return (
+            f"shape {shape}: device work continued {leftover_ms:.3f} ms (median) after the "
+            f"harness stream's end event while the timed call took {cand_median_ms:.3f} ms: the "
+            "kernel launches on another stream; launch every kernel on the `stream` argument"
+        )
+    return None
 
 
 def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
@@ -113,6 +129,7 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
     for s in samples:
         cm, rm = median(s.cand_ms), median(s.ref_ms)
         lo = median(s.leftover_ms) if s.leftover_ms else 0.0
+        lo -= median(s.sync_ms) if s.sync_ms else 0.0
         row = {
             "shape": s.shape,
             "median_ms": cm,
@@ -128,14 +145,9 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
             "ref_samples_ms": list(s.ref_ms),
         }
         rows.append(row)
-        if lo > LEFTOVER_MIN_MS and lo > 0.5 * cm:
-            return StageResult(
-                "timing", Status.INVALID,
-                f"shape {s.shape}: device work continued {lo:.3f} ms (median) after the harness "
-                f"stream's end event while the timed call took {cm:.3f} ms: the kernel launches "
-                "on another stream; launch every kernel on the `stream` argument",
-                {"shapes": rows},
-            )
+        side = side_stream_verdict(s.shape, cm, lo)
+        if side:
+            return StageResult("timing", Status.INVALID, side, {"shapes": rows})
         if cm <= 0:
             return StageResult("timing", Status.INVALID,
                                f"shape {s.shape}: non-positive median time {cm}", {"shapes": rows})
@@ -231,6 +243,7 @@ def time_shapes(
             cand_ms: list[float] = []
             ref_ms: list[float] = []
             left_ms: list[float] = []
+            base_ms: list[float] = []
             progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
             for r in range(int(reps)):
                 c = r % n
@@ -244,13 +257,37 @@ def time_shapes(
                 ev[2].record(stream)
                 call(copies[c], outs[c])
                 ev[3].record(stream)
+                torch.cuda.synchronize()  # device-wide: nothing of this rep spills into the next
+                ref_ms.append(ev[0].elapsed_time(ev[1]))
+                cand_ms.append(ev[2].elapsed_time(ev[3]))
+            check_last_error(f"shape {shape} timed calls")
+
+            # Side-stream probe: from an idle device, call, wait for the harness stream's end
+            # event, then time a device-wide synchronize. Work on another stream shows up as
+            # time beyond the bare synchronize cost (measured the same way with no call).
+            progress({"stage": "timing", "shape": shape, "step": "side-stream probe"})
+            for _ in range(PROBES):
+                torch.cuda.synchronize()
+                ev[0].record(stream)
+                ev[0].synchronize()
+                t0 = time.perf_counter()
+                torch.cuda.synchronize()
+                base_ms.append((time.perf_counter() - t0) * 1e3)
+            for _ in range(PROBES):
+                torch.cuda.synchronize()
+                call(copies[0], outs[0])
+                ev[3].record(stream)
                 ev[3].synchronize()
                 t0 = time.perf_counter()
                 torch.cuda.synchronize()
                 left_ms.append((time.perf_counter() - t0) * 1e3)
-                ref_ms.append(ev[0].elapsed_time(ev[1]))
-                cand_ms.append(ev[2].elapsed_time(ev[3]))
-            check_last_error(f"shape {shape} timed calls")
+
+            side = side_stream_verdict(shape, median(cand_ms), median(left_ms) - median(base_ms))
+            if side:
+                return StageResult("timing", Status.INVALID, side,
+                                   {"shape": shape, "samples_ms": cand_ms, "leftover_ms": left_ms,
+                                    "sync_ms": base_ms},
+                                   seconds=time.monotonic() - t_start)
 
             # Behaviour must not change after many calls.
             for o in outs[0]:
@@ -275,7 +312,8 @@ def time_shapes(
             sol = sol_ms(shape)
         except Exception as e:  # a missing bound must not fail the candidate
             log.warning("no speed-of-light bound for %s %s: %s", task.name, shape, e)
-        all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol))
+        all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol,
+                                        tuple(base_ms)))
         del copies, outs, first, base
         torch.cuda.empty_cache()
     res = summarize(all_samples)

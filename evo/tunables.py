@@ -282,7 +282,7 @@ def _translate(expr: str, lineno: int) -> str:
         if m.group("name") in {"and", "or", "not", "if", "else", "lambda", "in", "is"}:
             raise TunableError(f"line {lineno}: constraint {expr!r}: {tok!r} is not C syntax")
         out.append({"&&": " and ", "||": " or ", "!": " ~ "}.get(tok, tok))
-    return " ".join(out)
+    return " ".join(out).strip()
 
 
 _ALLOWED_NODES = (

@@ -57,8 +57,9 @@ def fp32_gemm(k: int) -> Tolerance:
 
 
 #: fp32 elementwise maps (activations, scaling): a few ulps per element, with an absolute
-#: floor of 1e-6 x RMS for cancellation in formulas like 1 - 2 / (exp(2x) + 1).
-FP32_ELEMENTWISE = Tolerance(atol=1e-6, rtol=1e-5, rel_l2=1e-5, atol_relative=True)
+#: floor of 2e-6 x RMS for cancellation in formulas like 1 - 2 / (exp(2x) + 1) or 1 + erf(x)
+#: (torch's own CPU fp32 GELU is off by up to 1.2e-6 absolute near x = -3).
+FP32_ELEMENTWISE = Tolerance(atol=2e-6, rtol=1e-5, rel_l2=1e-5, atol_relative=True)
 #: fp32 softmax / log-softmax: per-element relative 1e-5 (exp + row-sum rounding).
 FP32_SOFTMAX = Tolerance(atol=1e-6, rtol=1e-5, rel_l2=1e-5, atol_relative=True)
 #: bf16 elementwise / row-wise ops: ~2 bf16 ulps (2^-7 each) per element.

@@ -14,8 +14,9 @@
 // per step (all loads of a step in flight together).
 //   pass 1: per-thread online (max, sum of exp) -- or sum of squares for RMSNorm --,
 //           combined over the block (shuffles + shared memory) and the cluster (DSMEM);
-//   pass 2: out from the registers when the chunk fitted in them (one read of the input),
-//           else by re-reading the chunk (it is small and recent, so mostly an L2 hit).
+//   pass 2: out from the registers when the chunk fitted in them; else from a copy of the
+//           chunk staged in shared memory during pass 1 (STAGE_SMEM, when it fits: still
+//           one DRAM read); else by re-reading the chunk (recent and small: mostly L2).
 // Rows whose length or base pointers do not allow VEC-wide aligned access use VEC = 1.
 #include <cute/tensor.hpp>
 #include <cuda_runtime.h>
@@ -38,6 +39,7 @@
 // @tunable VEC = 4 in {1, 2, 4, 8}
 // @tunable REG_VECS = 4 in {1, 2, 4, 8, 16}
 // @tunable CLUSTER = 8 in {1, 2, 4, 8, 16}
+// @tunable STAGE_SMEM = 1 in {0, 1}
 // @constraint VEC * EVO_ELEM_BYTES <= 16
 // @constraint REG_VECS * VEC * EVO_ELEM_BYTES <= 128
 #ifndef BLOCK
@@ -51,6 +53,9 @@
 #endif
 #ifndef CLUSTER
 #define CLUSTER 8
+#endif
+#ifndef STAGE_SMEM
+#define STAGE_SMEM 1
 #endif
 
 namespace evo_seed {
@@ -184,12 +189,17 @@ __device__ __forceinline__ void emit(Vec<V>& v, const RowFinal& f, const T* __re
 }
 
 // grid.x = rows * cl; the cl CTAs of a row form one cluster (cl == 1: no cluster).
-// kInRegs: the chunk fits in REG_VECS vectors per thread, so pass 2 reuses the registers.
-template <int V, bool kInRegs>
+// MODE kRegs: the chunk fits in REG_VECS vectors per thread; pass 2 reuses the registers.
+// MODE kSmem: the chunk is staged in dynamic shared memory during pass 1 (one DRAM read).
+// MODE kReread: pass 2 reads the chunk again from global memory (L2, mostly).
+enum : int { kRegs = 0, kSmem = 1, kReread = 2 };
+
+template <int V, int MODE>
 __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                     T* __restrict__ y, int64_t cols, int cl, float eps) {
   __shared__ Acc smem_warp[32];
   __shared__ Acc cta_acc;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
   const int64_t row = blockIdx.x / cl;
   const int rank = blockIdx.x % cl;
   const int64_t cv = cols / V;  // vectors per row
@@ -198,6 +208,8 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
   const int64_t chunk = (cv + cl - 1) / cl;
   const int64_t begin = rank * chunk;
   const int64_t end = begin + chunk < cv ? begin + chunk : cv;
+  // The staged chunk, indexed by vector offset from `begin` (MODE kSmem only).
+  Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<Vec<V>*>(dyn_smem)), make_shape(chunk));
   constexpr int STEP = BLOCK * REG_VECS;
 
   Vec<V> r[REG_VECS];
@@ -209,7 +221,12 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
     for (int i = 0; i < REG_VECS; ++i)
       if (i < nvalid) r[i] = gX(first + int64_t(i) * BLOCK);
     acc = accumulate<V>(acc, r, nvalid);
-    if (kInRegs) break;
+    if (MODE == kSmem) {
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) sX(first - begin + int64_t(i) * BLOCK) = r[i];  // read back by this thread only
+    }
+    if (MODE == kRegs) break;
   }
   acc = block_reduce(acc, smem_warp);
   if (cl > 1) {
@@ -226,10 +243,10 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
   for (int64_t base = begin; base < end; base += STEP) {
     const int64_t first = base + threadIdx.x;
     const int nvalid = first < end ? int((end - 1 - first) / BLOCK) + 1 : 0;
-    if (!kInRegs) {
+    if (MODE != kRegs) {
       CUTE_UNROLL
       for (int i = 0; i < REG_VECS; ++i)
-        if (i < nvalid) r[i] = gX(first + int64_t(i) * BLOCK);
+        if (i < nvalid) r[i] = MODE == kSmem ? sX(first - begin + int64_t(i) * BLOCK) : gX(first + int64_t(i) * BLOCK);
     }
     CUTE_UNROLL
     for (int i = 0; i < REG_VECS; ++i)
@@ -237,7 +254,7 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
         emit<V>(r[i], f, w, first + int64_t(i) * BLOCK);
         gY(first + int64_t(i) * BLOCK) = r[i];
       }
-    if (kInRegs) break;
+    if (MODE == kRegs) break;
   }
 }
 
@@ -255,14 +272,22 @@ static bool aligned_for(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
 }
 
-template <int V, bool kInRegs>
+template <int V, int MODE>
 static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, float eps,
-                          cudaStream_t stream) {
-  auto kernel = row_kernel<V, kInRegs>;
+                          size_t smem_bytes, cudaStream_t stream) {
+  auto kernel = row_kernel<V, MODE>;
+  if (MODE == kSmem) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  if (cl > 8) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(rows * cl));
   cfg.blockDim = dim3(BLOCK);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = MODE == kSmem ? smem_bytes : 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -271,10 +296,6 @@ static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t co
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = cl > 1 ? 1 : 0;
-  if (cl > 8) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
   return cudaLaunchKernelEx(&cfg, kernel, x, w, y, cols, cl, eps);
 }
 
@@ -289,9 +310,16 @@ static cudaError_t dispatch(const T* x, const T* w, T* y, int64_t rows, int64_t 
     while (cl > 1 && (cv + cl - 1) / cl < BLOCK) cl /= 2;  // keep every CTA's threads busy
   }
   if (rows * cl > 0x7fffffffLL) return cudaErrorInvalidValue;
-  const bool in_regs = (cv + cl - 1) / cl <= regs_capacity;
-  return in_regs ? launch<V, true>(x, w, y, rows, cols, cl, eps, stream)
-                 : launch<V, false>(x, w, y, rows, cols, cl, eps, stream);
+  const int64_t chunk = (cv + cl - 1) / cl;
+  if (chunk <= regs_capacity) return launch<V, kRegs>(x, w, y, rows, cols, cl, eps, 0, stream);
+  const size_t smem_bytes = size_t(chunk) * sizeof(Vec<V>);
+  int dev = 0, optin = 0;
+  if (STAGE_SMEM && cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+      smem_bytes + 1024 <= size_t(optin)) {
+    return launch<V, kSmem>(x, w, y, rows, cols, cl, eps, smem_bytes, stream);
+  }
+  return launch<V, kReread>(x, w, y, rows, cols, cl, eps, 0, stream);
 }
 
 }  // namespace evo_seed

@@ -1,0 +1,112 @@
+"""Seed kernels of the GEMM tasks: two CuTe templates instantiated per task by ``#define``.
+
+Templates (``evo/tasks/kernels/``):
+
+``gemm_f32`` -- strict fp32 (plain FFMA, no TF32): CuTe SIMT tiled MMA (UniversalFMA) fed by a
+  ``STAGES``-deep ``cp.async`` pipeline with zero-fill predication, so any shape and any 4-byte
+  alignment work. Task-config defines: ``TRANS_A`` (A stored ``[K, M]``), ``TRANS_B``
+  (B stored ``[N, K]``), ``EPILOGUE`` (0 plain, 1 triu, 2 tril). Tunables: ``BM BN BK STAGES
+  THR_M THR_N SPLIT_K GROUP_M``; ``SPLIT_K > 1`` reduces K-slices across a thread-block cluster
+  through distributed shared memory (deterministic, no workspace, no atomics).
+
+``gemm_bf16_sm90`` -- bf16 in/out, fp32 accumulation, sm_90a: warp-specialised wgmma kernel
+  (one producer warpgroup, one or two consumer warpgroups), TMA loads when all strides are
+  16-byte aligned, otherwise a predicated ``ld.global`` producer that writes the same swizzled
+  shared-memory layout (handles e.g. 8205 x 2949 x 5921). Task-config define: ``EPILOGUE``
+  (0 plain, 1 bias + exact GELU with inputs ``(A, B, bias)``, 2 SwiGLU dual GEMM
+  ``silu(A @ W1) * (A @ W3)`` with inputs ``(A, W1, W3)``). Tunables: ``TILE_M TILE_N TILE_K
+  STAGES GROUP_M`` for the TMA path and ``FB_TILE_N FB_STAGES`` for the fallback path.
+
+Both read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
+dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
+outside their contract. ``docs/kernels.md`` ("GEMM seed templates") is the user-facing
+description; ``benchmarks/gemm_smoke.py`` checks and times every seed on a GPU.
+"""
+
+from __future__ import annotations
+
+from evo.tasks.seedspec import SeedSpec
+
+__all__ = [
+    "GEMM_F32_TEMPLATE",
+    "GEMM_BF16_TEMPLATE",
+    "GEMM_SEEDS",
+    "FP32_GEMM_TASKS",
+    "BF16_GEMM_TASKS",
+    "gemm_seed",
+]
+
+GEMM_F32_TEMPLATE = "gemm_f32"
+GEMM_BF16_TEMPLATE = "gemm_bf16_sm90"
+
+# Epilogue codes of the templates (kept in one place so tests and docs agree with the .cu).
+F32_EPILOGUES = {"none": 0, "triu": 1, "tril": 2}
+BF16_EPILOGUES = {"none": 0, "bias_gelu": 1, "silu_mul": 2}
+
+
+def _f32(
+    description: str,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    epilogue: str = "none",
+    tunables: tuple[tuple[str, str], ...] = (),
+) -> SeedSpec:
+    defines = (
+        ("TRANS_A", str(int(trans_a))),
+        ("TRANS_B", str(int(trans_b))),
+        ("EPILOGUE", str(F32_EPILOGUES[epilogue])),
+    )
+    return SeedSpec(GEMM_F32_TEMPLATE, defines, description, tunable_defaults=tunables)
+
+
+def _bf16(description: str, *, epilogue: str = "none", tunables: tuple[tuple[str, str], ...] = ()) -> SeedSpec:
+    defines = (("EPILOGUE", str(BF16_EPILOGUES[epilogue])),)
+    return SeedSpec(GEMM_BF16_TEMPLATE, defines, description, tunable_defaults=tunables)
+
+
+#: Small-M/N, huge-K: 64x64 tiles and an 8-CTA split-K cluster give 16 x 8 = 128 CTAs
+#: for 256 x 524288 x 256, instead of 4 CTAs with 128x128 tiles.
+_LARGE_K = (("BM", "64"), ("BN", "64"), ("BK", "16"), ("SPLIT_K", "8"))
+
+GEMM_SEEDS: dict[str, SeedSpec] = {
+    # ---- strict fp32 (kernelbench level 1) -------------------------------------------------
+    "kb01_square": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
+    "kb02_standard": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
+    "kb03_bmm": _f32("C[l] = A[l] @ B[l] (batch on gridDim.y), fp32 FFMA"),
+    "kb06_large_k": _f32("C = A @ B with K split over an 8-CTA cluster, DSMEM reduction", tunables=_LARGE_K),
+    "kb07_small_k": _f32("C = A @ B, K = 64: store-bound, 16-byte vector stores"),
+    "kb08_irregular": _f32("C = A @ B on unaligned shapes: zero-filled 4-byte cp.async"),
+    "kb09_tall_skinny": _f32("C = A @ B, K = 32: store-bound, 16-byte vector stores"),
+    "kb10_3d": _f32("[B, M, K] @ [K, N]: leading dims of A fold into M"),
+    "kb11_4d": _f32("einsum bijl,lk->bijk: leading dims of A fold into M"),
+    "kb13_symmetric": _f32("C = A @ B (symmetry not exploited)"),
+    "kb14_upper": _f32("C = triu(A @ B); tiles below the diagonal only write zeros", epilogue="triu"),
+    "kb15_lower": _f32("C = tril(A @ B); tiles above the diagonal only write zeros", epilogue="tril"),
+    "kb16_trans_a": _f32("C = A.T @ B with A stored [K, M]", trans_a=True),
+    "kb17_trans_b": _f32("C = A @ B.T with B stored [N, K]", trans_b=True),
+    "kb18_trans_both": _f32("C = A.T @ B.T with A [K, M], B [N, K]", trans_a=True, trans_b=True),
+    # ---- bf16 (modern) ---------------------------------------------------------------------
+    "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages"),
+    "gemm_bf16_irregular": _bf16(
+        "C = A @ B with unaligned K/N: predicated ld.global producer into swizzled smem + wgmma"
+    ),
+    "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, batch on gridDim.y"),
+    "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue", epilogue="bias_gelu"),
+    "gemm_silu_mul_bf16": _bf16(
+        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile",
+        epilogue="silu_mul",
+        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64")),
+    ),
+}
+
+FP32_GEMM_TASKS: tuple[str, ...] = tuple(k for k, v in GEMM_SEEDS.items() if v.template == GEMM_F32_TEMPLATE)
+BF16_GEMM_TASKS: tuple[str, ...] = tuple(k for k, v in GEMM_SEEDS.items() if v.template == GEMM_BF16_TEMPLATE)
+
+
+def gemm_seed(task: str) -> SeedSpec:
+    """The seed of a GEMM task; ``KeyError`` lists the valid task names."""
+    try:
+        return GEMM_SEEDS[task]
+    except KeyError:
+        raise KeyError(f"no GEMM seed for task {task!r}; GEMM seeds: {sorted(GEMM_SEEDS)}") from None

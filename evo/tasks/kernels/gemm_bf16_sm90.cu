@@ -1,0 +1,418 @@
+// gemm_bf16_sm90.cu -- bf16 GEMM seed template for Hopper (sm_90a): wgmma, TMA, mbarriers.
+//
+// Computes, per batch l:  C[l] = epilogue(A[l] @ B[l])  with bf16 operands, fp32 accumulation
+// and a bf16 result.  Inputs are contiguous row-major bf16:
+//   A [M, K] (3+-D A folds its leading dims into M when B is 2-D) or [L, M, K] with B [L, K, N];
+//   B [K, N] or [L, K, N].
+//   EPILOGUE = 0: C = A @ B
+//   EPILOGUE = 1: inputs (A, B, bias[N]);  C = gelu_erf(A @ B + bias)
+//   EPILOGUE = 2: inputs (A, W1, W3);      C = silu(A @ W1) * (A @ W3)   (dual GEMM: two
+//                 accumulators share every A tile)
+//
+// Structure: warp-specialised CTA. Warpgroup 0 is the producer, warpgroups 1..NWG are
+// consumers that issue wgmma (SS: both operands from swizzled shared memory; A K-major,
+// B N-major) on a BM x BN tile, STAGES-deep ring of shared-memory stages guarded by
+// "full"/"empty" mbarriers. Consumers keep one wgmma batch in flight (wait<1>) and release a
+// stage once the batch that read it has retired.
+// Two producer paths, chosen per call by the host:
+//   TMA path (all strides 16-byte aligned: K % 8 == 0, N % 8 == 0, 16-byte aligned pointers):
+//     one elected thread issues cp.async.bulk.tensor loads; out-of-range boxes are zero-filled
+//     by the hardware. Producer registers are handed to the consumers with setmaxnreg.
+//   Fallback path (any shape/alignment, e.g. 8205 x 2949 x 5921 where a row of A is 5898
+//     bytes): the 128 producer threads load 8-element runs with 16-, 4- or 2-byte loads as the
+//     address allows, zero outside the matrix, store them as 16-byte packets into the same
+//     swizzled layout, fence the async proxy and arrive on the stage's mbarrier. It uses its
+//     own tile width FB_TILE_N and depth FB_STAGES.
+// Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
+// every store predicated, so any M, N, K works.
+//
+// ABI: evo_abi.h. Returns cudaErrorInvalidValue for inputs outside the contract above.
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include "evo_abi.h"
+
+// @evo:task-config
+
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+
+// @tunable TILE_M = 128 in {64, 128, 256}
+// @tunable TILE_N = 256 in {64, 128, 256}
+// @tunable TILE_K = 64 in {64}
+// @tunable STAGES = 4 in {2, 3, 4, 5, 6, 7}
+// @tunable GROUP_M = 8 in {1, 4, 8, 16}
+// @tunable FB_TILE_N = 128 in {64, 128, 256}
+// @tunable FB_STAGES = 4 in {2, 3, 4, 5, 6}
+// @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
+// @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
+// @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
+// @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
+#ifndef TILE_M
+#define TILE_M 128
+#endif
+#ifndef TILE_N
+#define TILE_N 256
+#endif
+#ifndef TILE_K
+#define TILE_K 64
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef FB_TILE_N
+#define FB_TILE_N 128
+#endif
+#ifndef FB_STAGES
+#define FB_STAGES 4
+#endif
+
+namespace evo_bf16 {
+using namespace cute;
+using bf16 = cutlass::bfloat16_t;
+
+constexpr int kNB = (EPILOGUE == 2) ? 2 : 1;   // B operands sharing the A tile
+static_assert(TILE_K == 64, "TILE_K must be 64 (one 128-byte swizzle atom of bf16)");
+
+struct Params {
+  const bf16* A;
+  const bf16* B[2];
+  const bf16* bias;
+  bf16* C;
+  int M, N, K, L;
+  int64_t a_l, b_l, c_l;   // batch strides (elements); 0 when B is shared
+  int tiles_m, tiles_n;
+  int c_vec;               // bf16x2 stores legal
+};
+
+template <int BM, int BN, int NSTAGE>
+struct Config {
+  static constexpr int kNWG = BM == 64 ? 1 : 2;          // consumer warpgroups
+  static constexpr int kThreads = 128 * (kNWG + 1);
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>{},
+                                             make_shape(Int<BM>{}, Int<TILE_K>{}, Int<NSTAGE>{})));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<bf16>{},
+                                             make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{})));
+  static constexpr int kABytes = int(cosize_v<SmemLayoutA>) * 2;
+  static constexpr int kBBytes = int(cosize_v<SmemLayoutB>) * 2;
+  static constexpr int kStageBytes = (BM + kNB * BN) * TILE_K * 2;   // TMA bytes per stage
+  static constexpr int kSmemBytes = kABytes + kNB * kBBytes + 2 * NSTAGE * 8 + 1024;  // +align slack
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<BN>, Int<TILE_K>>,
+                                                      GMMA::Major::K, GMMA::Major::MN>());
+  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kNWG>, _1, _1>>{}));
+};
+
+CUTE_DEVICE float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+CUTE_DEVICE float silu(float x) { return x / (1.f + __expf(-x)); }
+
+// Fallback producer: copy one (X, TILE_K) tile of an operand into its swizzled stage.
+// g/c/s are (8, I, J) thread partitions whose mode 0 runs along the contiguous dim.
+template <class TG, class TC, class TS, class Ext>
+CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
+  CUTE_UNROLL
+  for (int i = 0; i < size<1>(g); ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < size<2>(g); ++j) {
+      Tensor r = make_tensor<bf16>(Shape<_8>{});
+      const bf16* p = &g(0, i, j);
+      if (elem_less(c(0, i, j), ext) && elem_less(c(7, i, j), ext)) {
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+        uint32_t* rw = reinterpret_cast<uint32_t*>(r.data());
+        if ((addr & 15) == 0) {
+          uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+          rw[0] = v.x; rw[1] = v.y; rw[2] = v.z; rw[3] = v.w;
+        } else if ((addr & 3) == 0) {
+          CUTE_UNROLL
+          for (int w = 0; w < 4; ++w) rw[w] = __ldg(reinterpret_cast<const unsigned int*>(p) + w);
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < 8; ++v)
+            r(v) = bf16::bitcast(__ldg(reinterpret_cast<const unsigned short*>(p) + v));
+        }
+      } else {
+        CUTE_UNROLL
+        for (int v = 0; v < 8; ++v)
+          r(v) = elem_less(c(v, i, j), ext) ? bf16::bitcast(__ldg(reinterpret_cast<const unsigned short*>(p) + v))
+                                            : bf16(0.f);
+      }
+      copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{}, r, s(_, i, j));
+    }
+  }
+}
+
+template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
+__global__ void __launch_bounds__(Config<BM, BN, NSTAGE>::kThreads, 1)
+gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b0,
+                 CUTE_GRID_CONSTANT TmaB const tma_b1) {
+  using Cfg = Config<BM, BN, NSTAGE>;
+  extern __shared__ char smem_raw[];
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* smemA = reinterpret_cast<bf16*>(base);
+  bf16* smemB = reinterpret_cast<bf16*>(base + Cfg::kABytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + Cfg::kABytes + kNB * Cfg::kBBytes);
+  uint64_t* empty = full + NSTAGE;
+
+  Tensor sA = make_tensor(make_smem_ptr(smemA), typename Cfg::SmemLayoutA{});            // (BM, BK, P)
+  Tensor sB0 = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutB{});           // (BN, BK, P)
+  Tensor sB1 = make_tensor(make_smem_ptr(smemB + (kNB - 1) * cosize_v<typename Cfg::SmemLayoutB>),
+                           typename Cfg::SmemLayoutB{});
+
+  const int wg = threadIdx.x / 128;
+  const int l = blockIdx.y;
+  const int tile = blockIdx.x;
+  const int group_size = GROUP_M * p.tiles_n;
+  const int first_m = (tile / group_size) * GROUP_M;
+  const int gm = min(p.tiles_m - first_m, GROUP_M);
+  const int m_blk = first_m + (tile % group_size) % gm;
+  const int n_blk = (tile % group_size) / gm;
+  const int k_tiles = (p.K + TILE_K - 1) / TILE_K;
+
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int s = 0; s < NSTAGE; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], kTMA ? 1 : 128);
+      cutlass::arch::ClusterBarrier::init(&empty[s], Cfg::kNWG * 128);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------- producer ------------------------------------------
+    if constexpr (kTMA) {
+      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+      if (threadIdx.x / 32 == 0 && elect_one_sync()) {
+        Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
+        Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
+        Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
+        Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
+        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+        auto [tBgB, tBsB0] = tma_partition(tma_b0, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
+        auto [tBgB_, tBsB1] = tma_partition(tma_b1, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
+        int stage = 0, phase = 0;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
+          copy(tma_a.with(full[stage]), tAgA(_, kt), tAsA(_, stage));
+          copy(tma_b0.with(full[stage]), tBgB(_, kt), tBsB0(_, stage));
+          if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, kt), tBsB1(_, stage));
+          if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+        }
+      }
+    } else {
+      const int t = threadIdx.x;
+      Tensor mA = make_tensor(make_gmem_ptr(p.A + l * p.a_l), make_shape(p.M, p.K), make_stride(int64_t(p.K), _1{}));
+      Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(m_blk, _));
+      Tensor cA = local_tile(make_identity_tensor(make_shape(p.M, p.K)), make_shape(Int<BM>{}, Int<TILE_K>{}),
+                             make_coord(m_blk, _));
+      auto cpA = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{},
+                                 Layout<Shape<_16, _8>, Stride<_8, _1>>{}, Layout<Shape<_1, _8>>{});
+      auto cpB = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{},
+                                 Layout<Shape<Int<BN / 8>, Int<128 / (BN / 8)>>>{}, Layout<Shape<_8, _1>>{});
+      auto thrA = cpA.get_slice(t);
+      auto thrB = cpB.get_slice(t);
+      Tensor tAgA = thrA.partition_S(gA);
+      Tensor tAcA = thrA.partition_S(cA);
+      Tensor tAsA = thrA.partition_D(sA);
+      Tensor cB = local_tile(make_identity_tensor(make_shape(p.N, p.K)), make_shape(Int<BN>{}, Int<TILE_K>{}),
+                             make_coord(n_blk, _));
+      Tensor tBcB = thrB.partition_S(cB);
+      Tensor tBsB0 = thrB.partition_D(sB0);
+      Tensor tBsB1 = thrB.partition_D(sB1);
+      auto ext_a = make_coord(p.M, p.K);
+      auto ext_b = make_coord(p.N, p.K);
+      int stage = 0, phase = 0;
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
+        ldg_tile(tAgA(_, _, _, kt), tAcA(_, _, _, kt), tAsA(_, _, _, stage), ext_a);
+        CUTE_UNROLL
+        for (int b = 0; b < kNB; ++b) {
+          Tensor mB = make_tensor(make_gmem_ptr(p.B[b] + l * p.b_l), make_shape(p.N, p.K),
+                                  make_stride(_1{}, int64_t(p.N)));
+          Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(n_blk, _));
+          Tensor tBgB = thrB.partition_S(gB);
+          if (b == 0) ldg_tile(tBgB(_, _, _, kt), tBcB(_, _, _, kt), tBsB0(_, _, _, stage), ext_b);
+          else        ldg_tile(tBgB(_, _, _, kt), tBcB(_, _, _, kt), tBsB1(_, _, _, stage), ext_b);
+        }
+        cutlass::arch::fence_view_async_shared();   // generic-proxy stores -> wgmma (async proxy)
+        cutlass::arch::ClusterBarrier::arrive(&full[stage]);
+        if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+      }
+    }
+  } else {
+    // ------------------------------- consumers -----------------------------------------
+    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    typename Cfg::TiledMma mma;
+    auto thr = mma.get_thread_slice(threadIdx.x - 128);
+    Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
+    Tensor tCsB0 = thr.partition_B(sB0);
+    Tensor tCsB1 = thr.partition_B(sB1);
+    Tensor tCrA = thr.make_fragment_A(tCsA);
+    Tensor tCrB0 = thr.make_fragment_B(tCsB0);
+    Tensor tCrB1 = thr.make_fragment_B(tCsB1);
+
+    Tensor mC = make_tensor(make_gmem_ptr(p.C + l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+    Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(m_blk, n_blk));
+    Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                           make_coord(m_blk, n_blk));
+    Tensor tCgC = thr.partition_C(gC);
+    Tensor tCcC = thr.partition_C(cC);
+    Tensor acc0 = thr.partition_fragment_C(gC);
+    Tensor acc1 = thr.partition_fragment_C(gC);   // used only by the dual (silu_mul) epilogue
+    clear(acc0);
+    if constexpr (kNB == 2) clear(acc1);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+
+    warpgroup_fence_operand(acc0);
+    if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+    int stage = 0, phase = 0, prev = -1;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        gemm(mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
+        if constexpr (kNB == 2) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();                     // the batch of the previous stage has retired
+      if (prev >= 0) cutlass::arch::ClusterBarrier::arrive(&empty[prev]);
+      prev = stage;
+      if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc0);
+    if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+
+    // ------------------------------- epilogue ------------------------------------------
+    // GMMA accumulators come in pairs of adjacent columns: values i, i+1 (i even) are
+    // (m, n) and (m, n + 1).
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc0); i += 2) {
+      const int m = get<0>(tCcC(i));
+      const int n = get<1>(tCcC(i));
+      if (m >= p.M) continue;
+      float v0 = acc0(i), v1 = acc0(i + 1);
+      if constexpr (EPILOGUE == 1) {
+        const float b0 = n < p.N ? float(p.bias[n]) : 0.f;
+        const float b1 = n + 1 < p.N ? float(p.bias[n + 1]) : 0.f;
+        v0 = gelu_erf(v0 + b0);
+        v1 = gelu_erf(v1 + b1);
+      } else if constexpr (EPILOGUE == 2) {
+        v0 = silu(v0) * acc1(i);
+        v1 = silu(v1) * acc1(i + 1);
+      }
+      if (p.c_vec && n + 1 < p.N) {
+        __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
+        *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = pair;
+      } else {
+        if (n < p.N) tCgC(i) = bf16(v0);
+        if (n + 1 < p.N) tCgC(i + 1) = bf16(v1);
+      }
+    }
+  }
+}
+
+inline bool row_major_contiguous(const EvoTensor& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
+cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
+  using Cfg = Config<BM, BN, NSTAGE>;
+  auto kernel = gemm_bf16_kernel<BM, BN, NSTAGE, kTMA, TmaA, TmaB>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  dim3 grid(unsigned(p.tiles_m * p.tiles_n), unsigned(p.L), 1);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, ta, tb0, tb1);
+  return cudaGetLastError();
+}
+
+template <int BM, int BN, int NSTAGE>
+cudaError_t launch_tma(Params p, cudaStream_t stream) {
+  using Cfg = Config<BM, BN, NSTAGE>;
+  const int64_t M = p.M, N = p.N, K = p.K;
+  Tensor mA = make_tensor(make_gmem_ptr(p.A), make_shape(p.M, p.K, p.L), make_stride(K, _1{}, p.a_l));
+  auto tma_a = make_tma_atom(SM90_TMA_LOAD{}, mA, typename Cfg::SmemLayoutA{}(_, _, 0),
+                             make_shape(Int<BM>{}, Int<TILE_K>{}));
+  Tensor mB0 = make_tensor(make_gmem_ptr(p.B[0]), make_shape(p.N, p.K, p.L), make_stride(_1{}, N, p.b_l));
+  Tensor mB1 = make_tensor(make_gmem_ptr(p.B[kNB - 1]), make_shape(p.N, p.K, p.L), make_stride(_1{}, N, p.b_l));
+  auto tma_b0 = make_tma_atom(SM90_TMA_LOAD{}, mB0, typename Cfg::SmemLayoutB{}(_, _, 0),
+                              make_shape(Int<BN>{}, Int<TILE_K>{}));
+  auto tma_b1 = make_tma_atom(SM90_TMA_LOAD{}, mB1, typename Cfg::SmemLayoutB{}(_, _, 0),
+                              make_shape(Int<BN>{}, Int<TILE_K>{}));
+  (void)M;
+  p.tiles_m = int((p.M + BM - 1) / BM);
+  p.tiles_n = int((p.N + BN - 1) / BN);
+  return launch<BM, BN, NSTAGE, true>(p, tma_a, tma_b0, tma_b1, stream);
+}
+
+}  // namespace evo_bf16
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) {
+  using namespace evo_bf16;
+  (void)scalars;
+  (void)n_scalars;
+  const int want_in = (EPILOGUE == 0) ? 2 : 3;
+  if (n_in != want_in || n_out != 1) return cudaErrorInvalidValue;
+  for (int i = 0; i < n_in; ++i)
+    if (in[i].dtype != EVO_BF16 || !row_major_contiguous(in[i])) return cudaErrorInvalidValue;
+  const EvoTensor& a = in[0];
+  const EvoTensor& b = in[1];
+  const EvoTensor& c = out[0];
+  if (c.dtype != EVO_BF16 || !row_major_contiguous(c)) return cudaErrorInvalidValue;
+  if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3) return cudaErrorInvalidValue;
+
+  int64_t L = 1, M, K = a.shape[a.ndim - 1];
+  if (b.ndim == 3) {
+    if (a.ndim != 3 || a.shape[0] != b.shape[0]) return cudaErrorInvalidValue;
+    L = a.shape[0];
+    M = a.shape[1];
+  } else {
+    M = (K > 0) ? evo_numel(a) / K : 0;
+  }
+  const int64_t N = b.shape[b.ndim - 1];
+  if (b.shape[b.ndim - 2] != K) return cudaErrorInvalidValue;
+  if (c.shape[c.ndim - 1] != N || evo_numel(c) != L * M * N) return cudaErrorInvalidValue;
+  if (EPILOGUE == 1 && (in[2].ndim != 1 || in[2].shape[0] != N)) return cudaErrorInvalidValue;
+  if (EPILOGUE == 2) {
+    const EvoTensor& w3 = in[2];
+    if (w3.ndim != b.ndim) return cudaErrorInvalidValue;
+    for (int i = 0; i < b.ndim; ++i)
+      if (w3.shape[i] != b.shape[i]) return cudaErrorInvalidValue;
+  }
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || L > 65535) return cudaErrorInvalidValue;
+  if (M == 0 || N == 0 || L == 0) return cudaSuccess;
+
+  Params p;
+  p.A = static_cast<const bf16*>(a.data);
+  p.B[0] = static_cast<const bf16*>(b.data);
+  p.B[1] = static_cast<const bf16*>(EPILOGUE == 2 ? in[2].data : b.data);
+  p.bias = static_cast<const bf16*>(EPILOGUE == 1 ? in[2].data : nullptr);
+  p.C = static_cast<bf16*>(c.data);
+  p.M = int(M); p.N = int(N); p.K = int(K); p.L = int(L);
+  p.a_l = (L > 1) ? M * K : 0;
+  p.b_l = (L > 1) ? K * N : 0;
+  p.c_l = M * N;
+  p.c_vec = (N % 2 == 0) && ((reinterpret_cast<uintptr_t>(c.data) & 3) == 0);
+
+  uintptr_t ptrs = reinterpret_cast<uintptr_t>(p.A) | reinterpret_cast<uintptr_t>(p.B[0]) |
+                   reinterpret_cast<uintptr_t>(p.B[1]);
+  if (ptrs & 1) return cudaErrorInvalidValue;
+  const bool tma_ok = K > 0 && (ptrs & 15) == 0 && (K % 8 == 0) && (N % 8 == 0);
+  if (tma_ok) return launch_tma<TILE_M, TILE_N, STAGES>(p, stream);
+  p.tiles_m = int((M + TILE_M - 1) / TILE_M);
+  p.tiles_n = int((N + FB_TILE_N - 1) / FB_TILE_N);
+  return launch<TILE_M, FB_TILE_N, FB_STAGES, false>(p, 0, 0, 0, stream);
+}

@@ -1,0 +1,283 @@
+"""Record and replay of LLM calls, keyed by prompt hash.
+
+Two uses:
+
+- A **cassette** (JSONL, one scripted answer per line) drives :class:`mutators.fake_server.
+  FakeLLMServer` in tests and demos. Line fields::
+
+      {"response": "...",            # answer text (default "")
+       "status": 200,                 # 200 | 429 | 500 | any HTTP status
+       "prompt_hash": "...",          # answer only this exact prompt (see client.prompt_hash)
+       "match": "[kind:repair]",      # ... or any prompt whose last user message contains this
+       "retry_after": 1,              # seconds, sent as the Retry-After header (429)
+       "delay_s": 5,                  # wait before answering (a hang when > client timeout)
+       "raw": "{not json",            # send this body verbatim instead of a JSON answer
+       "finish_reason": "stop", "tokens_in": 100, "tokens_out": 50,  # usage to report
+       "repeat": false,               # true: never used up (answers every matching request)
+       "model": "..."}                # only listed by GET /v1/models
+
+  Entries are used up in file order. A request is answered by the first unused entry whose
+  ``prompt_hash`` equals its hash, else whose ``match`` occurs in its last user message,
+  else the first unused entry with neither key (the plain script). No entry -> HTTP 500
+  "cassette exhausted" (a recorded failed call, so a demo degrades instead of hanging).
+
+- **Replay**: :class:`ReplayClient` answers ``complete`` from stored calls (rows of the
+  store's ``llm_calls`` table, or a cassette) without any endpoint, so a run can be replayed
+  exactly: same prompts -> same answers, in the order they were first given. A prompt it has
+  no answer for raises :class:`ReplayMiss` naming the hash and the model.
+
+:class:`CassetteRecorder` is a :data:`mutators.client.CallSink` that appends successful calls
+to a cassette file as ``prompt_hash`` entries, turning any live run into a replayable script.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from mutators.client import Budget, CallSink, LLMCall, ModelSpec, _norm_messages, prompt_hash
+
+__all__ = ["CassetteEntry", "Cassette", "CassetteError", "CassetteRecorder", "ReplayClient", "ReplayMiss"]
+
+log = logging.getLogger(__name__)
+
+_FIELDS = {
+    "prompt_hash", "match", "response", "status", "retry_after", "delay_s", "raw",
+    "finish_reason", "tokens_in", "tokens_out", "repeat", "model", "note",
+}
+
+
+class CassetteError(ValueError):
+    """A cassette file or line is malformed; the message names the file and line."""
+
+
+class ReplayMiss(LookupError):
+    """A replayed run asked a prompt that the recording never answered (the run diverged)."""
+
+
+@dataclass(frozen=True)
+class CassetteEntry:
+    """One scripted answer (see module docstring for the fields)."""
+
+    response: str = ""
+    status: int = 200
+    prompt_hash: str | None = None
+    match: str | None = None
+    retry_after: float | None = None
+    delay_s: float = 0.0
+    raw: str | None = None
+    finish_reason: str = "stop"
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    repeat: bool = False
+    model: str | None = None
+    note: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "entry") -> "CassetteEntry":
+        if not isinstance(d, Mapping):
+            raise CassetteError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - _FIELDS)
+        if unknown:
+            raise CassetteError(f"{where}: unknown field(s) {unknown}; valid: {', '.join(sorted(_FIELDS))}")
+        try:
+            e = cls(**dict(d))
+        except TypeError as exc:
+            raise CassetteError(f"{where}: {exc}") from None
+        if not isinstance(e.status, int) or not 100 <= e.status <= 599:
+            raise CassetteError(f"{where}: status={e.status!r} must be an HTTP status code (200, 429, 500...)")
+        if not isinstance(e.response, str):
+            raise CassetteError(f"{where}: response must be a string")
+        if e.delay_s < 0:
+            raise CassetteError(f"{where}: delay_s={e.delay_s} must be >= 0")
+        return e
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        defaults = asdict(CassetteEntry())
+        return {k: v for k, v in d.items() if v != defaults[k] or k == "response"}
+
+
+class Cassette:
+    """An ordered list of :class:`CassetteEntry`, plus the thread-safe state of which are used.
+
+    ``next_for(messages, model)`` picks and uses up the entry that answers a request (rules in
+    the module docstring); ``remaining`` counts unused non-repeating entries.
+    """
+
+    def __init__(self, entries: Iterable[CassetteEntry | Mapping[str, Any]] = (), source: str = "<memory>") -> None:
+        self.source = source
+        self.entries: list[CassetteEntry] = [
+            e if isinstance(e, CassetteEntry) else CassetteEntry.from_dict(e, f"{source} entry {i + 1}")
+            for i, e in enumerate(entries)
+        ]
+        self._used = [False] * len(self.entries)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Cassette":
+        """Read a JSONL cassette; blank lines and lines starting with ``#`` or ``//`` are skipped."""
+        p = Path(path)
+        if not p.is_file():
+            raise CassetteError(f"cassette {p}: no such file")
+        entries = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            s = line.strip()
+            if not s or s.startswith("#") or s.startswith("//"):
+                continue
+            try:
+                d = json.loads(s)
+            except json.JSONDecodeError as exc:
+                raise CassetteError(f"cassette {p} line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+            entries.append(CassetteEntry.from_dict(d, f"cassette {p} line {n}"))
+        return cls(entries, source=str(p))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text("".join(json.dumps(e.to_dict()) + "\n" for e in self.entries), encoding="utf-8")
+
+    @property
+    def remaining(self) -> int:
+        with self._lock:
+            return sum(1 for e, u in zip(self.entries, self._used) if not u and not e.repeat)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._used = [False] * len(self.entries)
+
+    def next_for(self, messages: Sequence[Mapping[str, str]], model: str) -> CassetteEntry | None:
+        """The entry answering this request (used up unless ``repeat``), or None."""
+        msgs = _norm_messages(list(messages)) if messages else ()
+        h = prompt_hash(msgs, model)
+        last_user = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), "")
+        with self._lock:
+            for pred in (
+                lambda e: e.prompt_hash is not None and e.prompt_hash == h,
+                lambda e: e.prompt_hash is None and e.match is not None and e.match in last_user,
+                lambda e: e.prompt_hash is None and e.match is None,
+            ):
+                for i, e in enumerate(self.entries):
+                    if not self._used[i] and pred(e):
+                        if not e.repeat:
+                            self._used[i] = True
+                        return e
+        return None
+
+
+class CassetteRecorder:
+    """A CallSink appending every successful call to a JSONL cassette (``prompt_hash`` entries).
+
+    Failed calls are skipped by default (``include_errors=True`` records them as status-500
+    entries so a replay through the fake server fails the same way).
+    """
+
+    def __init__(self, path: str | Path, include_errors: bool = False, then: CallSink | None = None) -> None:
+        self.path = Path(path)
+        self.include_errors = include_errors
+        self.then = then
+        self._lock = threading.Lock()
+
+    def __call__(self, call: LLMCall) -> None:
+        if call.ok or self.include_errors:
+            e = CassetteEntry(
+                response=call.response,
+                status=200 if call.ok else 500,
+                prompt_hash=call.prompt_hash,
+                tokens_in=call.tokens_in,
+                tokens_out=call.tokens_out,
+                finish_reason=call.finish_reason or "stop",
+                note=f"{call.kind} {call.model}".strip(),
+            )
+            with self._lock, self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(e.to_dict()) + "\n")
+        if self.then is not None:
+            self.then(call)
+
+
+class ReplayClient:
+    """Answers ``complete`` from recorded calls, never touching an endpoint (a ChatClient).
+
+    ``rows`` are dicts with at least ``prompt_hash`` and ``response`` (the store's
+    ``llm_calls`` rows fit; ``tokens_in``, ``tokens_out``, ``cost``, ``latency_s``, ``error``
+    are used when present). Several answers to one hash are replayed in recorded order; the
+    answer's ``model`` is the asking ModelSpec's name. Costs are charged to ``budget`` exactly
+    as recorded, so a replay stops where the original run's budget stopped it. The calls
+    returned have ``cached=True`` and go to ``sink`` like live ones.
+    """
+
+    def __init__(
+        self, rows: Iterable[Mapping[str, Any]], *, budget: Budget | None = None, sink: CallSink | None = None
+    ) -> None:
+        self._answers: dict[str, deque[Mapping[str, Any]]] = defaultdict(deque)
+        n = 0
+        for i, r in enumerate(rows):
+            if not r.get("prompt_hash"):
+                raise CassetteError(f"replay row {i + 1} has no prompt_hash; cannot key it (row keys: {sorted(r)})")
+            self._answers[str(r["prompt_hash"])].append(r)
+            n += 1
+        self.budget = budget if budget is not None else Budget(None)
+        self.sink = sink
+        self._lock = threading.Lock()
+        log.debug("replay client holds %d recorded calls over %d prompts", n, len(self._answers))
+
+    @classmethod
+    def from_cassette(cls, cassette: Cassette | str | Path, **kw: Any) -> "ReplayClient":
+        """Replay a cassette's ``prompt_hash`` entries (entries without a hash are ignored)."""
+        c = cassette if isinstance(cassette, Cassette) else Cassette.load(cassette)
+        rows = []
+        for e in c.entries:
+            if e.prompt_hash is None:
+                continue
+            rows.append({
+                "prompt_hash": e.prompt_hash,
+                "response": e.response,
+                "tokens_in": e.tokens_in or 0,
+                "tokens_out": e.tokens_out or 0,
+                "error": None if e.status == 200 and e.raw is None else f"recorded HTTP {e.status}",
+            })
+        return cls(rows, **kw)
+
+    @property
+    def remaining(self) -> int:
+        with self._lock:
+            return sum(len(q) for q in self._answers.values())
+
+    def complete(self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = "") -> LLMCall:
+        msgs = _norm_messages(messages)
+        h = prompt_hash(msgs, model.model)
+        self.budget.check()
+        with self._lock:
+            q = self._answers.get(h)
+            if not q:
+                raise ReplayMiss(
+                    f"replay has no recorded answer for prompt {h[:16]} (model {model.name!r}, kind {kind or '?'}): "
+                    "the replayed run diverged from the recorded one (different config, seed, parents or "
+                    "templates), or the recording was cut short"
+                )
+            r = q.popleft()
+        tin, tout = int(r.get("tokens_in") or 0), int(r.get("tokens_out") or 0)
+        cost = float(r["cost"]) if r.get("cost") is not None else model.cost(tin, tout)
+        self.budget.charge(cost)
+        err = r.get("error") or None
+        call = LLMCall(
+            model=model.name,
+            prompt_hash=h,
+            messages=msgs,
+            response=str(r.get("response") or ""),
+            tokens_in=tin,
+            tokens_out=tout,
+            cost=cost,
+            latency_s=float(r.get("latency_s") or 0.0),
+            error=str(err) if err else None,
+            attempts=1,
+            finish_reason=r.get("finish_reason"),
+            kind=kind,
+            cached=True,
+        )
+        if self.sink is not None:
+            self.sink(call)
+        return call

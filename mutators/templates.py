@@ -1,0 +1,96 @@
+"""Prompt templates: ``mutators/prompts/<kind>.md`` rendered into chat messages.
+
+Templates are plain files in :class:`string.Template` syntax (``${field}``; a literal dollar
+is ``$$``) plus one tiny construct for optional sections::
+
+    <!-- if profile -->
+    ## Profile
+    ${profile}
+    <!-- end if -->
+
+An optional section is kept only when its field is given and non-empty (not ``None``, not
+blank); the fields used inside it are then required. Every field used outside optional
+sections is required: a missing one raises :class:`PromptError` naming it and the kind.
+``system.md`` is the system message of every kind (the evaluation-contract rules).
+
+The first line of each user message is ``[kind:<kind>] task <task>``, a stable marker that
+cassettes match on (``"match": "[kind:repair]"``).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KINDS", "PromptError", "render_prompt", "template_fields", "PROMPTS_DIR"]
+
+PROMPTS_DIR = Path(__file__).with_name("prompts")
+KINDS = ("genesis", "repair", "optimize")
+
+_IF_RE = re.compile(r"^<!-- if (\w+) -->[ \t]*\n(.*?)^<!-- end if -->[ \t]*\n?", re.MULTILINE | re.DOTALL)
+
+
+class PromptError(ValueError):
+    """A prompt cannot be rendered: unknown kind, missing field, or a broken template."""
+
+
+@lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    p = PROMPTS_DIR / f"{name}.md"
+    if not p.is_file():
+        raise PromptError(f"prompt template {p} is missing; the package data of mutators/prompts is incomplete")
+    return p.read_text(encoding="utf-8")
+
+
+def _identifiers(text: str) -> set[str]:
+    out = set()
+    for m in string.Template.pattern.finditer(text):
+        name = m.group("named") or m.group("braced")
+        if name:
+            out.add(name)
+        elif m.group("invalid") is not None:
+            line = text[: m.start()].count("\n") + 1
+            raise PromptError(f"template has an invalid '$' placeholder at line {line}; write $$ for a dollar sign")
+    return out
+
+
+def template_fields(kind: str) -> tuple[set[str], set[str]]:
+    """``(required, optional)`` field names of ``kind``'s template."""
+    text = _template(kind)
+    optional: set[str] = set()
+    for m in _IF_RE.finditer(text):
+        optional.add(m.group(1))
+        optional |= _identifiers(m.group(2))
+    required = _identifiers(_IF_RE.sub("", text))
+    return required, optional - required
+
+
+def _template(kind: str) -> str:
+    if kind not in KINDS:
+        raise PromptError(f"unknown prompt kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    return _read(kind)
+
+
+def _present(v: Any) -> bool:
+    return v is not None and str(v).strip() != ""
+
+
+def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:
+    """``[system, user]`` messages for ``kind`` with ``fields`` substituted (values via ``str``)."""
+    text = _template(kind)
+
+    def keep(m: re.Match[str]) -> str:
+        return m.group(2) if _present(fields.get(m.group(1))) else ""
+
+    body = _IF_RE.sub(keep, text)
+    needed = _identifiers(body)
+    missing = sorted(n for n in needed if n not in fields or fields[n] is None)
+    if missing:
+        raise PromptError(f"prompt {kind!r} needs field(s) {', '.join(missing)}; got {', '.join(sorted(fields)) or 'none'}")
+    values = {k: str(v) for k, v in fields.items() if v is not None}
+    user = string.Template(body).substitute(values)
+    system = string.Template(_read("system")).substitute({})
+    return [{"role": "system", "content": system.strip() + "\n"}, {"role": "user", "content": user.strip() + "\n"}]

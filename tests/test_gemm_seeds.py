@@ -1,0 +1,173 @@
+"""GEMM seed templates: rendering, tunable declarations, and a real sm_90a compile of two seeds.
+
+The compile tests run nvcc for real (one fp32 and one bf16 seed; set EVO_GEMM_COMPILE_ALL=1 to
+build every distinct seed) and cache the outcome by content hash under the system temp dir,
+so a rerun on an unchanged tree costs nothing. They skip when nvcc or the CUTLASS wheel is
+missing. Correctness and speed need a GPU: benchmarks/gemm_smoke.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from evo.tasks.gemm_seeds import (
+    BF16_GEMM_TASKS,
+    FP32_GEMM_TASKS,
+    GEMM_BF16_TEMPLATE,
+    GEMM_F32_TEMPLATE,
+    GEMM_SEEDS,
+    gemm_seed,
+)
+from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
+
+KERNELS = Path(__file__).resolve().parents[1] / "evo" / "tasks" / "kernels"
+
+FP32_TASKS = {
+    "kb01_square", "kb02_standard", "kb03_bmm", "kb06_large_k", "kb07_small_k", "kb08_irregular",
+    "kb09_tall_skinny", "kb10_3d", "kb11_4d", "kb13_symmetric", "kb14_upper", "kb15_lower",
+    "kb16_trans_a", "kb17_trans_b", "kb18_trans_both",
+}
+BF16_TASKS = {"gemm_bf16", "gemm_bf16_irregular", "bmm_bf16", "gemm_bias_gelu_bf16", "gemm_silu_mul_bf16"}
+
+
+def test_seed_table_covers_exactly_the_gemm_tasks():
+    assert set(GEMM_SEEDS) == FP32_TASKS | BF16_TASKS
+    assert set(FP32_GEMM_TASKS) == FP32_TASKS
+    assert set(BF16_GEMM_TASKS) == BF16_TASKS
+    assert all(isinstance(s, SeedSpec) for s in GEMM_SEEDS.values())
+
+
+def test_unknown_task_lists_valid_names():
+    with pytest.raises(KeyError, match="kb01_square"):
+        gemm_seed("kb99_nope")
+
+
+@pytest.mark.parametrize("template", [GEMM_F32_TEMPLATE, GEMM_BF16_TEMPLATE])
+def test_template_has_one_marker_and_one_entry_point(template):
+    src = template_source(template)
+    assert sum(line.strip() == TASK_CONFIG_MARKER for line in src.splitlines()) == 1
+    assert len(re.findall(r"\bevo_launch\s*\(", src)) == 1
+    assert '#include "evo_abi.h"' in src
+
+
+@pytest.mark.parametrize("task", sorted(GEMM_SEEDS))
+def test_seed_renders_with_its_defines_and_consistent_tunables(task):
+    tunables = pytest.importorskip("evo.tunables")
+    spec = GEMM_SEEDS[task]
+    src = render(spec)
+    lines = src.splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.strip() == TASK_CONFIG_MARKER)
+    for offset, (name, value) in enumerate(spec.defines, 1):
+        assert lines[marker + offset] == f"#define {name} {value}"
+    assert len(re.findall(r"\bevo_launch\s*\(", src)) == 1
+    declared = {t.name: t for t in tunables.parse_tunables(src)}
+    assert declared, "template declares no tunables"
+    assert tunables.check_tunable_defaults(src) == []
+    for name, value in spec.tunable_defaults:
+        assert declared[name].default == value
+    assert tunables.violated_constraints(src) == [], "the seed's own defaults violate a constraint"
+
+
+def test_task_config_matches_the_task():
+    d = {k: dict(v.defines) for k, v in GEMM_SEEDS.items()}
+    assert d["kb16_trans_a"] == {"TRANS_A": "1", "TRANS_B": "0", "EPILOGUE": "0"}
+    assert d["kb17_trans_b"] == {"TRANS_A": "0", "TRANS_B": "1", "EPILOGUE": "0"}
+    assert d["kb18_trans_both"] == {"TRANS_A": "1", "TRANS_B": "1", "EPILOGUE": "0"}
+    assert d["kb14_upper"]["EPILOGUE"] == "1" and d["kb15_lower"]["EPILOGUE"] == "2"
+    assert d["gemm_bias_gelu_bf16"]["EPILOGUE"] == "1" and d["gemm_silu_mul_bf16"]["EPILOGUE"] == "2"
+    assert dict(GEMM_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_K"] == "8"
+
+
+def test_constraints_reject_oversized_configs():
+    tunables = pytest.importorskip("evo.tunables")
+    f32 = render(GEMM_SEEDS["kb01_square"])
+    assert tunables.violated_constraints(f32, {"BM": "256", "BN": "256", "THR_M": "4", "THR_N": "16"})
+    assert tunables.violated_constraints(f32, {"BK": "32", "STAGES": "6", "BM": "256", "BN": "256"})
+    bf16 = render(GEMM_SEEDS["gemm_silu_mul_bf16"])
+    assert tunables.violated_constraints(bf16, {"TILE_N": "256"})      # two 128x256 fp32 accumulators
+    assert tunables.violated_constraints(render(GEMM_SEEDS["gemm_bf16"]), {"STAGES": "7"})  # > 227 KB smem
+
+
+# ------------------------------------------------------------------------------------------
+# real compiles (cached)
+# ------------------------------------------------------------------------------------------
+
+FLAGS = [
+    "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
+    "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+]
+
+
+def _toolchain():
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    try:
+        import cutlass_library
+    except ImportError:
+        pytest.skip("nvidia-cutlass wheel not installed")
+    include = Path(cutlass_library.__file__).parent / "source" / "include"
+    if not (include / "cute" / "tensor.hpp").exists():
+        pytest.skip(f"no CuTe headers under {include}")
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    return nvcc, include, version
+
+
+def _compile_cached(task: str) -> dict:
+    nvcc, include, version = _toolchain()
+    src = render(GEMM_SEEDS[task])
+    abi = (KERNELS / "evo_abi.h").read_text()
+    key = hashlib.sha256("\0".join([src, abi, " ".join(FLAGS), version, str(include)]).encode()).hexdigest()[:24]
+    cache = Path(tempfile.gettempdir()) / "evo-test-cache" / "gemm_seeds"
+    cache.mkdir(parents=True, exist_ok=True)
+    record = cache / f"{key}.json"
+    if record.exists():
+        return json.loads(record.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = Path(tmp) / f"{task}.cu"
+        cu.write_text(src)
+        cmd = [nvcc, *FLAGS, f"-I{include}", f"-I{KERNELS}", str(cu), "-o", str(Path(tmp) / f"{task}.so")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    result = {"rc": proc.returncode, "log": proc.stdout + proc.stderr}
+    if proc.returncode == 0:   # cache successes only: a failure is re-tried after a fix
+        record.write_text(json.dumps(result))
+    return result
+
+
+def _check_build(task: str) -> str:
+    result = _compile_cached(task)
+    log = result["log"]
+    assert result["rc"] == 0, f"nvcc failed for {task}:\n{log[-4000:]}"
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills, "no ptxas resource report"
+    assert all(s == ("0", "0") for s in spills), f"{task} spills registers:\n{log}"
+    assert "wgmma" not in log.lower() or "serializ" not in log.lower(), f"{task}: wgmma serialization\n{log}"
+    return log
+
+
+_ALL = os.environ.get("EVO_GEMM_COMPILE_ALL") == "1"
+_F32_BUILDS = sorted(FP32_TASKS) if _ALL else ["kb01_square"]
+_BF16_BUILDS = sorted(BF16_TASKS) if _ALL else ["gemm_bf16"]
+
+
+@pytest.mark.parametrize("task", _F32_BUILDS)
+def test_fp32_seed_compiles_for_sm90a(task):
+    log = _check_build(task)
+    assert "gemm_f32_kernel" in log
+
+
+@pytest.mark.parametrize("task", _BF16_BUILDS)
+def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(task):
+    log = _check_build(task)
+    kernels = re.findall(r"Compiling entry function '(_ZN8evo_bf16\w+)'", log)
+    # one TMA instantiation (template flag true: "Lb1E") and one fallback ("Lb0E")
+    assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), kernels

@@ -1,0 +1,147 @@
+"""Seed registry and the memory-bound seed templates (elementwise, rowreduce, matvec).
+
+The compile test builds ONE rendered seed of each template with the real nvcc for sm_90a
+through evaluators.compile (cached under pytest's cache dir, so a rerun costs nothing);
+it skips when nvcc or the CUTLASS wheel is missing. Correctness and speed need a GPU:
+benchmarks/seed_smoke.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from evo.tasks import seeds
+from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
+from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
+
+MINE = {
+    "elementwise": {
+        "kb05_scalar", "kb19_relu", "kb20_leaky_relu", "kb21_sigmoid", "kb22_tanh", "kb25_swish", "kb26_gelu",
+        "kb27_selu", "kb28_hardsigmoid", "kb29_softplus", "kb30_softsign", "kb31_elu", "kb32_hardtanh",
+        "gelu_bf16", "silu_bf16", "kb12_diag",
+    },
+    "rowreduce": {"kb23_softmax", "kb24_log_softmax", "softmax_bf16", "rmsnorm_bf16"},
+    "matvec": {"kb04_matvec"},
+}
+MY_SEEDS = sorted(set().union(*MINE.values()))
+ALLOWED_INCLUDE = re.compile(r'#include\s+(<(cute|cutlass)/[\w/.]+>|<cuda[\w/.]*\.h>|<cooperative_groups\.h>|"evo_abi\.h")')
+
+
+def test_my_tables_match_templates():
+    assert set(seeds.ELEMENTWISE_SEEDS) | set(seeds.ROWREDUCE_SEEDS) | set(seeds.MATVEC_SEEDS) == set(MY_SEEDS)
+    for template, names in MINE.items():
+        assert {n for n in names if seeds.seed_spec(n).template == template} == names
+    assert {"elementwise", "rowreduce", "matvec"} <= set(seeds.template_names())
+
+
+@pytest.mark.parametrize("name", MY_SEEDS)
+def test_seed_renders_self_contained(name):
+    src = seeds.seed_source(name)
+    spec = seeds.seed_spec(name)
+    assert isinstance(spec, SeedSpec)
+    assert len(re.findall(r"\bevo_launch\s*\(", src)) == 1
+    assert 'EVO_EXPORT int evo_launch(' in src
+    for line in src.splitlines():
+        if line.lstrip().startswith("#include"):
+            assert ALLOWED_INCLUDE.match(line.strip()), line
+    # the task config sits right after the marker, in order
+    lines = src.splitlines()
+    at = lines.index(TASK_CONFIG_MARKER)
+    for i, (k, v) in enumerate(spec.defines):
+        assert lines[at + 1 + i] == f"#define {k} {v}"
+
+
+@pytest.mark.parametrize("name", MY_SEEDS)
+def test_seed_tunables_consistent(name):
+    src = seeds.seed_source(name)
+    tunables = parse_tunables(src)
+    assert tunables, "every memory-bound seed exposes tunables"
+    assert check_tunable_defaults(src) == []
+    assert violated_constraints(src) == []
+    assert parse_constraints(src)
+    params = seeds.seed_params(name)
+    assert params == {t.name: t.default for t in tunables}
+    for k, v in dict(seeds.seed_spec(name).tunable_defaults).items():
+        assert params[k] == v
+
+
+def test_constraints_use_task_config_constants():
+    bf16 = seeds.seed_source("gelu_bf16")
+    f32 = seeds.seed_source("kb26_gelu")
+    assert violated_constraints(bf16, {"VEC": 8}) == []
+    assert any("VEC * EVO_ELEM_BYTES <= 16" in v for v in violated_constraints(f32, {"VEC": 8}))
+
+
+def test_unknown_seed_lists_valid_names():
+    with pytest.raises(KeyError) as exc:
+        seeds.seed_spec("kb99_nope")
+    assert isinstance(exc.value, seeds.UnknownSeedError)
+    assert "kb19_relu" in str(exc.value) and "kb99_nope" in str(exc.value)
+
+
+def test_render_rejects_bad_specs():
+    with pytest.raises(FileNotFoundError, match="elementwise"):
+        render(SeedSpec("no_such_template", (), "x"))
+    with pytest.raises(ValueError, match="not one of"):
+        render(SeedSpec("elementwise", (), "x", (("BLOCK", "96"),)))
+    with pytest.raises(ValueError, match="no tunable"):
+        render(SeedSpec("elementwise", (), "x", (("NOPE", "1"),)))
+    with pytest.raises(ValueError, match="macro name"):
+        SeedSpec("elementwise", (("1BAD", "1"),), "x")
+
+
+def test_tunable_default_override_rewrites_annotation_and_guard():
+    src = render(SeedSpec("elementwise", (), "x", (("BLOCK", "512"),)))
+    assert "// @tunable BLOCK = 512 in {128, 256, 512, 1024}" in src
+    assert "#ifndef BLOCK\n#define BLOCK 512\n" in src
+    assert check_tunable_defaults(src) == []
+
+
+@pytest.mark.parametrize("template", sorted(MINE))
+def test_template_has_one_marker(template):
+    src = template_source(template)
+    assert sum(line.strip() == TASK_CONFIG_MARKER for line in src.splitlines()) == 1
+
+
+def test_seeds_pass_static_policy():
+    policy = pytest.importorskip("evaluators.policy")
+    for name in MY_SEEDS:
+        r = policy.check_policy(seeds.seed_source(name), seeds.seed_params(name))
+        assert r.status.value == "ok", (name, r.reason)
+
+
+def test_every_task_has_a_seed():
+    pytest.importorskip("evo.tasks.gemm_seeds")
+    from evo.tasks import get_task, task_names
+
+    missing = [n for n in task_names() if (get_task(n).seed or n) not in seeds.SEEDS]
+    assert missing == []
+
+
+# One rendered seed per template, with the harness's scalar-path instantiation exercised too.
+COMPILE_ONE = ["kb25_swish", "kb23_softmax", "kb04_matvec"]
+
+
+@pytest.mark.parametrize("name", COMPILE_ONE)
+def test_seed_compiles_for_sm90a(name, request):
+    compile_mod = pytest.importorskip("evaluators.compile")
+    from evaluators.base import CompileSettings
+    from evo.records import Candidate
+
+    try:
+        compile_mod.find_nvcc(CompileSettings())
+        compile_mod.cutlass_include_dir()
+    except (compile_mod.NvccNotFound, compile_mod.CutlassNotFound) as exc:
+        pytest.skip(f"no toolchain: {exc}")
+    cache = request.config.cache.mkdir("evo-seed-builds")
+    settings = CompileSettings(cache_dir=str(cache), timeout_s=600)
+    cand = Candidate.create(task=name, source=seeds.seed_source(name), params=seeds.seed_params(name))
+    outcome = compile_mod.compile_candidate(cand, settings)
+    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
+    # no spills in the seeds: they are the baseline the search starts from
+    log = outcome.result.artifacts.get("ptxas", "")
+    assert "bytes spill stores" in log or outcome.cached
+    assert re.findall(r"([1-9]\d*) bytes spill stores", log) == []
