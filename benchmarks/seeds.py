@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     cs = CompileSettings(cache_dir=args.cache_dir, arch=args.arch)
     hs = HarnessSettings(trials=args.trials, warmup=args.warmup, reps=args.reps,
                          timeout_s=args.timeout, device=args.device)
-    tasks = _select(args.task, args.family)
+    try:
+        tasks = _select(args.task, args.family)
+    except KeyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     command = "python benchmarks/seeds.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
 
     if args.selftest:

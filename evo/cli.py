@@ -446,6 +446,25 @@ def check(
     raise typer.Exit(1 if failed else 0)
 
 
+@app.command("fake-llm")
+def fake_llm(
+    cassette: Path = typer.Option(..., "--cassette", help="JSONL file of scripted answers (docs/llm.md)."),
+    port: int = typer.Option(8000, "--port", help="TCP port on 127.0.0.1 (0 = any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+) -> None:
+    """Serve a cassette as a local OpenAI-compatible endpoint (demos and tests; no model).
+
+    Point a config's [[llm.models]] base_url at the printed URL. Ctrl-C stops it.
+
+    Example: evo fake-llm --cassette tests/fixtures/llm/lineage.jsonl --port 8011
+    """
+    from mutators.fake_server import main as serve
+
+    if not cassette.is_file():
+        _fail(f"{cassette}: no such cassette file")
+    raise typer.Exit(serve(["--cassette", str(cassette), "--port", str(port), "--host", host]))
+
+
 def main() -> None:  # console script entry point
     app()
 

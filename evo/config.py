@@ -259,9 +259,10 @@ class SearchConfig(_Section):
 
 
 class MutatorConfig(_Section):
-    """``[mutator]``: how children are proposed. Only the offline ``knobs`` mutator exists."""
+    """``[mutator]``: how children are proposed: the offline ``knobs`` mutator or ``llm``
+    (needs an ``[llm]`` section, see docs/llm.md)."""
 
-    kind: Literal["knobs"] = "knobs"
+    kind: Literal["knobs", "llm"] = "knobs"
     crossover_rate: float = Field(0.3, ge=0.0, le=1.0)
     perturb_max: int = Field(2, ge=1)
 
@@ -304,6 +305,50 @@ class RayConfig(_Section):
         return _int_or_auto(v, 1)
 
 
+class LLMModelConfig(_Section):
+    """One ``[[llm.models]]`` entry: an OpenAI-compatible endpoint and model.
+
+    The API key is read from the environment variable named by ``key_env`` (never from the
+    file); local endpoints (127.0.0.1/localhost) may leave it unset.
+    """
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    base_url: str = Field(..., pattern=r"^https?://")
+    model: str = Field(..., min_length=1)
+    key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    weight: float = Field(1.0, ge=0)
+    price_in_per_mtok: float = Field(0.0, ge=0)
+    price_out_per_mtok: float = Field(0.0, ge=0)
+    max_tokens: int = Field(8192, ge=1)
+    temperature: float = Field(0.7, ge=0, le=2)
+
+
+class LLMConfig(_Section):
+    """``[llm]``: the client of the ``llm`` mutator (docs/llm.md)."""
+
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=20)
+    backoff_base_s: float = Field(1.0, ge=0)
+    concurrency: int = Field(4, ge=1, le=256)
+    budget_usd: float = Field(20.0, gt=0)
+    max_response_kb: int = Field(256, ge=1)
+    inspirations: int = Field(2, ge=0, le=3)
+    max_failed_attempts: int = Field(0, ge=0)
+    cassette: PathField | None = None
+    replay_run: str = ""
+    models: tuple[LLMModelConfig, ...] = Field(
+        ..., min_length=1, strict=False, description="a list of [[llm.models]] tables"
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "LLMConfig":
+        names = [m.name for m in self.models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"llm.models: duplicate name(s) {', '.join(dup)}: each model needs its own name")
+        return self
+
+
 class Config(_Section):
     """The whole validated configuration. Frozen; build it with :func:`load_config`.
 
@@ -317,12 +362,22 @@ class Config(_Section):
     compile: CompileConfig = Field(default_factory=CompileConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    llm: LLMConfig | None = None
 
     _source_path: Path | None = PrivateAttr(default=None)
 
     @property
     def source_path(self) -> Path | None:
         return self._source_path
+
+    @model_validator(mode="after")
+    def _llm_needs_section(self) -> "Config":
+        if self.mutator.kind == "llm" and self.llm is None:
+            raise ValueError(
+                "mutator.kind = \"llm\" needs an [llm] section with at least one [[llm.models]] "
+                "entry (see docs/llm.md)"
+            )
+        return self
 
     def compile_settings(self) -> CompileSettings:
         """The ``[compile]`` section as the compile stage's settings record."""
@@ -433,7 +488,12 @@ def _build(
         errors = exc.errors(include_url=False)
         # A list whose items failed also fails its min_length (failed items are dropped
         # before the length check); the item errors already say what is wrong.
-        item_locs = {tuple(e["loc"][:-1]) for e in errors if e["loc"] and isinstance(e["loc"][-1], int)}
+        item_locs = {
+            tuple(e["loc"][:i])
+            for e in errors
+            for i, part in enumerate(e["loc"])
+            if isinstance(part, int)
+        }
         errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in item_locs)]
         problems = [_describe(err, override_keys) for err in errors]
         raise ConfigError(source, problems) from None
@@ -525,11 +585,25 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The section model that owns the keys at ``loc`` (None if loc is not a section)."""
     model: type[BaseModel] = Config
     for part in loc:
+        if isinstance(part, int):  # an entry of a list of sections ([[llm.models]])
+            continue
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        sub = _section_type(field.annotation) if field is not None else None
+        if sub is None:
             return None
-        model = field.annotation
+        model = sub
     return model
+
+
+def _section_type(ann: Any) -> type[BaseModel] | None:
+    """The section model inside an annotation: ``X``, ``X | None`` or ``tuple[X, ...]``."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in get_args(ann):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _field_at(loc: tuple[Any, ...]):

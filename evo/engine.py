@@ -170,6 +170,11 @@ class Engine:
         self._rr = 0
         self._last_migration = 0
         self._stop_reason = ""
+        self._failed_attempts = 0
+
+    def _max_failed_attempts(self) -> int:
+        cap = getattr(self.mutator, "max_failed_attempts", 0) or 0
+        return cap if cap > 0 else max(3 * self.s.max_evaluations, 10)
 
     # ------------------------------------------------------------------ setup
 
@@ -252,6 +257,11 @@ class Engine:
 
     def _submit_seeds(self) -> None:
         for task in self.tasks:
+            if task not in self.seeds:
+                if not getattr(self.mutator, "genesis", False):
+                    raise SearchError(f"task {task!r} has no seed kernel and mutator "
+                                      f"{getattr(self.mutator, 'name', '?')!r} cannot write one (use the llm mutator)")
+                continue  # its islands start from genesis
             source, params = self.seeds[task]
             cand = Candidate.create(task, source, params, operator=Operator.SEED, island=-1,
                                     notes="seed kernel")
@@ -260,7 +270,7 @@ class Engine:
     def _fill(self) -> None:
         order = list(range(len(self.island_meta)))
         tries = 0
-        while self.n_inflight < self.max_inflight and tries < len(order):
+        while self.n_inflight < self.max_inflight and tries < len(order) and not self._stop_reason:
             if self.progress.proposed >= self.s.max_evaluations:
                 return  # never propose more than the budget can evaluate
             idx = order[self._rr % len(order)]
@@ -281,13 +291,30 @@ class Engine:
         k = self.mutator.wants_parents() if hasattr(self.mutator, "wants_parents") else 1
         parents: list[Member] = self.rt.call(actor, "parents", k)
         if not parents:
-            return False
-        gen = max(p.candidate.generation for p in parents) + 1
+            # An island of a task without a seed kernel starts from genesis (LLM only).
+            if meta["task"] in self.seeds or not getattr(self.mutator, "genesis", False):
+                return False
+            if meta.get("genesis_pending"):
+                return False
+        gen = max(p.candidate.generation for p in parents) + 1 if parents else 0
         ctx = MutationContext(task=meta["task"], island=idx, generation=gen, seen=frozenset(self.seen))
-        prop = self.mutator.propose(parents, ctx, self.rng)
-        if prop is None:
-            self._exhausted.add(idx)
+        try:
+            prop = self.mutator.propose(parents, ctx, self.rng)
+        except _budget_errors() as e:
+            log.warning("mutator budget spent: %s", e)
+            self._stop_reason = f"mutator budget spent ({e})"
             return False
+        if prop is None:
+            if getattr(self.mutator, "exhaustive", False):
+                self._exhausted.add(idx)  # None from an exhaustive mutator: nothing new here
+            else:
+                self._failed_attempts += 1
+                if self._failed_attempts >= self._max_failed_attempts():
+                    self._stop_reason = (f"{self._failed_attempts} mutation attempts produced no child "
+                                         "(see llm_attempt events)")
+            return False
+        if not parents:
+            meta["genesis_pending"] = True
         cand = Candidate.create(meta["task"], prop.source, prop.params, parents=prop.parents,
                                 operator=prop.operator, island=idx, generation=gen, notes=prop.notes)
         for pid in prop.parents[:1]:
@@ -401,6 +428,10 @@ class Engine:
                         descriptor=self.descriptor(cand.params_dict),
                         error=(failed.reason if failed else ""))
         self._add_member(member)
+        if hasattr(self.mutator, "observe"):
+            self.mutator.observe(cand.id, fitness)
+        if 0 <= cand.island < len(self.island_meta):
+            self.island_meta[cand.island].pop("genesis_pending", None)
         if fitness is not None:
             cur = self.best.get(cand.task)
             if cur is None or fitness > cur[0]:
@@ -541,6 +572,12 @@ class Engine:
 # ---------------------------------------------------------------------- entry points
 
 
+def _budget_errors() -> tuple[type[BaseException], ...]:
+    from mutators.client import BudgetExhausted
+
+    return (BudgetExhausted,)
+
+
 def engine_settings(cfg) -> EngineSettings:
     s = cfg.search
     return EngineSettings(
@@ -551,13 +588,59 @@ def engine_settings(cfg) -> EngineSettings:
     )
 
 
-def make_mutator(cfg):
+MUTATOR_KINDS = ("knobs", "llm")
+
+
+def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None = None):
+    """Build the configured mutator. The LLM mutator records every call in ``llm_calls`` and
+    every attempt as an ``llm_attempt`` event of the run (the store is the driver's)."""
     kind = cfg.mutator.kind
     if kind == "knobs":
         from mutators.knobs import KnobsMutator
 
         return KnobsMutator(crossover_rate=cfg.mutator.crossover_rate, perturb_max=cfg.mutator.perturb_max)
-    raise SearchError(f"mutator.kind = {kind!r}: unknown; known: knobs")
+    if kind == "llm":
+        return _make_llm_mutator(cfg, store=store, run_id=run_id, rng=rng or random.Random(0))
+    raise SearchError(f"mutator.kind = {kind!r}: unknown; known: {', '.join(MUTATOR_KINDS)}")
+
+
+def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
+    from dataclasses import asdict
+
+    from evo.llm_context import StoreContextProvider
+    from mutators.cassette import CassetteRecorder, ReplayClient
+    from mutators.client import Budget, LLMClient, ModelSpec
+    from mutators.llm import LLMMutator
+
+    L = cfg.llm
+    models = [ModelSpec(name=m.name, base_url=m.base_url, model=m.model, key_env=m.key_env, weight=m.weight,
+                        price_in_per_mtok=m.price_in_per_mtok, price_out_per_mtok=m.price_out_per_mtok,
+                        max_tokens=m.max_tokens, temperature=m.temperature) for m in L.models]
+
+    def store_call(call) -> None:
+        store.add_llm_call(run_id, **call.to_row())
+
+    sink = CassetteRecorder(str(L.cassette), then=store_call) if L.cassette else store_call
+    # On resume the money already spent by this run counts against the budget.
+    spent = float(store.llm_totals(run_id).get("cost") or 0.0)
+    budget = Budget(L.budget_usd, spent=spent)
+    if L.replay_run:
+        client = ReplayClient(store.llm_calls(L.replay_run), budget=budget, sink=sink)
+    else:
+        client = LLMClient(models, timeout_s=L.timeout_s, max_attempts=L.max_retries + 1,
+                           backoff_base_s=L.backoff_base_s, concurrency=L.concurrency,
+                           max_response_bytes=L.max_response_kb * 1024, budget=budget, sink=sink,
+                           rng=random.Random(rng.randrange(2**31)))
+
+    def record_attempt(rec) -> None:
+        d = asdict(rec)
+        d["unmatched"] = [asdict(u) for u in rec.unmatched]
+        store.log_event(run_id, "llm_attempt", d)
+
+    mut = LLMMutator(client, models, StoreContextProvider(store, run_id, gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu),
+                     attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations)
+    mut.max_failed_attempts = L.max_failed_attempts
+    return mut
 
 
 def _task_names(cfg) -> list[str]:
@@ -660,7 +743,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
                 view = LiveProgress(run_id)
                 view.start()
                 cb = view.update
-            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg), run_id=run_id, tasks=names,
+            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng),
+                         run_id=run_id, tasks=names,
                          seeds=seeds, settings=engine_settings(cfg), rng=rng, policy=check_policy,
                          descriptor=descriptor, on_progress=cb)
             store.log_event(run_id, "start" if not resume else "resume_start",

@@ -60,6 +60,11 @@ class Mutator(Protocol):
     """
 
     name: str
+    # Optional class attributes the engine reads with getattr (defaults in brackets):
+    #   exhaustive [False]: None from propose means these parents are exhausted;
+    #   genesis [False]: propose([]) writes a first kernel for a task without a seed;
+    #   wants_parents() [1]: how many parents to select; observe(candidate_id, fitness):
+    #   called with each evaluated child's fitness (None if incorrect).
 
     def propose(
         self, parents: list[Member], context: MutationContext, rng: random.Random

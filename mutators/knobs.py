@@ -35,6 +35,8 @@ class KnobsMutator:
     """
 
     name = "knobs"
+    #: ``None`` from ``propose`` means these parents have no untried neighbour left.
+    exhaustive = True
 
     def __init__(self, crossover_rate: float = 0.3, perturb_max: int = 2) -> None:
         if not 0.0 <= crossover_rate <= 1.0:

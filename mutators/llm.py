@@ -353,6 +353,12 @@ class LLMMutator:
     """
 
     name = "llm"
+    #: Can write a first kernel from the task alone (``propose([])``).
+    genesis = True
+    #: ``None`` from ``propose`` is a failed attempt, not exhaustion: ask again later.
+    exhaustive = False
+    #: Engine stops after this many failed attempts in a run (0 = 3 x the evaluation budget).
+    max_failed_attempts = 0
 
     def __init__(
         self,

@@ -140,7 +140,7 @@ def test_hash_and_to_dict(registry):
     d = a.to_dict()
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
     assert d["tasks"]["include"] == ["kb19_relu"] and isinstance(d["run"]["db"], str)
-    assert sorted(d) == ["compile", "evaluator", "mutator", "ray", "run", "search", "tasks"]
+    assert sorted(d) == ["compile", "evaluator", "llm", "mutator", "ray", "run", "search", "tasks"]
     # the dict round-trips into an equal config
     assert parse_config(d).hash() == a.hash()
 
@@ -207,6 +207,8 @@ def test_parse_override():
 def _schema_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     keys = set()
     for name, field in model.model_fields.items():
+        if not field.is_required() and field.default is None:
+            continue  # optional sections ([llm]) are documented in their own docs
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             keys |= _schema_keys(ann, f"{prefix}{name}.")
@@ -327,7 +329,7 @@ def test_unknown_section_with_suggestion(registry):
     msg = one_line(error_of({**MINIMAL, "serch": {"islands_per_task": 2}}))
     assert msg == (
         "configs/x.toml: unknown section [serch] (did you mean [search]?; "
-        "allowed: run, tasks, search, mutator, compile, evaluator, ray)"
+        "allowed: run, tasks, search, mutator, compile, evaluator, ray, llm)"
     )
 
 
@@ -336,9 +338,21 @@ def test_top_level_key_outside_section(registry):
     assert "unknown top-level key 'seed' (did you mean 'run.seed'?; keys belong in a section" in msg
 
 
-def test_unknown_llm_section_is_rejected_until_it_exists(registry):
-    msg = one_line(error_of({**MINIMAL, "llm": {"model": "x"}}))
-    assert "unknown section [llm]" in msg
+LLM_MODEL = {"name": "local", "base_url": "http://127.0.0.1:8000/v1", "model": "m"}
+
+
+def test_llm_section_validates(registry):
+    cfg = parse_config({**MINIMAL, "mutator": {"kind": "llm"}, "llm": {"models": [LLM_MODEL]}},
+                       source="configs/x.toml")
+    assert cfg.llm.models[0].name == "local" and cfg.llm.budget_usd == 20.0
+    msg = one_line(error_of({**MINIMAL, "llm": {"models": [{**LLM_MODEL, "modle": "x"}]}}))
+    assert "unknown key 'llm.models[0].modle'" in msg or "llm.models.0.modle" in msg, msg
+    msg = one_line(error_of({**MINIMAL, "llm": {"models": [{**LLM_MODEL, "temperature": 5}]}}))
+    assert "temperature" in msg and "5" in msg
+    msg = one_line(error_of({**MINIMAL, "llm": {"models": [LLM_MODEL, LLM_MODEL]}}))
+    assert "duplicate name" in msg
+    msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "llm"}}))
+    assert "needs an [llm] section" in msg
 
 
 @pytest.mark.parametrize(
@@ -402,9 +416,9 @@ def test_out_of_range(registry, data, expected):
 
 def test_bad_enum_values(registry):
     msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "knob"}}))
-    assert msg == 'configs/x.toml: mutator.kind = "knob": did you mean "knobs"? allowed: "knobs"'
-    msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "llm"}}))
-    assert msg == 'configs/x.toml: mutator.kind = "llm": allowed: "knobs"'
+    assert msg == 'configs/x.toml: mutator.kind = "knob": did you mean "knobs"? allowed: "knobs" or "llm"'
+    msg = one_line(error_of({**MINIMAL, "mutator": {"kind": "gpt"}}))
+    assert msg == 'configs/x.toml: mutator.kind = "gpt": allowed: "knobs" or "llm"'
     msg = one_line(error_of({**MINIMAL, "run": {"gpu": "MI300X"}}))
     assert msg.startswith('configs/x.toml: run.gpu = "MI300X": unknown GPU; allowed: "auto", ')
     assert '"H100"' in msg and '"H200"' in msg

@@ -210,13 +210,13 @@ def test_no_false_positives_on_legit_idioms():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\\"), max_size=80))
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\n\r\\"), max_size=80))
 def test_anything_inside_a_line_comment_is_ignored(junk: str):
     assert check_policy(kernel("// " + junk + "\n", "  // " + junk + "\n")).passed
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters='\n\r\\"'), max_size=80))
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters='\n\r\\"'), max_size=80))
 def test_anything_inside_a_string_literal_is_ignored(junk: str):
     body = f'  const char* s = "{junk}"; (void)s;\n'
     assert check_policy(kernel("", body)).passed

@@ -52,9 +52,10 @@ def _outcome_cls():
     return CompileOutcome
 
 
-def fitness_of(params: dict[str, str]) -> float:
-    tile, stages, vec = int(params["TILE"]), int(params["STAGES"]), int(params["VEC"])
-    return 1.0 + 0.15 * math.log2(tile / 16) + 0.1 * min(stages, 4) + 0.05 * math.log2(vec)
+def fitness_of(params: dict[str, str], source: str = "") -> float:
+    tile, stages, vec = int(params.get("TILE", 16)), int(params.get("STAGES", 1)), int(params.get("VEC", 1))
+    bonus = 0.3 if "__launch_bounds__" in source else 0.0  # what the scripted LLM optimize adds
+    return 1.0 + 0.15 * math.log2(tile / 16) + 0.1 * min(stages, 4) + 0.05 * math.log2(vec) + bonus
 
 
 def fake_compile(candidate: Candidate, settings: CompileSettings):
@@ -63,6 +64,11 @@ def fake_compile(candidate: Candidate, settings: CompileSettings):
     time.sleep(COMPILE_S)
     p = candidate.params_dict
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    if "* BLOK +" in candidate.source:  # the scripted LLM genesis answer's typo
+        res = StageResult("compile", Status.COMPILE_ERROR, reason="nvcc failed",
+                          artifacts={"errors": 'kernel.cu(16): error: identifier "BLOK" is undefined'},
+                          seconds=COMPILE_S, metrics={"node": node})
+        return _outcome_cls()(result=res, so_bytes=None, key=candidate.id, cached=False)
     if p.get("STAGES") == "5":
         res = StageResult("compile", Status.COMPILE_ERROR, reason="error: too many stages (simulated)",
                           artifacts={"errors": "kernel.cu(12): error: simulated"}, seconds=COMPILE_S,
@@ -88,6 +94,6 @@ def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettin
     if p.get("VEC") == "8" and p.get("TILE") == "256":
         st = StageResult("correctness", Status.INCORRECT, reason="shape 0 trial 1: max abs err 3.2 (simulated)")
         return Evaluation(candidate.id, (st,), None, gpu="fake", env=env)
-    f = fitness_of(p)
+    f = fitness_of(p, candidate.source)
     stages = (StageResult("correctness", Status.OK), StageResult("timing", Status.OK, metrics={"speedup": f}))
     return Evaluation(candidate.id, stages, f, gpu="fake", env=env)

@@ -13,8 +13,8 @@
 // within a few ulp of an fp64 reference.
 //
 // Structure: the tensor is viewed (CuTe) as an array of VEC-element, 16-byte-or-smaller
-// aligned vectors; a persistent grid of GRID_MULT blocks per SM strides over tiles of
-// BLOCK * ITEMS vectors; each thread issues its ITEMS loads before using any (loads in
+// aligned vectors; a grid of GRID_MULT blocks per SM (0: one block per tile) strides over
+// tiles of BLOCK * ITEMS vectors; each thread issues its ITEMS loads before using any (loads in
 // flight), then computes and stores. The last partial tile and the < VEC-element tail take a
 // predicated path. Pointers that are not aligned to the vector width use the VEC = 1
 // instantiation of the same kernel. All indexing is 64-bit.
@@ -43,7 +43,8 @@
 // @tunable VEC = 4 in {1, 2, 4, 8}
 // @tunable BLOCK = 256 in {128, 256, 512, 1024}
 // @tunable ITEMS = 4 in {1, 2, 4, 8}
-// @tunable GRID_MULT = 8 in {1, 2, 4, 8, 16, 32}
+// @tunable GRID_MULT = 8 in {0, 1, 2, 4, 8, 16, 32}
+// @tunable CACHE_HINT = 0 in {0, 1}
 // @constraint VEC * EVO_ELEM_BYTES <= 16
 // @constraint ITEMS * VEC * EVO_ELEM_BYTES <= 128
 // @constraint BLOCK * GRID_MULT <= 16384
@@ -58,6 +59,9 @@
 #endif
 #ifndef GRID_MULT
 #define GRID_MULT 8
+#endif
+#ifndef CACHE_HINT
+#define CACHE_HINT 0
 #endif
 
 namespace evo_seed {
@@ -91,15 +95,16 @@ __device__ __forceinline__ float apply_op(float x, const OpArgs& a) {
 #elif defined(EVO_OP_SWISH)        // x * sigmoid(x)
   return x / (1.0f + expf(-x));
 #elif defined(EVO_OP_GELU)
-#if EVO_ELEM_BYTES == 2            // torch's own fp32 formula; bf16 rounding dominates
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-#else                              // 0.5 x erfc(-x/sqrt2): no cancellation for x << 0
-  return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+  // torch's fp32 formula 0.5 x (1 + erf(x / sqrt2)); for fp32 and x < -3, where 1 + erf
+  // cancels, 0.5 x erfc(-x / sqrt2) instead (rare, so the slower erfcf costs little).
+#if EVO_ELEM_BYTES == 4
+  if (x < -3.0f) return 0.5f * x * erfcf(-x * 0.70710678118654752f);
 #endif
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 #elif defined(EVO_OP_SELU)
   return 1.0507009873554804934f * (x > 0.f ? x : 1.6732632423543772848f * expm1f(x));
 #elif defined(EVO_OP_HARDSIGMOID)  // relu6(x + 3) / 6
-  return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f;
+  return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);  // as torch: times one_sixth
 #elif defined(EVO_OP_SOFTPLUS)     // beta = 1, threshold = 20
   return x > 20.0f ? x : log1pf(expf(x));
 #elif defined(EVO_OP_SOFTSIGN)
@@ -117,6 +122,33 @@ __device__ __forceinline__ float apply_op(float x, const OpArgs& a) {
 
 template <int V>
 using Vec = cute::array_aligned<T, V, V * sizeof(T)>;
+
+// 16-byte vectors may use streaming cache hints (CACHE_HINT = 1: ld/st .cs, evict-first).
+template <int V>
+__device__ __forceinline__ Vec<V> load_vec(const Vec<V>& src) {
+#if CACHE_HINT
+  if constexpr (sizeof(Vec<V>) == 16) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(&src));
+    Vec<V> v;
+    memcpy(&v, &u, 16);
+    return v;
+  }
+#endif
+  return src;
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(Vec<V>& dst, const Vec<V>& v) {
+#if CACHE_HINT
+  if constexpr (sizeof(Vec<V>) == 16) {
+    uint4 u;
+    memcpy(&u, &v, 16);
+    __stcs(reinterpret_cast<uint4*>(&dst), u);
+    return;
+  }
+#endif
+  dst = v;
+}
 
 template <int V>
 __device__ __forceinline__ void transform(Vec<V>& v, const OpArgs& a, float scale) {
@@ -147,11 +179,11 @@ __global__ void __launch_bounds__(BLOCK) unary_kernel(const T* __restrict__ x, T
     Tensor tY = local_partition(local_tile(gY, Shape<Int<TILE>>{}, make_coord(t)), thr, threadIdx.x);
     Tensor r = make_tensor<Vec<V>>(Shape<Int<ITEMS>>{});
     CUTE_UNROLL
-    for (int i = 0; i < ITEMS; ++i) r(i) = tX(i);   // all loads issued before any use
+    for (int i = 0; i < ITEMS; ++i) r(i) = load_vec<V>(tX(i));   // all loads issued before any use
     CUTE_UNROLL
     for (int i = 0; i < ITEMS; ++i) {
       transform<V>(r(i), a, 1.f);
-      tY(i) = r(i);
+      store_vec<V>(tY(i), r(i));
     }
   }
   // Remainder: vectors of the last partial tile, then the < V scalar tail.
@@ -196,14 +228,14 @@ __global__ void __launch_bounds__(BLOCK) rowscale_kernel(const T* __restrict__ s
     CUTE_UNROLL
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * BLOCK;
-      if (c < valid) r(i) = tB(0, c);
+      if (c < valid) r(i) = load_vec<V>(tB(0, c));
     }
     CUTE_UNROLL
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * BLOCK;
       if (c < valid) {
         transform<V>(r(i), unused, scale);
-        tY(0, c) = r(i);
+        store_vec<V>(tY(0, c), r(i));
       }
     }
   }
@@ -229,8 +261,10 @@ static int64_t grid_for(int64_t work_tiles) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     sms = 132;
   }
-  int64_t grid = int64_t(sms) * GRID_MULT;
+  // GRID_MULT = 0: one tile per block (no persistence); else GRID_MULT blocks per SM.
+  int64_t grid = GRID_MULT == 0 ? work_tiles : int64_t(sms) * GRID_MULT;
   if (work_tiles < grid) grid = work_tiles;
+  if (grid > 0x7fffffffLL) grid = 0x7fffffffLL;
   return grid < 1 ? 1 : grid;
 }
 

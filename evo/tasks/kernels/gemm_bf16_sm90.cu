@@ -19,9 +19,9 @@
 //     one elected thread issues cp.async.bulk.tensor loads; out-of-range boxes are zero-filled
 //     by the hardware. Producer registers are handed to the consumers with setmaxnreg.
 //   Fallback path (any shape/alignment, e.g. 8205 x 2949 x 5921 where a row of A is 5898
-//     bytes): the 128 producer threads load 8-element runs with 16-, 4- or 2-byte loads as the
-//     address allows, zero outside the matrix, store them as 16-byte packets into the same
-//     swizzled layout, fence the async proxy and arrive on the stage's mbarrier. It uses its
+//     bytes): the 128 producer threads read 8-element runs as aligned 32-bit words, realign
+//     them with byte permutes, zero outside the matrix, store them as 16-byte packets into the
+//     same swizzled layout, fence the async proxy and arrive on the stage's mbarrier. It uses its
 //     own tile width FB_TILE_N and depth FB_STAGES.
 // Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
 // every store predicated, so any M, N, K works.
@@ -110,35 +110,57 @@ struct Config {
 CUTE_DEVICE float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 CUTE_DEVICE float silu(float x) { return x / (1.f + __expf(-x)); }
 
-// Fallback producer: copy one (X, TILE_K) tile of an operand into its swizzled stage.
-// g/c/s are (8, I, J) thread partitions whose mode 0 runs along the contiguous dim.
+// Fallback producer, for operands whose rows are only 2-byte aligned (TMA and 16-byte loads
+// impossible). g/c/s are (8, I, J) thread partitions of one (X, TILE_K) tile whose mode 0 runs
+// 8 elements along the contiguous dim. Each 8-element run is read as the five aligned 32-bit
+// words that cover it (words holding no valid element are not read), realigned with byte
+// permutes, zeroed past the matrix edge, and written as one 16-byte packet into the swizzled
+// stage. All loads of the tile are issued before the first store (one memory latency per
+// tile, not one per run).
 template <class TG, class TC, class TS, class Ext>
 CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
+  constexpr int I = decltype(size<1>(g))::value;
+  constexpr int J = decltype(size<2>(g))::value;
+  uint32_t w[I * J][5];
+  int nvalid[I * J];
+  uint32_t shift[I * J];
   CUTE_UNROLL
-  for (int i = 0; i < size<1>(g); ++i) {
+  for (int i = 0; i < I; ++i) {
     CUTE_UNROLL
-    for (int j = 0; j < size<2>(g); ++j) {
+    for (int j = 0; j < J; ++j) {
+      const int q = i * J + j;
+      // the valid elements of a run form a prefix of it (one row, increasing column)
+      int nv = 0;
+      CUTE_UNROLL
+      for (int v = 0; v < 8; ++v) nv += elem_less(c(v, i, j), ext) ? 1 : 0;
+      nvalid[q] = nv;
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(&g(0, i, j));
+      const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t(3));
+      const uint32_t sh = uint32_t(addr & 2);
+      shift[q] = sh;
+      CUTE_UNROLL
+      for (int k = 0; k < 5; ++k) {
+        // word k holds elements 2k, 2k+1 (sh == 0) or 2k-1, 2k (sh == 2)
+        const int first = sh ? (k == 0 ? 0 : 2 * k - 1) : 2 * k;
+        const bool need = first < nv && (sh || k < 4);
+        w[q][k] = need ? __ldg(wp + k) : 0u;
+      }
+    }
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < I; ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < J; ++j) {
+      const int q = i * J + j;
       Tensor r = make_tensor<bf16>(Shape<_8>{});
-      const bf16* p = &g(0, i, j);
-      if (elem_less(c(0, i, j), ext) && elem_less(c(7, i, j), ext)) {
-        const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
-        uint32_t* rw = reinterpret_cast<uint32_t*>(r.data());
-        if ((addr & 15) == 0) {
-          uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-          rw[0] = v.x; rw[1] = v.y; rw[2] = v.z; rw[3] = v.w;
-        } else if ((addr & 3) == 0) {
-          CUTE_UNROLL
-          for (int w = 0; w < 4; ++w) rw[w] = __ldg(reinterpret_cast<const unsigned int*>(p) + w);
-        } else {
-          CUTE_UNROLL
-          for (int v = 0; v < 8; ++v)
-            r(v) = bf16::bitcast(__ldg(reinterpret_cast<const unsigned short*>(p) + v));
-        }
-      } else {
-        CUTE_UNROLL
-        for (int v = 0; v < 8; ++v)
-          r(v) = elem_less(c(v, i, j), ext) ? bf16::bitcast(__ldg(reinterpret_cast<const unsigned short*>(p) + v))
-                                            : bf16(0.f);
+      uint32_t* rw = reinterpret_cast<uint32_t*>(r.data());
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        uint32_t o = shift[q] ? __byte_perm(w[q][k], w[q][k + 1], 0x5432) : w[q][k];
+        const int e = 2 * k;   // elements e (low half) and e + 1 (high half)
+        if (e >= nvalid[q]) o = 0u;
+        else if (e + 1 >= nvalid[q]) o &= 0xffffu;
+        rw[k] = o;
       }
       copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{}, r, s(_, i, j));
     }

@@ -46,6 +46,7 @@
 // @tunable THR_N = 16 in {4, 8, 16, 32}
 // @tunable SPLIT_K = 1 in {1, 2, 4, 8}
 // @tunable GROUP_M = 8 in {1, 4, 8, 16}
+// @tunable MIN_BLOCKS = 1 in {1, 2, 3, 4}
 // @constraint BM % (4 * THR_M) == 0 && BN % (4 * THR_N) == 0
 // @constraint THR_M * THR_N >= 64 && THR_M * THR_N <= 1024
 // @constraint (BM / THR_M) * (BN / THR_N) <= 128
@@ -54,6 +55,7 @@
 // @constraint (BN % (THR_M * THR_N) == 0) || ((THR_M * THR_N) % BN == 0 && BK % ((THR_M * THR_N) / BN) == 0)
 // @constraint STAGES * BK * (BM + BN + 8) * 4 <= 232448 && BM * BN * 4 <= 232448
 // @constraint BM % SPLIT_K == 0
+// @constraint THR_M * THR_N * MIN_BLOCKS <= 2048
 #ifndef BM
 #define BM 128
 #endif
@@ -77,6 +79,9 @@
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
 #endif
 
 namespace evo_f32 {
@@ -135,7 +140,7 @@ CUTE_DEVICE bool keep(int m, int n) {
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads) gemm_f32_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_f32_kernel(Params p) {
   extern __shared__ __align__(128) float smem[];
   const int tid = threadIdx.x;
   const int l = blockIdx.y;
