@@ -95,7 +95,8 @@ def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int) -> dict:
         ray.shutdown()
     scale = json.loads(os.environ[ENV])["scale"]
     return {"gpus": n_gpus, "compile_workers": compile_workers, "evaluations": s.evaluations,
-            "wall_s": wall, "gpu_busy": s.gpu_busy, "evals_per_hour": 3600 * s.evaluations / (wall / scale)}
+            "wall_s": wall, "gpu_busy": s.gpu_busy, "gpu_busy_steady": s.gpu_busy_steady,
+            "evals_per_hour": 3600 * s.evaluations / (wall / scale)}
 
 
 def main() -> None:
@@ -106,7 +107,7 @@ def main() -> None:
     ap.add_argument("--compile-sigma", type=float, default=0.3)
     ap.add_argument("--gpu-median", type=float, default=6.0, help="seconds (measured median GPU evaluation)")
     ap.add_argument("--gpu-sigma", type=float, default=0.3)
-    ap.add_argument("--time-scale", type=float, default=0.02, help="simulated seconds -> real seconds")
+    ap.add_argument("--time-scale", type=float, default=0.05, help="simulated seconds -> real seconds")
     ap.add_argument("--compile-workers-per-gpu", type=int, default=0,
                     help="0 = enough to keep GPUs fed: ceil(1.3 x compile/GPU time ratio)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
@@ -120,12 +121,14 @@ def main() -> None:
         rows.append(run_once(g, per_gpu * g, args.evals_per_gpu * g, seed=g))
         print(f"  {g} GPU(s): {rows[-1]}", file=sys.stderr, flush=True)
     base = rows[0]["evals_per_hour"] / rows[0]["gpus"]
-    print(f"{'GPUs':>4} {'compile workers':>15} {'evals':>6} {'GPU busy':>9} {'evals/hour':>11} {'scaling':>8} {'efficiency':>10}")
+    print(f"{'GPUs':>4} {'compile workers':>15} {'evals':>6} {'GPU busy':>9} {'steady':>7} {'evals/hour':>11} "
+          f"{'scaling':>8} {'efficiency':>10}")
     for r in rows:
         eff = r["evals_per_hour"] / (base * r["gpus"])
         r["efficiency"] = eff
         print(f"{r['gpus']:>4} {r['compile_workers']:>15} {r['evaluations']:>6} {100 * r['gpu_busy']:>8.1f}% "
-              f"{r['evals_per_hour']:>11.0f} {r['evals_per_hour'] / rows[0]['evals_per_hour']:>7.2f}x {100 * eff:>9.1f}%")
+              f"{100 * r['gpu_busy_steady']:>6.1f}% {r['evals_per_hour']:>11.0f} "
+              f"{r['evals_per_hour'] / rows[0]['evals_per_hour']:>7.2f}x {100 * eff:>9.1f}%")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -30,6 +30,8 @@ How it reads C++ (and its deliberate limits):
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import logging
 import re
 import time
@@ -145,8 +147,6 @@ class ParsedSource:
 
     def line(self, offset: int) -> int:
         """Original 1-based line number of ``offset`` in the spliced text."""
-        import bisect
-
         i = bisect.bisect_right(self.line_starts, offset) - 1
         base = self.line_numbers[max(i, 0)]
         # splices inside this spliced line push the original line further down
@@ -477,7 +477,6 @@ def parse_source(source: str, params: Mapping[str, Any] | tuple[tuple[str, str],
     directives = []
     # line starts of the spliced text, and the original line number each maps to
     line_starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
-    import bisect
 
     # original line = 1 + newlines before + splices before (each splice ate one newline)
     line_numbers = [1 + k + bisect.bisect_right(splices, ls) for k, ls in enumerate(line_starts)]
@@ -527,7 +526,7 @@ def parse_source(source: str, params: Mapping[str, Any] | tuple[tuple[str, str],
     )
     # fill in directive line numbers now that the mapping exists
     dirs = tuple(Directive(parsed.line(d.offset), d.name, d.body, d.offset) for d in directives)
-    return ParsedSource(**{**parsed.__dict__, "directives": dirs})
+    return dataclasses.replace(parsed, directives=dirs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,9 +25,11 @@ under ``ProfileSettings.cache_dir``; the engine also stores them (``Store.add_pr
 
 Failure mapping (the cascade's rule): a candidate problem (it crashed under ncu, it launched
 no kernel inside the range, it hung) is a :class:`~evo.records.StageResult` with a non-ok
-status; a broken profiler (ncu missing, no permission to read the counters, a metric name
-this ncu rejects twice) raises :class:`ProfileError` naming the fix. Nothing here imports
-torch or touches CUDA: the child does.
+status; a broken profiler (ncu missing, no permission to read the counters, an ``==ERROR==``
+from ncu while the candidate ran fine) raises :class:`ProfileError` naming the fix. ncu
+2025.3 silently leaves out metric names it does not know (seen on the H200): they show up
+in the profile's ``missing`` list, not as an error. Nothing here imports torch or touches
+CUDA: the child does.
 
 Parsing (:func:`parse_ncu_csv`) follows ncu's documented ``--csv --page raw`` layout: a
 header row of metric names, a row of units, then one row per profiled kernel launch;
@@ -87,18 +89,22 @@ NVTX_RANGE = "evo_candidate"
 #: Version of the metric summary below; part of the cache key so a change re-profiles.
 SUMMARY_VERSION = "1"
 
-#: Warp-stall reasons ncu reports per issued instruction on sm_70+ (Hopper included).
-#: ``selected`` is the issuing state, not a stall; it is collected but never ranked.
+#: Warp-stall reasons ncu reports per issued instruction on sm_70+; ``gmma`` (waiting on a
+#: warpgroup's wgmma to arrive) is Hopper's. ``selected`` is the issuing state, not a
+#: stall: collected but never ranked. (Names checked against ``ncu --query-metrics`` on an
+#: H200, tests/fixtures/ncu/query_metrics.txt.)
 STALL_REASONS = (
-    "barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
+    "barrier", "branch_resolving", "dispatch_stall", "drain", "gmma", "imc_miss", "lg_throttle",
     "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc",
     "no_instruction", "not_selected", "selected", "short_scoreboard", "sleeping",
     "tex_throttle", "wait",
 )
 _STALL_FMT = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
-#: Friendly name -> ncu metric. ``tensor_pipe_gmma_pct`` is Hopper's wgmma pipe,
-#: ``tensor_pipe_hmma_pct`` the mma.sync pipe; the profile reports the larger of the two.
+#: Friendly name -> ncu metric. On Hopper the "hmma" tensor pipe counts HMMA, HGMMA and
+#: QGMMA cycles (``ncu --query-metrics``: "tensor pipe was active (HMMA/HFMA2.MMA/HGMMA/
+#: QGMMA)"), so ``tensor_pipe_pct`` covers wgmma and mma.sync alike; there is no separate
+#: gmma-cycles metric. ``wgmma_instructions`` tells whether the kernel issued wgmma at all.
 CORE_METRICS: dict[str, str] = {
     "duration_ns": "gpu__time_duration.sum",
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -111,8 +117,8 @@ CORE_METRICS: dict[str, str] = {
     "smem_dynamic_per_block": "launch__shared_mem_per_block_dynamic",
     "block_size": "launch__block_size",
     "grid_size": "launch__grid_size",
-    "tensor_pipe_gmma_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "tensor_pipe_hmma_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "wgmma_instructions": "sm__inst_executed_pipe_tensor_op_gmma.sum",
     "l2_hit_rate_pct": "lts__t_sector_hit_rate.pct",
     "warp_cycles_per_issue": "smsp__average_warps_active_per_issue_active.ratio",
 }
@@ -204,7 +210,7 @@ def _to_number(text: str, unit: str) -> float | str | None:
         x = float(t.replace(",", ""))
     except ValueError:
         return t
-    u = unit.strip()
+    u = unit.strip().split("/")[0]  # "byte/block" scales as "byte"
     if u in _TIME_UNITS:
         x *= _TIME_UNITS[u]
     elif u in _BYTE_UNITS:
@@ -261,8 +267,7 @@ def summarize(rows: Sequence[KernelRow], metrics: Iterable[str] = DEFAULT_METRIC
     """The profile as the engine stores it and prompts quote it (flat, JSON-ready).
 
     ``duration_ns`` sums every captured kernel; all other numbers come from the longest one
-    (``kernel``). ``smem_per_block_bytes`` = static + dynamic. ``tensor_pipe_pct`` = the
-    larger of the wgmma and mma.sync pipe utilisations. ``top_stalls``: the three largest
+    (``kernel``). ``smem_per_block_bytes`` = static + dynamic. ``top_stalls``: the three largest
     stall reasons (cycles per issued instruction) as ``[reason, value, share_pct]``, share
     relative to the sum of all stall reasons. Metrics ncu did not report are ``None``;
     ``missing`` lists the requested metrics absent from every row.
@@ -286,8 +291,6 @@ def summarize(rows: Sequence[KernelRow], metrics: Iterable[str] = DEFAULT_METRIC
         out[name] = _round(main.number(metric))
     st, dy = out.get("smem_static_per_block"), out.get("smem_dynamic_per_block")
     out["smem_per_block_bytes"] = None if st is None and dy is None else (st or 0) + (dy or 0)
-    pipes = [p for p in (out.get("tensor_pipe_gmma_pct"), out.get("tensor_pipe_hmma_pct")) if p is not None]
-    out["tensor_pipe_pct"] = max(pipes) if pipes else None
     stalls = {}
     for r in STALL_REASONS:
         v = main.number(_STALL_FMT.format(r))
@@ -332,8 +335,7 @@ def classify_roofline(
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
     mem = [v for v in (num("dram_throughput_pct"), num("memory_throughput_pct")) if v is not None]
-    comp = [v for v in (num("sm_throughput_pct"), num("tensor_pipe_pct"), num("tensor_pipe_gmma_pct"),
-                        num("tensor_pipe_hmma_pct")) if v is not None]
+    comp = [v for v in (num("sm_throughput_pct"), num("tensor_pipe_pct")) if v is not None]
     if mem or comp:
         m, c = max(mem, default=0.0), max(comp, default=0.0)
         if max(m, c) < BOUND_THRESHOLD_PCT:
@@ -486,7 +488,6 @@ def build_ncu_command(ncu: str, settings: ProfileSettings, jobdir: Path, log_fil
     ]
 
 
-_BAD_METRIC_RE = re.compile(r"[Ff]ailed to find metric[s]?\s*:?\s*\"?([A-Za-z0-9_.]+)")
 _PERM_MARKERS = ("ERR_NVGPUCTRPERM", "permission to access NVIDIA GPU Performance Counters")
 
 
@@ -580,39 +581,24 @@ def profile_candidate(
         env = child_env(settings.device, jobdir)
         # ncu keeps its own temp / lock files; give it the job's private tmp.
         env.setdefault("HOME", str(jobdir))
-        dropped: list[str] = []
-        for attempt in range(3):
-            log_file = jobdir / f"ncu{attempt}.csv"
-            argv = build_ncu_command(ncu, settings, jobdir, log_file, metrics, python)
-            rc, wall = _run_group(argv, env, jobdir, settings.timeout_s, jobdir / "stdout.log",
-                                  jobdir / "stderr.log")
-            out_text = _tail(log_file, 200_000) if log_file.exists() else ""
-            err_text = _tail(jobdir / "stderr.log") + "\n" + _tail(jobdir / "stdout.log")
-            if rc is None:
-                return StageResult(STAGE, Status.TIMEOUT,
-                                   f"ncu run timed out after {settings.timeout_s:g}s (process group killed)",
-                                   metrics={"shape": shp, "gpu": gpu},
-                                   artifacts={"stderr": err_text[-2000:]}, seconds=time.monotonic() - t0)
-            both = out_text + "\n" + err_text
-            if any(m in both for m in _PERM_MARKERS):
-                raise ProfileError(
-                    "ncu has no permission to read the GPU performance counters (ERR_NVGPUCTRPERM); "
-                    "run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0, or "
-                    "disable profiling with profile.enabled = false"
-                )
-            bad = _BAD_METRIC_RE.findall(both)
-            if bad and rc != 0:
-                unknown = [b for b in dict.fromkeys(bad) if b in metrics]
-                if not unknown or attempt == 2:
-                    raise ProfileError(
-                        f"ncu rejected metric(s) {sorted(set(bad))}; fix profile.metrics (`ncu "
-                        "--query-metrics` lists what this GPU offers)"
-                    )
-                log.warning("ncu on this GPU lacks metric(s) %s; profiling without them", unknown)
-                dropped += unknown
-                metrics = [m for m in metrics if m not in unknown]
-                continue
-            break
+        log_file = jobdir / "ncu.csv"
+        argv = build_ncu_command(ncu, settings, jobdir, log_file, metrics, python)
+        rc, wall = _run_group(argv, env, jobdir, settings.timeout_s, jobdir / "stdout.log",
+                              jobdir / "stderr.log")
+        out_text = _tail(log_file, 400_000) if log_file.exists() else ""
+        err_text = _tail(jobdir / "stderr.log") + "\n" + _tail(jobdir / "stdout.log")
+        if rc is None:
+            return StageResult(STAGE, Status.TIMEOUT,
+                               f"ncu run timed out after {settings.timeout_s:g}s (process group killed)",
+                               metrics={"shape": shp, "gpu": gpu},
+                               artifacts={"stderr": err_text[-2000:]}, seconds=time.monotonic() - t0)
+        both = out_text + "\n" + err_text
+        if any(m in both for m in _PERM_MARKERS):
+            raise ProfileError(
+                "ncu has no permission to read the GPU performance counters (ERR_NVGPUCTRPERM); "
+                "run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0, or "
+                "disable profiling with profile.enabled = false"
+            )
         result = _read_child_result(jobdir)
         if result is not None and not result.get("ok", False):
             return StageResult(STAGE, Status.CRASH,
@@ -620,7 +606,7 @@ def profile_candidate(
                                metrics={"shape": shp, "gpu": gpu},
                                artifacts={"stderr": err_text[-2000:]}, seconds=time.monotonic() - t0)
         try:
-            rows = parse_ncu_csv(out_text)
+            rows = [] if "No kernels were profiled" in both else parse_ncu_csv(out_text)
         except ValueError as e:
             why = "the profiled program died" if result is None else "ncu printed no CSV"
             if "==ERROR==" in both and result is not None:
@@ -637,7 +623,7 @@ def profile_candidate(
                                artifacts={"ncu": out_text[-2000:]}, seconds=time.monotonic() - t0)
         summary = summarize(rows, metrics)
         summary.update({"shape": shp, "gpu": gpu or (result or {}).get("gpu", ""), "so_sha256": sha,
-                        "ncu_wall_s": round(wall, 3), "dropped_metrics": dropped,
+                        "ncu_wall_s": round(wall, 3),
                         "child_wall_s": (result or {}).get("seconds")})
         try:
             summary["bound"] = classify_roofline(summary, task, shp, _gpu_spec(summary["gpu"]))

@@ -424,7 +424,8 @@ def check(
             _fail(str(e))
         cs, hs = cfg.compile_settings(), cfg.harness_settings()
     try:
-        stages = check_kernel(kernel.read_text(), task, kv, compile_settings=cs, harness_settings=hs)
+        stages = check_kernel(kernel.read_text(), task, kv, compile_settings=cs, harness_settings=hs,
+                              task_files=tuple(str(f.resolve()) for f in task_file))
     except ValueError as e:
         _fail(str(e))
     if as_json:

@@ -68,6 +68,7 @@ class SearchSummary:
     stop_reason: str
     best: dict[str, dict]
     gpu_busy: float
+    gpu_busy_steady: float
     evals_per_hour: float
     wall_seconds: float
     failures: dict[str, int] = field(default_factory=dict)
@@ -85,6 +86,8 @@ class Progress:
     gpu_queue: int = 0
     in_flight: int = 0
     gpu_busy_s: float = 0.0
+    first_gpu_start: float | None = None
+    last_gpu_end: float | None = None
     n_gpus: int = 1
     failures: Counter = field(default_factory=Counter)
     islands: list[dict] = field(default_factory=list)
@@ -99,12 +102,23 @@ class Progress:
 
     @property
     def gpu_busy(self) -> float:
+        """Time inside GPU evaluations over wall time x GPUs, since the search started."""
         return min(1.0, self.gpu_busy_s / (self.elapsed * max(self.n_gpus, 1)))
+
+    @property
+    def gpu_busy_steady(self) -> float:
+        """The same over the window from the first GPU evaluation's start to the last's end
+        (excludes the start-up ramp: worker start, seed compiles)."""
+        if self.first_gpu_start is None or self.last_gpu_end is None:
+            return 0.0
+        window = max(self.last_gpu_end - self.first_gpu_start, 1e-9)
+        return min(1.0, self.gpu_busy_s / (window * max(self.n_gpus, 1)))
 
     def as_event(self) -> dict[str, Any]:
         return {
             "evaluations": self.evaluations, "correct": self.correct, "proposed": self.proposed,
             "evals_per_min": round(self.evals_per_min, 3), "gpu_busy": round(self.gpu_busy, 4),
+            "gpu_busy_steady": round(self.gpu_busy_steady, 4),
             "compile_queue": self.compile_queue, "gpu_queue": self.gpu_queue,
             "in_flight": self.in_flight, "failures": dict(self.failures),
             "elapsed_s": round(self.elapsed, 2),
@@ -289,7 +303,14 @@ class Engine:
         meta = self.island_meta[idx]
         actor = meta["actor"]
         k = self.mutator.wants_parents() if hasattr(self.mutator, "wants_parents") else 1
-        parents: list[Member] = self.rt.call(actor, "parents", k)
+        # Parent selection is prefetched: the answer to the request made after this island's
+        # previous proposal is usually ready, so no actor round trip sits on this path
+        # (deliberately one proposal stale; the island state it reflects is milliseconds old).
+        ref = meta.pop("parents_ref", None)
+        parents: list[Member] = self.rt.get(ref) if ref is not None else []
+        if not parents:  # nothing prefetched, or prefetched before the island had members
+            parents = self.rt.call(actor, "parents", k)
+        meta["parents_ref"] = self.rt.ask(actor, "parents", k)
         if not parents:
             # An island of a task without a seed kernel starts from genesis (LLM only).
             if meta["task"] in self.seeds or not getattr(self.mutator, "genesis", False):
@@ -318,7 +339,7 @@ class Engine:
         cand = Candidate.create(meta["task"], prop.source, prop.params, parents=prop.parents,
                                 operator=prop.operator, island=idx, generation=gen, notes=prop.notes)
         for pid in prop.parents[:1]:
-            self.rt.call(actor, "record_child", pid)
+            self.rt.cast(actor, "record_child", pid)
         return self._submit(cand)
 
     def _submit(self, cand: Candidate) -> bool:
@@ -380,7 +401,10 @@ class Engine:
                 except errors as e:
                     self._gpu_worker_failed(pending, e)
                     continue
-                self.progress.gpu_busy_s += max(0.0, res.finished - res.started)
+                pr = self.progress
+                pr.gpu_busy_s += max(0.0, res.finished - res.started)
+                pr.first_gpu_start = res.started if pr.first_gpu_start is None else min(pr.first_gpu_start, res.started)
+                pr.last_gpu_end = res.finished if pr.last_gpu_end is None else max(pr.last_gpu_end, res.finished)
                 ev = res.evaluation
                 self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                                  fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
@@ -445,10 +469,11 @@ class Engine:
         targets = (self.islands.get(cand.task, []) if cand.island < 0
                    else [self.island_meta[cand.island]["actor"]] if cand.island < len(self.island_meta) else [])
         for actor in targets:
-            if self.rt.call(actor, "add", member):
-                for m in self.island_meta:
-                    if m["actor"] is actor:
-                        self._exhausted.discard(m["index"])
+            self.rt.cast(actor, "add", member)  # ordered before this driver's next call
+        if member.correct:  # a new correct member may open new neighbours to explore
+            for m in self.island_meta:
+                if any(m["actor"] is a for a in targets):
+                    self._exhausted.discard(m["index"])
 
     def _maybe_migrate(self) -> None:
         every = self.s.migration_every
@@ -476,13 +501,9 @@ class Engine:
         self.progress.in_flight = self.n_inflight
 
     def _island_rows(self) -> list[dict]:
-        rows = []
-        for m in self.island_meta:
-            best = self.rt.call(m["actor"], "best")
-            rows.append({"island": m["index"], "task": m["task"],
-                         "best": (best.fitness if best is not None else None),
-                         "fix_mode": self.rt.call(m["actor"], "fix_mode")})
-        return rows
+        sums = self.rt.call_many([m["actor"] for m in self.island_meta], "summary")
+        return [{"island": s.index, "task": s.task, "best": s.best_fitness, "fix_mode": s.fix_mode,
+                 "size": s.size, "archive_cells": s.archive_cells} for s in sums]
 
     def _emit_progress(self, force: bool = False) -> None:
         n = self.progress.evaluations
@@ -523,7 +544,7 @@ class Engine:
         best = {t: {"id": c.id, "fitness": f, "operator": c.operator} for t, (f, c) in self.best.items()}
         return SearchSummary(
             run_id=self.run_id, evaluations=p.evaluations, correct=p.correct,
-            stop_reason=self._stop_reason, best=best, gpu_busy=p.gpu_busy,
+            stop_reason=self._stop_reason, best=best, gpu_busy=p.gpu_busy, gpu_busy_steady=p.gpu_busy_steady,
             evals_per_hour=3600.0 * p.evaluations / p.elapsed, wall_seconds=p.elapsed,
             failures=dict(p.failures),
         )

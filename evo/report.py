@@ -204,6 +204,8 @@ def _plot_progress(path: Path, series: dict[str, dict[int, list[tuple[int, float
             xs = [p[0] for p in pts] + [max(n_evals, pts[-1][0])]
             ys = [p[1] for p in pts] + [pts[-1][1]]
             ax.step(xs, ys, where="post", label=f"island {island}", linewidth=1.4)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", markersize=3,
+                    color=ax.lines[-1].get_color())
             overall.extend(pts)
         if overall:
             overall.sort()
@@ -433,7 +435,9 @@ def build_report(store: "Store", run_id: str, out_dir: str | Path, *, gpu: str |
     from evo.lineage import lineage_tree
 
     _figure_class()  # fail before doing any work
-    rid = store.resolve_run(run_id)
+    from evo.status import resolve_run
+
+    rid = resolve_run(store, run_id)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,20 @@ class Runtime:
     def call(actor, method: str, *args, **kwargs):
         return ray.get(getattr(actor, method).remote(*args, **kwargs))
 
+    @staticmethod
+    def ask(actor, method: str, *args, **kwargs):
+        """Start a call and return its reference (``get`` it later)."""
+        return getattr(actor, method).remote(*args, **kwargs)
+
+    @staticmethod
+    def cast(actor, method: str, *args, **kwargs) -> None:
+        """Fire and forget: calls from one caller to one actor still run in order."""
+        getattr(actor, method).remote(*args, **kwargs)
+
+    @staticmethod
+    def call_many(actors: list, method: str, *args, **kwargs) -> list:
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in actors])
+
     def shutdown(self) -> None:
         for a in self.gpu_actors:
             ray.kill(a, no_restart=True)

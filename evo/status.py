@@ -31,7 +31,7 @@ from evo.records import Evaluation, Status
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
 
-__all__ = ["run_status", "failure_funnel", "stage_order", "STALE_AFTER_S", "CANONICAL_STAGES"]
+__all__ = ["run_status", "resolve_run", "failure_funnel", "stage_order", "STALE_AFTER_S", "CANONICAL_STAGES"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,25 @@ def failure_funnel(evaluations: Sequence[Evaluation]) -> list[dict[str, Any]]:
     return [{**rows[n], "failed": dict(sorted(rows[n]["failed"].items()))} for n in order]
 
 
+def resolve_run(store: "Store", text: str) -> str:
+    """The full id of the run ``text`` names (an id or unique prefix).
+
+    Like :meth:`Store.resolve_run`, but an unknown id's :class:`~evo.store.UnknownIdError`
+    also lists the most recent runs (a mistyped id rarely shares a prefix with the right one).
+    """
+    from evo.store import AmbiguousIdError, UnknownIdError
+
+    try:
+        return store.resolve_run(text)
+    except AmbiguousIdError:
+        raise
+    except UnknownIdError as e:
+        recent = [r["id"] for r in store.list_runs()[:5]]
+        hint = f"; recent runs: {', '.join(recent)}" if recent else "; the database has no runs yet"
+        raise UnknownIdError(f"{e}{hint} (see `evo runs`)", query=text, near=tuple(e.near) or tuple(recent),
+                             kind="run") from None
+
+
 def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> dict[str, Any]:
     """Everything ``evo status`` shows about one run, as a JSON-ready dict.
 
@@ -107,7 +126,7 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
     ``progress`` (the latest progress event's numbers plus ``at`` and ``age_s``; empty
     without one), ``events`` ({kind: count}), ``stop_reason`` (from the ``finish`` event).
     """
-    rid = store.resolve_run(run_id)
+    rid = resolve_run(store, run_id)
     run = store.get_run(rid)
     now = now or datetime.now(timezone.utc)
     cands = {c.id: c for c in store.candidates(rid)}

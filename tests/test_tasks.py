@@ -17,7 +17,7 @@ import torch
 import evo.tasks as T
 from evo.tasks import gpus, registry
 from evo.tasks.base import Task, Tolerance
-from evo.tasks.inputs import InputSpec, TensorInputs, sample
+from evo.tasks.inputs import sample
 from evo.tasks.tolerance import check, check_deterministic, fp32_gemm
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@
 // Structure: one CTA per ROWS rows. Each thread walks K in VEC-element (128-bit) vectors
 // with stride BLOCK, UNROLL vectors per row per step, all loads of a step in flight before
 // the FMAs; a b vector is loaded once per step and used for all ROWS rows. Each thread keeps
-// UNROLL sequential partial sums per row, added pairwise; the CTA then reduces them with a
+// UNROLL * VEC sequential partial sums per row, added pairwise; the CTA then reduces them with a
 // fixed shuffle tree and a fixed shared-memory pass, so the result is bitwise deterministic
 // (no atomics, no workspace). K % VEC != 0 or unaligned pointers use the VEC = 1 instantiation.
 #include <cute/tensor.hpp>
@@ -19,8 +19,8 @@
 // @tunable BLOCK = 512 in {128, 256, 512, 1024}
 // @tunable VEC = 4 in {1, 2, 4}
 // @tunable UNROLL = 4 in {1, 2, 4, 8}
-// @tunable ROWS = 1 in {1, 2, 4}
-// @constraint UNROLL * ROWS <= 16
+// @tunable ROWS = 2 in {1, 2, 4}
+// @constraint UNROLL * ROWS * VEC <= 64
 #ifndef BLOCK
 #define BLOCK 512
 #endif
@@ -31,7 +31,7 @@
 #define UNROLL 4
 #endif
 #ifndef ROWS
-#define ROWS 1
+#define ROWS 2
 #endif
 
 namespace evo_seed {
@@ -59,11 +59,12 @@ __global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, 
 
   // UNROLL independent partial sums per row: more FMAs in flight and shorter sequential
   // chains (smaller rounding error over K ~ 1e6); combined in a fixed order below.
-  float acc[ROWS][UNROLL];
+  constexpr int NACC = UNROLL * V;
+  float acc[ROWS][NACC];
   CUTE_UNROLL
   for (int r = 0; r < ROWS; ++r)
     CUTE_UNROLL
-    for (int u = 0; u < UNROLL; ++u) acc[r][u] = 0.f;
+    for (int u = 0; u < NACC; ++u) acc[r][u] = 0.f;
 
   constexpr int STEP = BLOCK * UNROLL;
   int64_t base = 0;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, 
       CUTE_UNROLL
       for (int r = 0; r < ROWS; ++r)
         CUTE_UNROLL
-        for (int e = 0; e < V; ++e) acc[r][u] = fmaf(av[r][u][e], bv[u][e], acc[r][u]);
+        for (int e = 0; e < V; ++e) acc[r][u * V + e] = fmaf(av[r][u][e], bv[u][e], acc[r][u * V + e]);
   }
   for (int64_t c = base + threadIdx.x; c < kv; c += BLOCK) {  // last partial step
     const Vec<V> bv = gB(c);
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, 
     for (int r = 0; r < ROWS; ++r) {
       const Vec<V> av = gA(rows[r], c);
       CUTE_UNROLL
-      for (int e = 0; e < V; ++e) acc[r][0] = fmaf(av[e], bv[e], acc[r][0]);
+      for (int e = 0; e < V; ++e) acc[r][e] = fmaf(av[e], bv[e], acc[r][e]);
     }
   }
   for (int64_t c = kv * V + threadIdx.x; c < k; c += BLOCK) {  // K % V scalar tail
@@ -103,9 +104,9 @@ __global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, 
   CUTE_UNROLL
   for (int r = 0; r < ROWS; ++r) {
     CUTE_UNROLL
-    for (int step = 1; step < UNROLL; step *= 2)  // pairwise over the partial sums
+    for (int step = 1; step < NACC; step *= 2)  // pairwise over the partial sums
       CUTE_UNROLL
-      for (int u = 0; u + step < UNROLL; u += 2 * step) acc[r][u] += acc[r][u + step];
+      for (int u = 0; u + step < NACC; u += 2 * step) acc[r][u] += acc[r][u + step];
     float v = acc[r][0];
     CUTE_UNROLL
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

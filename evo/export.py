@@ -1,0 +1,1150 @@
+"""Export champions as standalone PyTorch ops: ``evo export RUN|ID --out DIR``.
+
+For each task (a run: every task's champion; an id: that one kernel) this writes
+``DIR/<task>/``:
+
+``kernel.cu``        the candidate's source with its tunable values baked in as ``#define``
+                     lines at the very top (before the source's ``#ifndef`` defaults), so it
+                     builds with no ``-D`` flags;
+``evo_abi.h``        the kernel ABI header it includes;
+``kernel_<arch>.so`` the prebuilt shared object for the run's GPU arch (``compile.arch`` of
+                     the run's config, e.g. ``sm_90a``), built by
+                     :func:`evaluators.compile.compile_candidate` exactly as the search built
+                     it (a compile-cache hit when run where the search ran). Without nvcc or
+                     the CUTLASS headers it is left out and the manifest says why;
+``build.sh``         ``bash build.sh [ARCH]`` rebuilds it for another arch with nvcc and the
+                     CUTLASS headers of the ``nvidia-cutlass`` wheel;
+``op.py``            registers the custom op ``evo::<task>`` (``torch.library.custom_op``, with
+                     a fake impl for ``torch.compile``/meta tensors). It loads the .so with
+                     ctypes, checks device / dtype / rank / named-dimension consistency /
+                     contiguity, allocates outputs and calls ``evo_launch`` on
+                     ``torch.cuda.current_stream()``. It imports only torch, ctypes and the
+                     standard library, so it works in a fresh Python with torch alone;
+``reference.py``     the task's reference copied as plain torch code, its input generator
+                     and its tolerance rule (standalone too);
+``test_op.py``       pytest: the op against the reference on the task's shapes (CUDA needed;
+                     the input-validation test runs on CPU);
+``manifest.json``    lineage ids, fitness, GPU, driver, CUDA, CUTLASS, torch and nvcc
+                     versions, run config hash, timings from the evaluation metrics, compile
+                     resources, file hashes.
+
+``DIR/export.json`` lists what was exported and what was skipped (and why).
+
+Which candidate: a task's confirmed champion (``Store.champions`` with
+``confirmation.confirmed``), else its best correct candidate (``Store.top_k``); a task with no
+correct candidate is skipped with a reason, never exported. An explicit id must be correct.
+
+Errors: :class:`~evo.store.UnknownIdError` (no run and no candidate matches; names near
+matches of both), :class:`ExportError` (the candidate is not correct, the output is not
+writable, an explicit ``--task`` the run lacks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import math
+import re
+import shutil
+import textwrap
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from evo.records import Candidate, Evaluation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from evaluators.base import CompileSettings
+    from evo.store import Store
+    from evo.tasks.base import Task
+
+__all__ = [
+    "ExportError",
+    "NotStandaloneError",
+    "ExportedTask",
+    "ExportResult",
+    "Choice",
+    "export",
+    "resolve_target",
+    "choose_champions",
+    "bake_params",
+    "op_identifier",
+    "standalone_source",
+    "build_script",
+    "MANIFEST_VERSION",
+    "TEST_MAX_BYTES",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+#: Shapes whose compulsory bytes exceed this are left out of test_op.py's accuracy check
+#: (the fp64 ground truth needs twice that again); the benchmark shape of many tasks is GBs.
+TEST_MAX_BYTES = 1 << 30
+#: Modules a copied reference may use (imported under the same name in reference.py).
+_SAFE_MODULE_PREFIXES = ("torch", "math", "numpy", "functools", "operator", "itertools", "typing")
+_CONST_TYPES = (int, float, str, bool, type(None))
+
+
+class ExportError(RuntimeError):
+    """The export cannot be done as asked; the message names the problem and the fix."""
+
+
+class NotStandaloneError(ValueError):
+    """A task function cannot be copied as self-contained source (it uses something other
+    than torch, math, numpy, constants and other module-level functions of its module)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The candidate chosen for a task and why (``selection`` is shown to people)."""
+
+    task: str
+    candidate_id: str
+    selection: str
+    confirmation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportedTask:
+    """One exported task: its directory, the chosen candidate, and the .so (None when it
+    could not be built here; ``so_note`` says why)."""
+
+    task: str
+    candidate_id: str
+    directory: Path
+    selection: str
+    fitness: float | None
+    so_path: Path | None
+    so_note: str = ""
+    test_note: str = ""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` did: the run, the exported tasks, and skipped tasks with reasons."""
+
+    run_id: str
+    out_dir: Path
+    exported: tuple[ExportedTask, ...]
+    skipped: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "out_dir": str(self.out_dir),
+            "exported": [
+                {"task": e.task, "candidate_id": e.candidate_id, "directory": str(e.directory),
+                 "selection": e.selection, "fitness": e.fitness,
+                 "so": str(e.so_path) if e.so_path else None, "so_note": e.so_note, "test_note": e.test_note}
+                for e in self.exported
+            ],
+            "skipped": dict(self.skipped),
+        }
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+def resolve_target(store: "Store", target: str) -> tuple[str, str | None]:
+    """``(run_id, candidate_id or None)`` for a run id / candidate id (or unique prefix).
+
+    A run match wins; then a candidate match (its run: the latest run that evaluated it).
+    When neither matches, raises :class:`~evo.store.UnknownIdError` naming near matches of
+    both kinds; an ambiguous prefix raises :class:`~evo.store.AmbiguousIdError`.
+    """
+    from evo.store import AmbiguousIdError, UnknownIdError
+
+    from evo.status import resolve_run
+
+    try:
+        return resolve_run(store, target), None
+    except AmbiguousIdError:
+        raise
+    except UnknownIdError as run_err:
+        try:
+            cid = store.resolve_id(target)
+        except AmbiguousIdError:
+            raise
+        except UnknownIdError as cand_err:
+            near_runs = ", ".join(run_err.near[:5]) or "none"
+            near_cands = ", ".join(n[:16] for n in cand_err.near[:5]) or "none"
+            raise UnknownIdError(
+                f"{target!r} is neither a run nor a candidate id; near runs: {near_runs}; "
+                f"closest candidate ids: {near_cands} (see `evo runs` and `evo top RUN`)",
+                query=target, near=tuple(run_err.near) + tuple(cand_err.near), kind="run or candidate",
+            ) from None
+    rows = store.db.execute(
+        "SELECT run_id FROM evaluations WHERE candidate_id = ? ORDER BY rowid DESC LIMIT 1", [cid]
+    ).fetchall()
+    if not rows:
+        raise ExportError(f"candidate {cid[:16]} has no evaluation in any run; only evaluated, correct "
+                          "kernels can be exported")
+    return rows[0][0], cid
+
+
+def choose_champions(store: "Store", run_id: str, tasks: Sequence[str] | None = None
+                     ) -> tuple[list[Choice], dict[str, str]]:
+    """Per task of the run (or of ``tasks``): the candidate to export, and skipped tasks.
+
+    Order of preference: the confirmed champion; the best correct candidate (noting an
+    unconfirmed champion); a task with no correct candidate is skipped with the reason.
+    """
+    run_tasks = sorted({c.task for c in store.candidates(run_id)})
+    wanted = list(tasks) if tasks else run_tasks
+    unknown = [t for t in wanted if t not in run_tasks]
+    if unknown:
+        raise ExportError(f"run {run_id} has no task {', '.join(map(repr, unknown))}; its tasks: "
+                          f"{', '.join(run_tasks) or 'none'}")
+    champs = {c["task"]: c for c in store.champions(run_id)}
+    best = store.best_per_task(run_id)
+    chosen: list[Choice] = []
+    skipped: dict[str, str] = {}
+    for task in wanted:
+        ch = champs.get(task)
+        if ch and ch["confirmation"].get("confirmed"):
+            ev = store.get_evaluation(ch["candidate_id"], run_id)
+            if ev is not None and ev.correct:
+                chosen.append(Choice(task, ch["candidate_id"], "confirmed champion", dict(ch["confirmation"])))
+                continue
+        if task in best:
+            cand, _ = best[task]
+            if ch is None:
+                why = "best correct kernel (no champion recorded)"
+            elif ch["candidate_id"] == cand.id:
+                why = "best correct kernel (champion not confirmed by re-timing)"
+            else:
+                why = "best correct kernel (the recorded champion is not confirmed)"
+            chosen.append(Choice(task, cand.id, why, dict(ch["confirmation"]) if ch else {}))
+            continue
+        n = len(store.candidates(run_id, task))
+        skipped[task] = (f"no correct candidate for {task} in run {run_id} ({n} candidates, none passed "
+                         "every stage); nothing to export")
+    return chosen, skipped
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def bake_params(source: str, params: Mapping[str, str] | Sequence[tuple[str, str]], *, header: str = "") -> str:
+    """``source`` with ``#define NAME VALUE`` for each tunable at the very top, so that its
+    ``#ifndef NAME`` defaults are skipped and the file builds with no ``-D`` flags (the
+    same preprocessor state as the search's ``-DNAME=VALUE``)."""
+    items = sorted(dict(params).items())
+    lines = [f"// {ln}".rstrip() for ln in header.splitlines()] if header else []
+    if items:
+        lines.append("// Tunable values of this kernel (were -D flags during the search):")
+        lines += [f"#define {k} {v}" for k, v in items]
+    if not lines:
+        return source
+    return "\n".join(lines) + "\n\n" + source
+
+
+def op_identifier(task: str) -> str:
+    """The op's name inside the ``evo`` namespace: ``task`` with non-identifier characters
+    replaced by ``_`` (prefixed ``t_`` if it starts with a digit)."""
+    name = re.sub(r"\W", "_", task)
+    return f"t_{name}" if not name or name[0].isdigit() else name
+
+
+def _module_ok(mod_name: str) -> bool:
+    return any(mod_name == p or mod_name.startswith(p + ".") for p in _SAFE_MODULE_PREFIXES)
+
+
+def _public_home(val: Any, name: str) -> str | None:
+    """The public module a torch/math function was imported from (``from torch import relu``
+    makes ``relu`` a global whose ``__module__`` is private), or None."""
+    import torch
+    import torch.nn.functional
+
+    for mod_name, mod in (("torch", torch), ("torch.nn.functional", torch.nn.functional), ("math", math)):
+        if getattr(mod, name, None) is val:
+            return mod_name
+    return None
+
+
+def standalone_source(fn: Callable[..., Any]) -> tuple[str, str]:
+    """``(source, name)``: self-contained Python source defining ``fn`` (as ``name``) plus the
+    module-level functions and constants it uses, with imports of torch/math/numpy modules.
+
+    Raises :class:`NotStandaloneError` for callables that are not plain functions (a lambda,
+    a class instance, a closure) or that use anything else from their module.
+    """
+    imports: dict[str, str] = {}
+    consts: dict[str, str] = {}
+    blocks: list[str] = []
+    done: set[int] = set()
+
+    def visit(f: Callable[..., Any]) -> None:
+        if id(f) in done:
+            return
+        done.add(id(f))
+        if not inspect.isfunction(f) or f.__name__ == "<lambda>":
+            raise NotStandaloneError(
+                f"{f!r} is not a plain module-level function; only those can be copied into a "
+                "standalone export")
+        cv = inspect.getclosurevars(f)
+        if cv.nonlocals:
+            raise NotStandaloneError(f"{f.__qualname__} is a closure over {sorted(cv.nonlocals)}; "
+                                     "define it at module level to export it")
+        for name, val in sorted(cv.globals.items()):
+            if inspect.ismodule(val):
+                if not _module_ok(val.__name__):
+                    raise NotStandaloneError(f"{f.__qualname__} uses module {val.__name__!r}; only "
+                                             f"{', '.join(_SAFE_MODULE_PREFIXES)} can be exported")
+                imports[name] = (f"import {val.__name__}" if name == val.__name__
+                                 else f"import {val.__name__} as {name}")
+            elif inspect.isfunction(val) and val.__module__ == f.__module__:
+                visit(val)
+                if val.__name__ != name:
+                    consts[name] = val.__name__
+            elif isinstance(val, _CONST_TYPES) or (
+                isinstance(val, tuple) and all(isinstance(x, _CONST_TYPES) for x in val)
+            ):
+                if isinstance(val, float) and not math.isfinite(val):
+                    consts[name] = f"float({str(val)!r})"
+                else:
+                    consts[name] = repr(val)
+            elif (src_mod := _public_home(val, name)) is not None:
+                imports[name] = f"from {src_mod} import {name}"
+            else:
+                raise NotStandaloneError(f"{f.__qualname__} uses the global {name!r} "
+                                         f"({type(val).__name__}); only constants, torch/math/numpy "
+                                         "and module-level functions can be exported")
+        try:
+            src = textwrap.dedent(inspect.getsource(f))
+        except (OSError, TypeError) as e:
+            raise NotStandaloneError(f"the source of {f.__qualname__} is not available: {e}") from e
+        blocks.append(src.rstrip() + "\n")
+
+    visit(fn)
+    parts = sorted(set(imports.values()))
+    if consts:
+        parts.append("")
+        parts += [f"{k} = {v}" for k, v in sorted(consts.items())]
+    parts.append("")
+    parts += [b + "\n" for b in blocks]  # post-order: helpers first, the function last
+    return "\n".join(parts).rstrip() + "\n", fn.__name__
+
+
+# --------------------------------------------------------------------------- generated files
+
+
+def build_script(arch: str, extra_flags: Sequence[str] = ()) -> str:
+    """``build.sh``: rebuild ``kernel_<ARCH>.so`` from kernel.cu (``bash build.sh sm_100a``)."""
+    extra = " ".join(_shell_quote(f) for f in extra_flags)
+    return f"""#!/usr/bin/env bash
+# Rebuild this kernel for a GPU arch: bash build.sh [ARCH]   (default {arch}, e.g. sm_100a, sm_80)
+# Needs nvcc (CUDA 12+; $NVCC or $CUDA_HOME/bin/nvcc or PATH) and the CuTe/CUTLASS headers of
+# the nvidia-cutlass wheel (pip install nvidia-cutlass; or set CUTLASS_INCLUDE to an include dir).
+# Writes kernel_<ARCH>.so beside this script; op.py picks the one matching the GPU it runs on.
+# A kernel written for Hopper features (wgmma, TMA) builds only for sm_90a.
+set -euo pipefail
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+ARCH="${{1:-{arch}}}"
+if [[ ! "$ARCH" =~ ^sm_([0-9]+[a-z]?)$ ]]; then
+  echo "usage: bash build.sh [ARCH]  (ARCH like sm_90a, sm_100a, sm_80; got '$ARCH')" >&2
+  exit 2
+fi
+V="${{BASH_REMATCH[1]}}"
+NVCC="${{NVCC:-}}"
+if [[ -z "$NVCC" ]]; then
+  if [[ -n "${{CUDA_HOME:-}}" && -x "$CUDA_HOME/bin/nvcc" ]]; then NVCC="$CUDA_HOME/bin/nvcc";
+  elif [[ -x /usr/local/cuda/bin/nvcc ]]; then NVCC=/usr/local/cuda/bin/nvcc;
+  else NVCC="$(command -v nvcc || true)"; fi
+fi
+if [[ -z "$NVCC" ]]; then
+  echo "build.sh: nvcc not found; install the CUDA toolkit or set NVCC=/path/to/nvcc" >&2
+  exit 1
+fi
+PY="${{PYTHON:-$(command -v python3 || command -v python)}}"
+CUTLASS_INCLUDE="${{CUTLASS_INCLUDE:-$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null || true)}}"
+if [[ -z "$CUTLASS_INCLUDE" || ! -f "$CUTLASS_INCLUDE/cute/tensor.hpp" ]]; then
+  echo "build.sh: CuTe/CUTLASS headers not found; pip install nvidia-cutlass, or set CUTLASS_INCLUDE" >&2
+  exit 1
+fi
+set -x
+"$NVCC" -std=c++17 -O3 "-gencode=arch=compute_$V,code=sm_$V" --expt-relaxed-constexpr \\
+  -shared -Xcompiler -fPIC {extra} -I"$HERE" -I"$CUTLASS_INCLUDE" \\
+  "$HERE/kernel.cu" -o "$HERE/kernel_$ARCH.so"
+"""
+
+
+def _shell_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+_OP_TEMPLATE = '''"""evo::{op_name}: a cute-evo kernel for task {task!r}, exported as a PyTorch custom op.
+
+Generated by cute-evo {when} from run {run_id}, candidate {cid}
+(speedup {fitness} over the task reference on {gpu}). Standalone: it needs torch (2.4 or
+newer) and a kernel_<arch>.so beside this file, and imports nothing of cute-evo.
+
+    import torch
+    import op                                  # or load this file with importlib
+    {example}
+
+Calling convention: {signature}. Inputs must be CUDA tensors of dtype {dtype}, contiguous
+(row-major), on one device, with these dims (names must agree across inputs):
+{dims_doc}
+Unsupported inputs raise UnsupportedInputError (a ValueError) saying what to change. The
+kernel runs on torch.cuda.current_stream(); there is no backward (autograd is not registered).
+{task_description}
+"""
+
+import ctypes
+import threading
+import typing
+from pathlib import Path
+
+import torch
+
+TASK = {task!r}
+OP = "evo::{op_name}"
+CANDIDATE_ID = {cid!r}
+DTYPE = torch.{dtype}
+#: (name, dims) per input; a dim is a size name (bound on first use) or a literal size.
+INPUTS = {inputs!r}
+#: dims per output, or None: output shapes then come from running reference.py on meta tensors.
+OUTPUTS = {outputs!r}
+SCALARS = {scalars!r}
+BUILT_ARCHES = {arches!r}
+HERE = Path(__file__).resolve().parent
+
+_MAX_DIMS = 8
+_DTYPE_CODES = {{torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3,
+                torch.int32: 4, torch.int64: 5}}
+
+
+class UnsupportedInputError(ValueError):
+    """An input this kernel cannot take (device, dtype, rank, size, layout); says the fix."""
+
+
+class EvoTensor(ctypes.Structure):
+    """struct EvoTensor of evo_abi.h (ABI version 1)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * _MAX_DIMS),
+        ("strides", ctypes.c_int64 * _MAX_DIMS),
+    ]
+
+
+def _describe(t):
+    e = EvoTensor()
+    e.data = ctypes.c_void_p(t.data_ptr())
+    e.dtype = _DTYPE_CODES[t.dtype]
+    e.ndim = t.dim()
+    for i in range(t.dim()):
+        e.shape[i] = int(t.shape[i])
+        e.strides[i] = int(t.stride(i))
+    return e
+
+
+def check_inputs(inputs, need_cuda=True):
+    """Validate ``inputs``; returns the bound size names. Raises UnsupportedInputError."""
+    if len(inputs) != len(INPUTS):
+        raise UnsupportedInputError(f"{{OP}} takes {{len(INPUTS)}} tensors "
+                                    f"({{', '.join(n for n, _ in INPUTS)}}), got {{len(inputs)}}")
+    sizes = {{}}
+    device = None
+    for i, (t, (name, dims)) in enumerate(zip(inputs, INPUTS)):
+        what = f"input {{i}} ({{name}})"
+        if not isinstance(t, torch.Tensor):
+            raise UnsupportedInputError(f"{{OP}}: {{what}} is a {{type(t).__name__}}, not a torch.Tensor")
+        if need_cuda and t.device.type != "cuda":
+            raise UnsupportedInputError(
+                f"{{OP}} needs a CUDA tensor: {{what}} is on {{t.device}}; move it with .cuda() "
+                f"(the kernel runs only on NVIDIA GPUs of arch {{', '.join(BUILT_ARCHES) or 'see build.sh'}})")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise UnsupportedInputError(f"{{OP}}: {{what}} is on {{t.device}} but input 0 is on {{device}}; "
+                                        "put all inputs on one device")
+        if t.dtype != DTYPE:
+            raise UnsupportedInputError(f"{{OP}}: {{what}} has dtype {{t.dtype}}, the kernel takes {{DTYPE}} "
+                                        f"only; convert with .to({{DTYPE}})")
+        if t.dim() != len(dims):
+            raise UnsupportedInputError(
+                f"{{OP}}: {{what}} must have {{len(dims)}} dims {{list(dims)}}, got shape {{tuple(t.shape)}}")
+        for d, s in zip(dims, t.shape):
+            if isinstance(d, int):
+                if s != d:
+                    raise UnsupportedInputError(
+                        f"{{OP}}: {{what}} must have size {{d}} where its dims {{list(dims)}} say so, "
+                        f"got shape {{tuple(t.shape)}}")
+            elif d in sizes:
+                if s != sizes[d]:
+                    raise UnsupportedInputError(
+                        f"{{OP}}: size {{d!r}} is {{sizes[d]}} in an earlier input but {{s}} in {{what}} "
+                        f"(dims {{list(dims)}}, shape {{tuple(t.shape)}})")
+            else:
+                sizes[d] = s
+        if t.numel() == 0:
+            raise UnsupportedInputError(f"{{OP}}: {{what}} is empty (shape {{tuple(t.shape)}}); the kernel "
+                                        "was verified on non-empty inputs only")
+        if not t.is_contiguous():
+            raise UnsupportedInputError(f"{{OP}}: {{what}} is not contiguous (strides {{t.stride()}}); "
+                                        "the kernel reads row-major memory: pass t.contiguous()")
+    return sizes
+
+
+_REFERENCE = None
+
+
+def _output_specs(inputs, sizes):
+    if OUTPUTS is not None:
+        return [tuple(sizes[d] if isinstance(d, str) else d for d in dims) for dims in OUTPUTS]
+    global _REFERENCE
+    if _REFERENCE is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"_evo_ref_{{TASK}}", HERE / "reference.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _REFERENCE = mod.reference
+    metas = [torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs]
+    outs = _REFERENCE(*metas)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return [tuple(o.shape) for o in outs]
+
+
+_LIBS = {{}}
+_LOCK = threading.Lock()
+
+
+def _arch_names(device):
+    major, minor = torch.cuda.get_device_capability(device)
+    return [f"sm_{{major}}{{minor}}a", f"sm_{{major}}{{minor}}"]
+
+
+def _library(device):
+    """The evo_launch of the .so built for ``device``'s arch (loaded once per arch)."""
+    archs = _arch_names(device)
+    with _LOCK:
+        for arch in archs:
+            if arch in _LIBS:
+                return _LIBS[arch]
+        for arch in archs:
+            path = HERE / f"kernel_{{arch}}.so"
+            if path.is_file():
+                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+                fn = lib.evo_launch
+                fn.argtypes = [ctypes.POINTER(EvoTensor), ctypes.c_int, ctypes.POINTER(EvoTensor), ctypes.c_int,
+                               ctypes.POINTER(ctypes.c_double), ctypes.c_int, ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+                err_name = getattr(lib, "cudaGetErrorName", None)
+                if err_name is not None:
+                    err_name.argtypes = [ctypes.c_int]
+                    err_name.restype = ctypes.c_char_p
+                _LIBS[arch] = (fn, err_name)
+                return _LIBS[arch]
+    have = sorted(p.name for p in HERE.glob("kernel_*.so"))
+    raise UnsupportedInputError(
+        f"{{OP}}: no kernel built for this GPU ({{torch.cuda.get_device_name(device)}}, {{archs[0]}}); this "
+        f"export has {{have or 'no .so at all'}}. Build one with: bash {{HERE / 'build.sh'}} {{archs[0]}}")
+
+
+def launch(inputs, outputs):
+    """Call evo_launch on the current stream of the inputs' device (no checks: see check_inputs)."""
+    device = inputs[0].device
+    fn, err_name = _library(device)
+    ins = (EvoTensor * len(inputs))(*[_describe(t) for t in inputs])
+    outs = (EvoTensor * len(outputs))(*[_describe(t) for t in outputs])
+    sc = (ctypes.c_double * max(len(SCALARS), 1))(*SCALARS)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        rc = fn(ins, len(inputs), outs, len(outputs), sc, len(SCALARS), ctypes.c_void_p(stream))
+    if rc != 0:
+        name = err_name(rc).decode() if err_name is not None else "cudaError"
+        raise RuntimeError(f"{{OP}}: evo_launch returned {{name}} ({{rc}}) for input shapes "
+                           f"{{[tuple(t.shape) for t in inputs]}}")
+
+
+def _run(inputs):
+    sizes = check_inputs(inputs, need_cuda=True)
+    outs = [torch.empty(s, dtype=DTYPE, device=inputs[0].device) for s in _output_specs(inputs, sizes)]
+    launch(inputs, outs)
+    return outs
+
+
+def _fake(inputs):
+    sizes = check_inputs(inputs, need_cuda=False)
+    return [torch.empty(s, dtype=DTYPE, device=inputs[0].device) for s in _output_specs(inputs, sizes)]
+
+
+def _registered():
+    try:
+        getattr(torch.ops.evo, {op_name!r})
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+if not _registered():
+    @torch.library.custom_op(OP, mutates_args=())
+    def _op({params_annotated}) -> {return_annotation}:
+        outs = _run(({params_tuple}))
+        return {return_expr}
+
+    @_op.register_fake
+    def _op_fake({params_plain}):
+        outs = _fake(({params_tuple}))
+        return {return_expr}
+
+
+def {op_name}({params_plain}):
+    """Run evo::{op_name} (see the module docstring)."""
+    return torch.ops.evo.{op_name}({params_plain})
+'''
+
+
+_TEST_TEMPLATE = '''"""Checks evo::{op_name} against the reference of task {task!r} (pytest).
+
+Run: python -m pytest -q {here_hint}
+The accuracy tests need a CUDA GPU matching a kernel_<arch>.so here (or run build.sh first);
+the input-validation test runs anywhere. Standalone: imports torch, pytest and the files here.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"_evo_export_{{name}}_{task_ident}", HERE / f"{{name}}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+op = _load("op")
+ref = _load("reference")
+
+#: Shape indices checked for accuracy (shapes above {max_gb:.0f} GiB of compulsory traffic are left out).
+CHECK_SHAPES = {check_shapes!r}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dist", ref.DISTRIBUTIONS)
+@pytest.mark.parametrize("shape_index", CHECK_SHAPES)
+def test_matches_reference(shape_index, dist):
+    shape = ref.SHAPES[shape_index]
+    gen = torch.Generator(device="cuda").manual_seed(1000 + shape_index)
+    inputs = ref.make_inputs(shape, gen, dist, "cuda")
+    before = [x.clone() for x in inputs]
+    outs = _tuple(op.{op_name}(*inputs))
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        up = [x.to(ref.REFERENCE_DTYPE) if x.is_floating_point() else x for x in inputs]
+        expected = _tuple(ref.reference(*up))
+    assert len(outs) == len(expected)
+    for k, (o, e) in enumerate(zip(outs, expected)):
+        assert o.dtype == op.DTYPE, f"output {{k}} dtype {{o.dtype}}"
+        ok, why = ref.check(o, e)
+        assert ok, f"shape {{shape}}, dist {{dist}}, output {{k}}: {{why}}"
+    for x, y in zip(inputs, before):
+        assert torch.equal(x, y), "the kernel modified an input"
+
+
+@needs_cuda
+def test_runs_on_a_side_stream_and_under_fake_tensors():
+    shape = ref.SHAPES[CHECK_SHAPES[-1]]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    inputs = ref.make_inputs(shape, gen, ref.DISTRIBUTIONS[0], "cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        outs = _tuple(op.{op_name}(*inputs))
+    side.synchronize()
+    with torch.no_grad():
+        expected = _tuple(ref.reference(*[x.to(ref.REFERENCE_DTYPE) for x in inputs]))
+    for o, e in zip(outs, expected):
+        ok, why = ref.check(o, e)
+        assert ok, why
+    torch.library.opcheck(torch.ops.evo.{op_name}.default, tuple(inputs),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_rejects_unsupported_inputs():
+    shape = ref.SHAPES[CHECK_SHAPES[-1]] if CHECK_SHAPES else ref.SHAPES[-1]
+    cpu = ref.make_inputs(shape, torch.Generator().manual_seed(0), ref.DISTRIBUTIONS[0], "cpu")
+    with pytest.raises(op.UnsupportedInputError, match="needs a CUDA tensor"):
+        op.{op_name}(*cpu)
+    with pytest.raises(op.UnsupportedInputError, match="takes"):
+        op.check_inputs(tuple(cpu) + (cpu[0],), need_cuda=False)
+    wrong = tuple(x.to(torch.float64 if op.DTYPE != torch.float64 else torch.float32) for x in cpu)
+    with pytest.raises(op.UnsupportedInputError, match="dtype"):
+        op.check_inputs(wrong, need_cuda=False)
+    if cpu[0].dim() >= 2 and cpu[0].shape[-1] > 1 and cpu[0].shape[-2] > 1:
+        strided = (cpu[0][..., ::2],) + tuple(cpu[1:])
+        with pytest.raises(op.UnsupportedInputError):
+            op.check_inputs(strided, need_cuda=False)
+'''
+
+
+def _reference_module(task: "Task") -> tuple[str, str]:
+    """``(reference.py text, note)``; the note is non-empty when the reference or the input
+    generator could not be copied (the test then skips, saying why)."""
+    from evo.tasks.inputs import TensorInputs
+
+    note = ""
+    try:
+        ref_src, ref_name = standalone_source(task.reference)
+    except NotStandaloneError as e:
+        note = f"the reference of {task.name} cannot be copied standalone: {e}"
+        ref_src, ref_name = (
+            f"def _unavailable(*args):\n    raise RuntimeError({note!r})\n", "_unavailable")
+    inputs_block: str
+    if isinstance(task.make_inputs, TensorInputs):
+        specs = [{"dims": list(s.dims), "structure": s.structure} for s in task.make_inputs.specs]
+        inputs_block = f"INPUT_SPECS = {specs!r}\nINPUT_DTYPE = {task.make_inputs.dtype!r}\n" + _TENSOR_INPUTS_SRC
+    else:
+        try:
+            gen_src, gen_name = standalone_source(task.make_inputs)
+            inputs_block = gen_src + f"\n\nmake_inputs = {gen_name}\n"
+        except NotStandaloneError as e:
+            note = note or f"the input generator of {task.name} cannot be copied standalone: {e}"
+            inputs_block = ("def make_inputs(shape, generator, dist, device):\n"
+                            f"    raise RuntimeError({note!r})\n")
+    tol = task.tolerance
+    text = f'''"""Reference of task {task.name!r} (copied from cute-evo as plain torch code), its input
+generator and its pass rule. Standalone: imports torch and the standard library only.
+
+{textwrap.fill(task.description, 90)}
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+TASK = {task.name!r}
+DTYPE = torch.{task.dtype}
+REFERENCE_DTYPE = torch.{task.reference_dtype}
+SCALARS = {tuple(task.scalars)!r}
+SHAPES = {[dict(s) for s in task.shapes]!r}
+BENCH_SHAPES = {int(task.bench_shapes)!r}
+DISTRIBUTIONS = {list(task.distributions)!r}
+#: |out - ref| <= atol' + rtol * |ref| elementwise (atol' = atol * RMS(ref) when atol_relative)
+#: and ||out - ref|| / ||ref|| <= rel_l2; NaN/Inf only where the reference has the same.
+TOLERANCE = {{"atol": {tol.atol!r}, "rtol": {tol.rtol!r}, "rel_l2": {tol.rel_l2!r},
+             "atol_relative": {bool(tol.atol_relative)!r}}}
+
+# ---- reference ({task.reference.__module__ if hasattr(task.reference, "__module__") else "?"})
+{ref_src}
+
+reference = {ref_name}
+
+
+# ---- inputs
+{inputs_block}
+
+# ---- pass rule
+def check(out, ref):
+    """(ok, reason) of ``out`` against the ground truth ``ref`` under TOLERANCE."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return False, f"shape {{tuple(out.shape)}} != reference shape {{tuple(ref.shape)}}"
+    if out.dtype != DTYPE:
+        return False, f"dtype {{out.dtype}} != {{DTYPE}}"
+    o = out.reshape(-1).to(torch.float64)
+    r = ref.reshape(-1).to(device=o.device, dtype=torch.float64)
+    if r.numel() == 0:
+        return True, "ok"
+    rfin, ofin = torch.isfinite(r), torch.isfinite(o)
+    same_special = (torch.isnan(r) & torch.isnan(o)) | (r == o)
+    bad_nf = int(((rfin & ~ofin) | (~rfin & ~same_special)).sum())
+    n_fin = int(rfin.sum())
+    rms = math.sqrt(float(torch.where(rfin, r * r, 0.0).sum()) / n_fin) if n_fin else 0.0
+    atol = TOLERANCE["atol"] * rms if TOLERANCE["atol_relative"] else TOLERANCE["atol"]
+    both = rfin & ofin
+    d = torch.where(both, (o - r).abs(), 0.0)
+    allowed = atol + TOLERANCE["rtol"] * r.abs()
+    n_viol = int((both & (d > allowed)).sum())
+    ref_sq = float(torch.where(rfin, r * r, 0.0).sum())
+    diff_sq = float((d * d).sum())
+    rel_l2 = math.sqrt(diff_sq / ref_sq) if ref_sq > 0 else (0.0 if diff_sq == 0 else math.inf)
+    reasons = []
+    if bad_nf:
+        reasons.append(f"{{bad_nf}} non-finite outputs where the reference is finite (or differs)")
+    if n_viol:
+        i = int(torch.where(both, d / allowed.clamp_min(1e-300), 0.0).argmax())
+        reasons.append(f"{{n_viol}} elements beyond atol {{atol:.3g}} + rtol {{TOLERANCE['rtol']:g}} * |ref|; "
+                       f"worst at flat index {{i}}: out={{float(o[i])!r}} ref={{float(r[i])!r}}")
+    if not rel_l2 <= TOLERANCE["rel_l2"]:
+        reasons.append(f"relative L2 error {{rel_l2:.3g}} > {{TOLERANCE['rel_l2']:g}}")
+    return (not reasons), "; ".join(reasons) or "ok"
+'''
+    return text, note
+
+
+_TENSOR_INPUTS_SRC = '''
+
+def _sample(size, generator, dist, device):
+    kw = dict(generator=generator, device=device, dtype=torch.float32)
+    if dist == "normal":
+        return torch.randn(size, **kw)
+    if dist == "wide":
+        return torch.randn(size, **kw).mul_(10.0)
+    if dist == "logits":
+        return torch.randn(size, **kw).mul_(30.0)
+    if dist == "uniform":
+        return torch.rand(size, **kw).mul_(2.0).sub_(1.0)
+    if dist == "kernelbench":
+        return torch.rand(size, **kw)
+    raise ValueError(f"unknown distribution {dist!r}; known: {DISTRIBUTIONS}")
+
+
+def input_sizes(shape):
+    """The size of every input for ``shape`` (a dict of named sizes)."""
+    return [tuple(shape[d] if isinstance(d, str) else d for d in s["dims"]) for s in INPUT_SPECS]
+
+
+def make_inputs(shape, generator, dist, device):
+    """The task's inputs (sampled in float32, shaped, rounded to the task dtype), in the
+    reference's argument order; ``generator`` must live on ``device``."""
+    out = []
+    for spec, size in zip(INPUT_SPECS, input_sizes(shape)):
+        x = _sample(size, generator, dist, device)
+        if spec["structure"] == "symmetric":
+            x = x.add(x.transpose(-1, -2)).mul_(0.5)
+        elif spec["structure"] == "upper":
+            x = torch.triu(x)
+        elif spec["structure"] == "lower":
+            x = torch.tril(x)
+        out.append(x.to(getattr(torch, INPUT_DTYPE)).contiguous())
+    return tuple(out)
+'''
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _reference_params(task: "Task", n_inputs: int) -> list[str]:
+    """Python identifiers for the op's arguments: the reference's parameter names."""
+    names: list[str] = []
+    try:
+        sig = inspect.signature(task.reference)
+        names = [p.name for p in sig.parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        pass
+    if len(names) != n_inputs or len(set(names)) != n_inputs or not all(n.isidentifier() for n in names):
+        names = [f"x{i}" for i in range(n_inputs)]
+    reserved = {"torch", "ctypes", "typing", "outs", "inputs"}
+    return [f"{n}_" if n in reserved else n for n in names]
+
+
+def _io_dims(task: "Task") -> tuple[list[tuple[str, ...]] | None, list[tuple] | None, int]:
+    """(input dims, output dims or None, number of inputs) from the task's declarations."""
+    from evo.tasks.counts import TensorBytes
+    from evo.tasks.inputs import TensorInputs
+
+    ins = outs = None
+    if isinstance(task.make_inputs, TensorInputs):
+        ins = [tuple(s.dims) for s in task.make_inputs.specs]
+    if isinstance(task.bytes, TensorBytes):
+        outs = [tuple(o) for o in task.bytes.outputs]
+        if ins is None:
+            ins = [tuple(s.dims) for s in task.bytes.inputs]
+    if ins is not None:
+        return ins, outs, len(ins)
+    try:
+        params = inspect.signature(task.reference).parameters.values()
+        n = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"cannot tell how many inputs task {task.name!r} takes: its make_inputs is not "
+                          f"a TensorInputs and its reference has no signature ({e})") from None
+    return None, outs, n
+
+
+def _timings(ev: Evaluation) -> dict[str, Any]:
+    t = ev.stage("timing")
+    if t is None:
+        return {}
+    keep = ("shape", "median_ms", "iqr_ms", "ref_median_ms", "ref_iqr_ms", "speedup", "sol_ms", "pct_sol",
+            "input_copies")
+    shapes = [{k: row.get(k) for k in keep if k in row} for row in t.metrics.get("shapes", []) if isinstance(row, dict)]
+    out: dict[str, Any] = {"shapes": shapes}
+    for k in ("reps", "warmup", "flush_mb", "fitness"):
+        if k in t.metrics:
+            out[k] = t.metrics[k]
+    out["stage_seconds"] = t.seconds
+    return out
+
+
+def _compile_resources(ev: Evaluation) -> dict[str, Any]:
+    c = ev.stage("compile")
+    if c is None:
+        return {}
+    keep = ("registers", "smem_bytes", "stack_frame", "spill_stores", "spill_loads", "wgmma_serialized",
+            "nvcc_seconds", "so_size")
+    return {k: c.metrics[k] for k in keep if k in c.metrics}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _versions(settings: "CompileSettings") -> dict[str, str | None]:
+    """nvcc and CUTLASS versions of this machine (None where unavailable)."""
+    out: dict[str, str | None] = {"nvcc": None, "cutlass": None}
+    try:
+        from evaluators.compile import cutlass_version
+
+        out["cutlass"] = cutlass_version()
+    except Exception as e:  # noqa: BLE001 - any failure means "unknown"
+        log.info("CUTLASS version unknown: %s", e)
+    try:
+        from evaluators.compile import find_nvcc, nvcc_version
+
+        out["nvcc"] = nvcc_version(find_nvcc(settings))
+    except Exception as e:  # noqa: BLE001
+        log.info("nvcc version unknown: %s", e)
+    return out
+
+
+def _compile_settings(run: Mapping[str, Any], override: "CompileSettings | None", arch: str | None) -> "CompileSettings":
+    import dataclasses
+
+    from evaluators.base import CompileSettings
+
+    if override is not None:
+        s = override
+    else:
+        c = (run.get("config") or {}).get("compile") or {}
+        s = CompileSettings(
+            arch=str(c.get("arch", "sm_90a")), timeout_s=float(c.get("timeout_s", 300.0)),
+            memory_mb=int(c.get("memory_mb", 8192)), cache_dir=str(c.get("cache_dir", ".evo/cache")),
+        )
+    return dataclasses.replace(s, arch=arch) if arch else s
+
+
+def _lineage_ids(store: "Store", cid: str, run_id: str) -> dict[str, Any]:
+    from evo.lineage import first_parent_chain
+
+    chain = first_parent_chain(store, cid, run_id=run_id)
+    return {
+        "first_parent_chain": [
+            {"id": s.candidate.id, "operator": s.candidate.operator, "generation": s.candidate.generation,
+             "fitness": s.fitness, "other_parents": list(s.other_parents)}
+            for s in chain
+        ],
+        "ancestors": [c.id for c in store.ancestry(cid)[1:]],
+    }
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir: Path,
+                settings: "CompileSettings", build: bool) -> ExportedTask:
+    import evo.tasks as T
+    from evaluators.compile import abi_include_dir
+
+    run_id = run["id"]
+    cand: Candidate = store.get_candidate(choice.candidate_id)
+    ev = store.get_evaluation(cand.id, run_id)
+    if ev is None or not ev.correct:
+        status = ev.status.value if ev else "not evaluated"
+        raise ExportError(f"candidate {cand.id[:16]} ({cand.task}) is not correct in run {run_id} "
+                          f"({status}); only correct kernels are exported (see `evo top {run_id}`)")
+    try:
+        task = T.get_task(cand.task)
+    except KeyError as e:
+        raise ExportError(f"task {cand.task!r} is not registered in this install (a user task? pass its "
+                          f"file with --task-file): {e}") from None
+    d = out_dir / cand.task
+    d.mkdir(parents=True, exist_ok=True)
+    for stale in d.glob("kernel_*.so"):
+        stale.unlink()
+
+    header = (f"cute-evo export of task {cand.task}, candidate {cand.id}\n"
+              f"run {run_id}, speedup {ev.fitness:.4f}x over the reference on {ev.gpu or 'the run GPU'}\n"
+              f"build: bash build.sh [ARCH]  (see manifest.json)")
+    (d / "kernel.cu").write_text(bake_params(cand.source, cand.params, header=header), encoding="utf-8")
+    shutil.copyfile(abi_include_dir() / "evo_abi.h", d / "evo_abi.h")
+    script = d / "build.sh"
+    script.write_text(build_script(settings.arch, settings.extra_flags), encoding="utf-8")
+    script.chmod(0o755)
+
+    so_path: Path | None = None
+    so_note = ""
+    compile_info: dict[str, Any] = {}
+    if build:
+        from evaluators.compile import CutlassNotFound, NvccNotFound, compile_candidate
+
+        try:
+            outcome = compile_candidate(cand, settings)
+        except (NvccNotFound, CutlassNotFound) as e:
+            so_note = f"no prebuilt .so: {e}. Build it where nvcc is installed: bash build.sh {settings.arch}"
+        else:
+            if outcome.ok and outcome.so_bytes:
+                so_path = d / f"kernel_{settings.arch}.so"
+                so_path.write_bytes(outcome.so_bytes)
+                compile_info = {"cache_key": outcome.key, "cached": outcome.cached,
+                                **_compile_resources(Evaluation(cand.id, (outcome.result,)))}
+            else:
+                so_note = (f"the rebuild for {settings.arch} failed ({outcome.result.status.value}: "
+                           f"{outcome.result.reason}); see build.sh")
+    else:
+        so_note = "not built (build disabled); run: bash build.sh"
+    if so_note:
+        log.warning("%s: %s", cand.task, so_note)
+
+    ref_text, test_note = _reference_module(task)
+    (d / "reference.py").write_text(ref_text, encoding="utf-8")
+
+    in_dims, out_dims, n_in = _io_dims(task)
+    names = _reference_params(task, n_in)
+    if in_dims is None:
+        in_dims = [()] * n_in
+        test_note = test_note or "input dims unknown: only device/dtype/contiguity are checked"
+    ident = op_identifier(cand.task)
+    n_out = len(out_dims) if out_dims is not None else 1
+    ret_ann = "torch.Tensor" if n_out == 1 else f"typing.Tuple[{', '.join(['torch.Tensor'] * n_out)}]"
+    ret_expr = "outs[0]" if n_out == 1 else "tuple(outs)"
+    arches = [settings.arch] if so_path else []
+    fitness = ev.fitness
+    op_text = _OP_TEMPLATE.format(
+        op_name=ident, task=cand.task, when=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        run_id=run_id, cid=cand.id, fitness=f"{fitness:.3f}x", gpu=ev.gpu or "the run GPU",
+        example=f"y = torch.ops.evo.{ident}({', '.join(names)})   # == op.{ident}(...)",
+        signature=f"evo::{ident}({', '.join(names)}) -> "
+                  + ("Tensor" if n_out == 1 else f"({', '.join(['Tensor'] * n_out)})"),
+        dtype=task.dtype,
+        dims_doc="\n".join(f"    {n}: [{', '.join(map(str, dims))}]" for n, dims in zip(names, in_dims))
+                 + ("\n    output: " + "; ".join(f"[{', '.join(map(str, o))}]" for o in out_dims)
+                    if out_dims else ""),
+        task_description="\nTask: " + textwrap.fill(task.description, 88),
+        inputs=[(n, tuple(dims)) for n, dims in zip(names, in_dims)],
+        outputs=out_dims, scalars=tuple(float(s) for s in task.scalars), arches=arches,
+        params_annotated=", ".join(f"{n}: torch.Tensor" for n in names),
+        params_plain=", ".join(names), params_tuple=", ".join(names) + ("," if len(names) == 1 else ""),
+        return_annotation=ret_ann, return_expr=ret_expr,
+    )
+    (d / "op.py").write_text(op_text, encoding="utf-8")
+
+    check_shapes = [i for i, s in enumerate(task.shapes) if task.bytes(s) <= TEST_MAX_BYTES]
+    if not check_shapes:
+        check_shapes = [min(range(len(task.shapes)), key=lambda i: task.bytes(task.shapes[i]))]
+    test_text = _TEST_TEMPLATE.format(
+        op_name=ident, task=cand.task, task_ident=re.sub(r"\W", "_", cand.task),
+        here_hint=f"{cand.task}/test_op.py", max_gb=TEST_MAX_BYTES / 2**30, check_shapes=check_shapes,
+    )
+    if test_note:
+        test_text = test_text.replace(
+            "import pytest\nimport torch\n",
+            f"import pytest\nimport torch\n\npytestmark = pytest.mark.skip(reason={test_note!r})\n", 1)
+    (d / "test_op.py").write_text(test_text, encoding="utf-8")
+
+    versions = _versions(settings)
+    env = dict(ev.env)
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "task": cand.task,
+        "op": f"evo::{ident}",
+        "candidate_id": cand.id,
+        "run_id": run_id,
+        "run_name": run.get("name"),
+        "run_config_hash": run.get("config_hash"),
+        "selection": choice.selection,
+        "confirmation": choice.confirmation,
+        "fitness": fitness,
+        "operator": cand.operator,
+        "generation": cand.generation,
+        "island": cand.island,
+        "params": dict(cand.params),
+        "lineage": _lineage_ids(store, cand.id, run_id),
+        "gpu": ev.gpu or env.get("gpu"),
+        "gpu_capability": env.get("capability"),
+        "driver": env.get("driver"),
+        "cuda": env.get("cuda"),
+        "torch": env.get("torch"),
+        "python": env.get("python"),
+        "protocol": env.get("protocol"),
+        "cutlass": versions["cutlass"],
+        "nvcc": versions["nvcc"],
+        "arch": settings.arch,
+        "compile_flags": list(settings.extra_flags),
+        "timings": _timings(ev),
+        "compile": compile_info or _compile_resources(ev),
+        "env": env,
+        "so": so_path.name if so_path else None,
+        "so_note": so_note or None,
+        "test_note": test_note or None,
+        "task_spec": {
+            "dtype": task.dtype, "scalars": list(task.scalars), "shapes": [dict(s) for s in task.shapes],
+            "bench_shapes": task.bench_shapes,
+            "inputs": [{"name": n, "dims": list(dims)} for n, dims in zip(names, in_dims)],
+            "outputs": [list(o) for o in out_dims] if out_dims else None,
+        },
+    }
+    files = ["kernel.cu", "evo_abi.h", "build.sh", "op.py", "reference.py", "test_op.py"]
+    if so_path:
+        files.append(so_path.name)
+    manifest["files"] = {f: _sha256(d / f) for f in files}
+    (d / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    log.info("exported %s (%s) to %s", cand.task, cand.short_id, d)
+    return ExportedTask(cand.task, cand.id, d, choice.selection, fitness, so_path, so_note, test_note)
+
+
+def export(
+    store: "Store",
+    target: str,
+    out_dir: str | Path,
+    *,
+    tasks: Sequence[str] | None = None,
+    compile_settings: "CompileSettings | None" = None,
+    arch: str | None = None,
+    build: bool = True,
+) -> ExportResult:
+    """Export a run's champions (``target`` = run id) or one kernel (``target`` = candidate
+    id), prefixes accepted, into ``out_dir`` (see the module docstring for the layout).
+
+    ``tasks`` limits a run export to those tasks. The .so is built with ``compile_settings``
+    (default: the run config's ``[compile]`` section) for ``arch`` (default: its
+    ``compile.arch``); ``build=False`` writes everything but the .so. Returns an
+    :class:`ExportResult`; tasks without a correct candidate are in ``skipped``.
+    """
+    run_id, cid = resolve_target(store, target)
+    run = store.get_run(run_id)
+    settings = _compile_settings(run, compile_settings, arch)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create the export directory {out}: {e}") from e
+    if cid is not None:
+        c = store.get_candidate(cid)
+        choices, skipped = [Choice(c.task, cid, "explicit id")], {}
+    else:
+        choices, skipped = choose_champions(store, run_id, tasks)
+    exported = []
+    for ch in choices:
+        try:
+            exported.append(_export_one(store, run, ch, out, settings, build))
+        except OSError as e:
+            raise ExportError(f"cannot write the export of {ch.task} into {out}: {e}") from e
+    result = ExportResult(run_id, out, tuple(exported), skipped)
+    summary = result.as_dict()
+    summary["exported_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,138 @@
+"""An exported champion on a real GPU (H100/H200): it loads in a fresh Python that has torch
+but not cute-evo, passes its own test_op.py, and runs as fast as the evaluation recorded.
+
+The kb19_relu seed is compiled, evaluated by the real isolated harness (correctness + timing,
+50 reps, L2 flushed), stored as a run's confirmed champion and exported; then, in fresh
+subprocesses whose PYTHONPATH holds only torch's site-packages (and whose import system
+refuses cute-evo's packages), the export's pytest file runs and the op is timed the same way
+(L2 flush before each call, CUDA events, median of 50) against the manifest's median.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evaluators.base import CompileSettings, HarnessSettings
+from evo.records import Candidate, Operator
+
+pytestmark = pytest.mark.gpu
+
+TASK = "kb19_relu"
+TOLERANCE = 0.05  # the op must be within 5% of the recorded median
+
+BLOCKER = textwrap.dedent("""
+    import sys
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split('.')[0] in ('evo', 'evaluators', 'mutators', 'populations'):
+                raise ImportError('blocked engine import: ' + name)
+            return None
+    sys.meta_path.insert(0, _Block())
+""")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from evaluators.compile import compile_candidate
+    from evaluators.pipeline import evaluate_built
+    from evaluators.policy import check_policy
+    from evo.export import export
+    from evo.store import Store
+    from evo.tasks.seeds import seed_params, seed_source
+
+    tmp = tmp_path_factory.mktemp("export-gpu")
+    cs = CompileSettings(cache_dir=str(tmp / "cache"))
+    hs = HarnessSettings(trials=5, warmup=10, reps=50, flush_mb=256, timeout_s=600)
+    src = seed_source(TASK)
+    cand = Candidate.create(TASK, src, seed_params(TASK), operator=Operator.SEED)
+    pol = check_policy(src)
+    assert pol.passed, pol.reason
+    outcome = compile_candidate(cand, cs)
+    assert outcome.ok, outcome.result.reason
+    ev = evaluate_built(cand, outcome.so_bytes, hs, prior=(pol, outcome.result))
+    assert ev.correct, [(s.stage, s.status.value, s.reason) for s in ev.stages]
+    db = tmp / "evo.db"
+    with Store(db) as store:
+        rid = store.create_run("gpu-export", {"compile": {"arch": cs.arch, "cache_dir": cs.cache_dir}},
+                               seed=0, config_hash="gpu-export")
+        store.add_candidate(rid, cand)
+        store.add_evaluation(rid, ev)
+        store.set_champion(rid, TASK, cand.id, ev.fitness, {"confirmed": True, "fitness_confirmed": ev.fitness})
+    with Store.open_reader(db) as store:
+        res = export(store, rid, tmp / "out")
+    (e,) = res.exported
+    assert e.so_path is not None, e.so_note
+    return e
+
+
+def _torch_only_python(code: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """A fresh interpreter: PYTHONPATH = torch's site-packages only, no user site, cute-evo's
+    packages blocked from import even if installed there."""
+    import torch
+
+    site = str(Path(torch.__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = site
+    return subprocess.run([sys.executable, "-s", "-c", BLOCKER + textwrap.dedent(code)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_exported_op_passes_its_own_tests_in_a_torch_only_python(exported):
+    r = _torch_only_python("""
+        import sys, pytest
+        rc = pytest.main(["-q", "-p", "no:cacheprovider", "-rs", "test_op.py"])
+        assert not [m for m in sys.modules if m.split('.')[0] in ('evo', 'evaluators')]
+        sys.exit(rc)
+    """, exported.directory)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "skipped" not in r.stdout, r.stdout[-4000:]  # the accuracy tests really ran on the GPU
+    assert "passed" in r.stdout
+
+
+def test_exported_op_matches_its_recorded_time(exported):
+    manifest = json.loads((exported.directory / "manifest.json").read_text())
+    recorded = manifest["timings"]["shapes"][0]["median_ms"]
+    r = _torch_only_python(f"""
+        import importlib.util, json, statistics, torch
+
+        def load(name):
+            spec = importlib.util.spec_from_file_location(name, name + ".py")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return mod
+
+        op, ref = load("op"), load("reference")
+        m = json.load(open("manifest.json"))
+        row = m["timings"]["shapes"][0]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = ref.make_inputs(row["shape"], gen, ref.DISTRIBUTIONS[0], "cuda")
+        flush = torch.empty(int(m["timings"].get("flush_mb", 256)) * 2**20, dtype=torch.uint8, device="cuda")
+        fn = torch.ops.evo.{TASK}
+        for _ in range(10):
+            y = fn(*x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(50):
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            y = fn(*x)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        print(json.dumps({{"median_ms": statistics.median(times), "recorded_ms": row["median_ms"]}}))
+    """, exported.directory)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["recorded_ms"] == recorded
+    ratio = got["median_ms"] / recorded
+    assert abs(ratio - 1.0) <= TOLERANCE, (
+        f"exported op median {got['median_ms']:.4f} ms vs recorded {recorded:.4f} ms (x{ratio:.3f}); "
+        f"allowed +-{TOLERANCE:.0%}")
