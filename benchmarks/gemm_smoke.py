@@ -44,7 +44,6 @@ REPO = Path(__file__).resolve().parents[1]
 #: choosing seed defaults; they run on the task's shapes and are listed in the table too.
 VARIANTS: dict[str, dict[str, str]] = {
     "kb01_square@128x256": {"BN": "256"},
-    "kb06_large_k@thr8x16": {"THR_M": "8", "THR_N": "16"},
     "kb01_square@mb2": {"MIN_BLOCKS": "2"},
     "kb17_trans_b@mb2": {"MIN_BLOCKS": "2"},
 }

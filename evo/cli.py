@@ -243,97 +243,43 @@ def show(
     as_json: bool = JsonOpt,
     source: bool = typer.Option(True, "--source/--no-source", help="Print the kernel source."),
 ) -> None:
-    """Show one kernel: source, params, stage verdicts and metrics.
+    """Show one kernel: source, params, stage verdicts, metrics, profile, and the prompt and
+    response that made it.
 
     Example: evo show 3fa9c2e1b7d0
     """
+    from evo.cli_inspect import print_show
     from evo.store import StoreError
 
     with _open_reader(db) as store:
         try:
             cid = store.resolve_id(id)
-            cand = store.get_candidate(cid)
-            ev = store.get_evaluation(cid)
+            print_show(store, cid, as_json=as_json, source=source)
         except StoreError as e:
             _fail(str(e))
-    data = {
-        "id": cand.id, "task": cand.task, "operator": cand.operator, "parents": list(cand.parents),
-        "island": cand.island, "generation": cand.generation, "params": dict(cand.params),
-        "notes": cand.notes, "fitness": ev.fitness if ev else None,
-        "status": ev.status.value if ev else "pending",
-        "stages": [
-            {"stage": s.stage, "status": s.status.value, "reason": s.reason, "seconds": s.seconds,
-             "metrics": s.metrics}
-            for s in (ev.stages if ev else ())
-        ],
-    }
-    if as_json:
-        data["source"] = cand.source
-        _emit_json(data)
-        return
-    console.print(f"[bold]{cand.id}[/]  task={cand.task} operator={cand.operator} "
-                  f"gen={cand.generation} island={cand.island}")
-    console.print(f"parents: {', '.join(p[:12] for p in cand.parents) or '-'}")
-    console.print(f"params: {' '.join(f'{k}={v}' for k, v in cand.params) or '-'}")
-    console.print(f"status: {data['status']}  speedup: {_fmt(data['fitness'])}")
-    for s in data["stages"]:
-        console.print(f"  {s['stage']:<12} {s['status']:<14} {s['reason']}", highlight=False)
-    if source:
-        console.rule("source")
-        console.print(cand.source, highlight=False, markup=False)
 
 
 @app.command()
 def lineage(
     id: str = typer.Argument(..., help="Candidate id or unique prefix."),
+    diff: bool = typer.Option(False, "--diff", help="Show the full diff of every edge."),
     db: Optional[str] = DbOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show the ancestry of a kernel, from it back to its seed(s).
+    """Show the ancestry of a kernel back to its seed: each edge with operator, diff summary,
+    fitness delta, stage verdicts and profile deltas.
 
-    Example: evo lineage 3fa9c2e1b7d0 --json
+    Example: evo lineage 3fa9c2e1b7d0 --diff
     """
+    from evo.cli_inspect import print_lineage
     from evo.store import StoreError
 
     with _open_reader(db) as store:
         try:
             cid = store.resolve_id(id)
-            chain = store.ancestry(cid)
-            evs = {c.id: store.get_evaluation(c.id) for c in chain}
+            print_lineage(store, cid, diff=diff, as_json=as_json)
         except StoreError as e:
             _fail(str(e))
-    data = []
-    for c in chain:
-        ev = evs.get(c.id)
-        data.append({
-            "id": c.id, "task": c.task, "operator": c.operator, "parents": list(c.parents),
-            "generation": c.generation, "params": dict(c.params),
-            "fitness": ev.fitness if ev else None,
-            "status": ev.status.value if ev else "pending",
-        })
-    if as_json:
-        _emit_json(data)
-        return
-    from rich.tree import Tree
-
-    by_id = {d["id"]: d for d in data}
-
-    from rich.markup import escape
-
-    def label(d: dict) -> str:
-        return escape(f"{d['id'][:12]} [{d['operator']}] gen {d['generation']} "
-                      f"{d['status']} speedup {_fmt(d['fitness'])}")
-
-    root = Tree(label(data[0]))
-
-    def grow(node: Tree, d: dict, seen: set[str]) -> None:
-        for p in d["parents"]:
-            if p in by_id and p not in seen:
-                seen.add(p)
-                grow(node.add(label(by_id[p])), by_id[p], seen)
-
-    grow(root, data[0], {data[0]["id"]})
-    console.print(root)
 
 
 # --------------------------------------------------------------------------- tasks / check
@@ -464,6 +410,11 @@ def fake_llm(
     if not cassette.is_file():
         _fail(f"{cassette}: no such cassette file")
     raise typer.Exit(serve(["--cassette", str(cassette), "--port", str(port), "--host", host]))
+
+
+from evo.cli_inspect import register as _register_inspect  # noqa: E402  (status, report, export)
+
+_register_inspect(app)
 
 
 def main() -> None:  # console script entry point

@@ -305,7 +305,7 @@ class Engine:
         k = self.mutator.wants_parents() if hasattr(self.mutator, "wants_parents") else 1
         # Parent selection is prefetched: the answer to the request made after this island's
         # previous proposal is usually ready, so no actor round trip sits on this path
-        # (deliberately one proposal stale; the island state it reflects is milliseconds old).
+        # (it is dropped whenever a member joins the island, so it never misses a result).
         ref = meta.pop("parents_ref", None)
         parents: list[Member] = self.rt.get(ref) if ref is not None else []
         if not parents:  # nothing prefetched, or prefetched before the island had members
@@ -470,6 +470,9 @@ class Engine:
                    else [self.island_meta[cand.island]["actor"]] if cand.island < len(self.island_meta) else [])
         for actor in targets:
             self.rt.cast(actor, "add", member)  # ordered before this driver's next call
+        for m in self.island_meta:  # a prefetched parent choice predates this member: drop it
+            if any(m["actor"] is a for a in targets):
+                m.pop("parents_ref", None)
         if member.correct:  # a new correct member may open new neighbours to explore
             for m in self.island_meta:
                 if any(m["actor"] is a for a in targets):

@@ -66,8 +66,9 @@ def _bf16(description: str, *, epilogue: str = "none", tunables: tuple[tuple[str
 
 
 #: Small-M/N, huge-K: 64x64 tiles and an 8-CTA split-K cluster give 16 x 8 = 128 CTAs
-#: for 256 x 524288 x 256, instead of 4 CTAs with 128x128 tiles.
-_LARGE_K = (("BM", "64"), ("BN", "64"), ("BK", "16"), ("SPLIT_K", "8"))
+#: for 256 x 524288 x 256, instead of 4 CTAs with 128x128 tiles; an 8x16 thread grid (8x4
+#: outputs per thread) measured 17.6 TFLOP/s on an H200 against 15.0 for 16x16.
+_LARGE_K = (("BM", "64"), ("BN", "64"), ("BK", "16"), ("SPLIT_K", "8"), ("THR_M", "8"), ("THR_N", "16"))
 
 GEMM_SEEDS: dict[str, SeedSpec] = {
     # ---- strict fp32 (kernelbench level 1) -------------------------------------------------
