@@ -63,5 +63,12 @@ class GpuEvaluator:
         log.debug("%s evaluated %s in %.2fs: %s", self._worker, candidate.short_id, t1 - t0, ev.status.value)
         return GpuResult(evaluation=ev, started=t0, finished=t1, worker=self._worker)
 
+    def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
+        """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises
+        ``ProfileError`` when the profiler itself cannot run."""
+        from evaluators.profile import profile_candidate
+
+        return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings)
+
     def worker(self) -> str:
         return self._worker

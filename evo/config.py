@@ -349,6 +349,24 @@ class LLMConfig(_Section):
         return self
 
 
+class ProfileConfig(_Section):
+    """``[profile]``: delayed Nsight Compute profiling of survivors (docs/profiling.md)."""
+
+    enabled: bool = False
+    top_k: int = Field(3, ge=1)
+    feedback_after: int = Field(3, ge=0)
+    timeout_s: float = Field(240.0, gt=0)
+
+
+class TuningConfig(_Section):
+    """``[tuning]``: Optuna studies over the tunables of new top-k members (docs/tuning.md)."""
+
+    enabled: bool = False
+    trials_per_survivor: int = Field(16, ge=1)
+    top_k: int = Field(2, ge=1)
+    max_concurrent: int = Field(2, ge=1)
+
+
 class Config(_Section):
     """The whole validated configuration. Frozen; build it with :func:`load_config`.
 
@@ -362,6 +380,8 @@ class Config(_Section):
     compile: CompileConfig = Field(default_factory=CompileConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    tuning: TuningConfig = Field(default_factory=TuningConfig)
     llm: LLMConfig | None = None
 
     _source_path: Path | None = PrivateAttr(default=None)
@@ -392,6 +412,23 @@ class Config(_Section):
         return HarnessSettings(
             trials=e.trials, warmup=e.warmup, reps=e.reps, flush_mb=e.flush_mb, timeout_s=float(e.timeout_s)
         )
+
+    def profile_settings(self):
+        """The ``[profile]`` section as :class:`evaluators.profile.ProfileSettings`."""
+        from evaluators.profile import ProfileSettings
+
+        p = self.profile
+        return ProfileSettings(enabled=p.enabled, top_k=p.top_k, feedback_after=p.feedback_after,
+                               timeout_s=float(p.timeout_s),
+                               cache_dir=str(Path(self.compile.cache_dir).parent / "profiles"))
+
+    def tuning_settings(self):
+        """The ``[tuning]`` section as :class:`evo.tuning.TuningSettings` (seeded by run.seed)."""
+        from evo.tuning import TuningSettings
+
+        t = self.tuning
+        return TuningSettings(enabled=t.enabled, trials_per_survivor=t.trials_per_survivor, top_k=t.top_k,
+                              seed=self.run.seed, max_concurrent=t.max_concurrent)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (paths as absolute strings, tuples as lists)."""

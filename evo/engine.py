@@ -58,6 +58,12 @@ class EngineSettings:
     archive: bool = True
     confirm_champions: bool = True
     progress_every: int = 10
+    #: ``evaluators.profile.ProfileSettings`` (None or enabled=False: no profiling).
+    profile: Any = None
+    #: ``evo.tuning.TuningSettings`` (None or enabled=False: no tuning).
+    tuning: Any = None
+    #: Optuna storage for tuning studies (``evo.tuning.journal_path``); required with tuning.
+    tuning_storage: str = ""
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,15 @@ class Engine:
         self._last_migration = 0
         self._stop_reason = ""
         self._failed_attempts = 0
+        # delayed profiling and tuning (docs/profiling.md, docs/tuning.md)
+        self._ranking: dict[int, list[tuple[float, str]]] = {}
+        self._profile_queue: deque[tuple[Candidate, bytes, int]] = deque()
+        self._profile_refs: dict[Any, tuple[int, Candidate, int]] = {}
+        self._profiled: set[str] = set()
+        self._tune_queue: deque[_Pending] = deque()
+        self._studies: dict[str, Any] = {}
+        self._trial_of: dict[str, list[tuple[Any, int]]] = {}
+        self._so: dict[str, bytes] = {}
 
     def _max_failed_attempts(self) -> int:
         cap = getattr(self.mutator, "max_failed_attempts", 0) or 0
@@ -215,7 +230,7 @@ class Engine:
 
     @property
     def n_inflight(self) -> int:
-        return len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue)
+        return len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue) + len(self._tune_queue)
 
     @property
     def max_inflight(self) -> int:
@@ -296,6 +311,42 @@ class Engine:
                 tries = 0
             else:
                 tries += 1
+        self._ask_tuning()
+
+    def _ask_tuning(self) -> None:
+        """Tuning trials take free slots, at most a third of them, after mutations."""
+        if not self._studies or self._stop_reason:
+            return
+        cap = max(1, self.max_inflight // 3)
+        max_conc = int(getattr(self.s.tuning, "max_concurrent", 2))
+        for study in list(self._studies.values()):
+            while (not study.done and study.in_flight < max_conc and self._tuning_in_flight() < cap
+                   and self.n_inflight < self.max_inflight
+                   and self.progress.proposed < self.s.max_evaluations):
+                got = study.ask()
+                if got is None:
+                    break
+                number, cand = got
+                self._trial_of.setdefault(cand.id, []).append((study, number))
+                if cand.id in self.seen:
+                    continue  # in flight already (a mutation proposed it): told when it lands
+                self._submit(cand)
+            if study.done:
+                self._finish_study(study)
+
+    def _tuning_in_flight(self) -> int:
+        return sum(s.in_flight for s in self._studies.values())
+
+    def _finish_study(self, study) -> None:
+        key = study.parent.id
+        if key not in self._studies:
+            return
+        del self._studies[key]
+        summ = study.summary()
+        self.store.log_event(self.run_id, "tuning_done", {
+            "study": summ.study, "parent": study.parent.id, "best": summ.best_id,
+            "best_fitness": summ.best_fitness, "parent_fitness": summ.parent_fitness,
+            "improved": summ.improved, "evaluated": summ.evaluated})
 
     def _propose(self, idx: int) -> bool:
         from mutators.base import MutationContext
@@ -367,24 +418,39 @@ class Engine:
     # ------------------------------------------------------------------ GPU dispatch
 
     def _dispatch_gpus(self) -> None:
-        while self.gpu_queue:
+        """Mutations first, then delayed profiles, then tuning trials (lowest priority)."""
+        while self.gpu_queue or self._profile_queue or self._tune_queue:
             free = [g for g, load in enumerate(self.gpu_load) if load < 2]
             if not free:
                 return
             g = min(free, key=lambda i: self.gpu_load[i])
-            pending = self.gpu_queue.popleft()
-            pending.gpu_attempts += 1
-            ref = self.rt.submit_gpu(g, pending.candidate, pending.so_bytes)
-            self.gpu_refs[ref] = (g, pending)
+            if self.gpu_queue or (self._tune_queue and not self._profile_queue):
+                pending = (self.gpu_queue or self._tune_queue).popleft()
+                pending.gpu_attempts += 1
+                ref = self.rt.submit_gpu(g, pending.candidate, pending.so_bytes)
+                self.gpu_refs[ref] = (g, pending)
+            else:
+                cand, so, shape_idx = self._profile_queue.popleft()
+                ref = self.rt.submit_profile(g, cand, so, shape_idx, self.s.profile)
+                self._profile_refs[ref] = (g, cand, shape_idx)
             self.gpu_load[g] += 1
 
     # ------------------------------------------------------------------ collecting
 
     def _collect(self, timeout: float) -> None:
-        refs = list(self.compile_refs) + list(self.gpu_refs)
+        refs = list(self.compile_refs) + list(self.gpu_refs) + list(self._profile_refs)
         ready = self.rt.wait(refs, timeout)
         errors = self.rt.remote_errors()
         for ref in ready:
+            if ref in self._profile_refs:
+                g, cand, shape_idx = self._profile_refs.pop(ref)
+                self.gpu_load[g] -= 1
+                try:
+                    self._profiled_result(cand, shape_idx, self.rt.get(ref))
+                except errors as e:  # ncu missing or broken: our failure, but not the search's
+                    log.warning("profiling %s failed: %s", cand.short_id, e)
+                    self.store.log_event(self.run_id, "profile_failed", {"id": cand.id, "error": str(e)[:2000]})
+                continue
             if ref in self.compile_refs:
                 pending = self.compile_refs.pop(ref)
                 try:
@@ -415,7 +481,7 @@ class Engine:
         pending.pre_stages = pending.pre_stages + (stage,)
         if stage.passed and outcome.so_bytes:
             pending.so_bytes = outcome.so_bytes
-            self.gpu_queue.append(pending)
+            (self._tune_queue if pending.candidate.id in self._trial_of else self.gpu_queue).append(pending)
         else:
             self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages), gpu=None)
 
@@ -454,6 +520,12 @@ class Engine:
         self._add_member(member)
         if hasattr(self.mutator, "observe"):
             self.mutator.observe(cand.id, fitness)
+        for study, number in self._trial_of.pop(cand.id, []):
+            study.tell(number, ev)
+            if study.done:
+                self._finish_study(study)
+        if fitness is not None and pending.so_bytes:
+            self._after_correct(member, pending.so_bytes)
         if 0 <= cand.island < len(self.island_meta):
             self.island_meta[cand.island].pop("genesis_pending", None)
         if fitness is not None:
@@ -463,6 +535,66 @@ class Engine:
                 self.store.log_event(self.run_id, "new_best", {"task": cand.task, "id": cand.id, "fitness": fitness})
         self._maybe_migrate()
         self._emit_progress()
+
+    def _after_correct(self, member: Member, so_bytes: bytes) -> None:
+        """Delayed profiling and tuning triggers for a correct member that just landed."""
+        from evo.triggers import should_profile, should_tune
+
+        cand = member.candidate
+        islands = ([m["index"] for m in self.island_meta if m["task"] == cand.task] if cand.island < 0
+                   else [cand.island])
+        prof, tun = self.s.profile, self.s.tuning
+        for idx in islands:
+            rank = self._ranking.setdefault(idx, [])
+            rank.append((member.fitness, cand.id))
+            rank.sort(key=lambda x: (-x[0], x[1]))
+            topk = [i for _, i in rank]
+            if prof is not None and getattr(prof, "enabled", False):
+                from evo.tasks import get_task
+
+                n_bench = get_task(cand.task).bench_shapes
+                for shape_idx in range(n_bench):
+                    key = f"{cand.id}|{shape_idx}"
+                    if should_profile(member, topk, prof, done=self._profiled, shape=str(shape_idx)) \
+                            and key not in self._profiled:
+                        self._profiled.add(key)
+                        self._profile_queue.append((cand, so_bytes, shape_idx))
+            if tun is not None and getattr(tun, "enabled", False) and cand.id not in self._studies:
+                tuned = set(self._studies) | self._tuned_before()
+                if should_tune(member, topk, tuned, tun):
+                    self._open_study(member)
+
+    def _tuned_before(self) -> set[str]:
+        return getattr(self, "_tuned_ids", set())
+
+    def _open_study(self, member: Member) -> None:
+        from evo.tuning import TuningStudy
+
+        cand = member.candidate
+        self._tuned_ids = self._tuned_before() | {cand.id}
+
+        def on_trial(rec) -> None:
+            self.store.add_tuning_trial(self.run_id, cand.id, rec.number, rec.params, rec.value, rec.status,
+                                        rec.candidate_id)
+
+        study = TuningStudy(self.s.tuning_storage, self.run_id, cand, seed=self.rng.randrange(2**31),
+                            n_trials=self.s.tuning.trials_per_survivor, parent_fitness=member.fitness,
+                            lookup=lambda cid: self.store.get_evaluation(cid, self.run_id), on_trial=on_trial)
+        self._studies[cand.id] = study
+        self.store.log_event(self.run_id, "tuning_start", {"parent": cand.id, "study": study.name,
+                                                           "fitness": member.fitness})
+
+    def _profiled_result(self, cand: Candidate, shape_idx: int, st: StageResult) -> None:
+        from evo.tasks import get_task
+        from evo.tasks.registry import format_shape
+
+        shape = format_shape(get_task(cand.task).shapes[shape_idx])
+        if st.passed:
+            self.store.add_profile(cand.id, shape=shape, gpu=str(st.metrics.get("gpu", "")), metrics=st.metrics)
+        self.store.log_event(self.run_id, "profile", {"id": cand.id, "shape": shape, "status": st.status.value,
+                                                      "reason": st.reason[:500],
+                                                      "bound": st.metrics.get("bound"),
+                                                      "ncu_wall_s": st.metrics.get("ncu_wall_s")})
 
     def _add_member(self, member: Member) -> None:
         cand = member.candidate
@@ -609,6 +741,8 @@ def engine_settings(cfg) -> EngineSettings:
         max_evaluations=s.max_evaluations, max_wall_seconds=60.0 * s.max_wall_minutes,
         in_flight=s.in_flight, migration_every=s.migration_every, migration_count=s.migration_count,
         selection_lambda=s.selection_lambda, archive=s.archive,
+        profile=cfg.profile_settings() if cfg.profile.enabled else None,
+        tuning=cfg.tuning_settings() if cfg.tuning.enabled else None,
     )
 
 
@@ -767,9 +901,16 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
                 view = LiveProgress(run_id)
                 view.start()
                 cb = view.update
+            settings = engine_settings(cfg)
+            if settings.tuning is not None:
+                from dataclasses import replace
+
+                from evo.tuning import journal_path
+
+                settings = replace(settings, tuning_storage=str(journal_path(cfg.run.db, run_id)))
             eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng),
                          run_id=run_id, tasks=names,
-                         seeds=seeds, settings=engine_settings(cfg), rng=rng, policy=check_policy,
+                         seeds=seeds, settings=settings, rng=rng, policy=check_policy,
                          descriptor=descriptor, on_progress=cb)
             store.log_event(run_id, "start" if not resume else "resume_start",
                             {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus})

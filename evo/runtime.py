@@ -130,6 +130,9 @@ class Runtime:
     def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes):
         return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes)
 
+    def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
+        return self.gpu_actors[gpu].profile.remote(candidate, so_bytes, shape_idx, settings)
+
     @staticmethod
     def wait(refs: list, timeout: float) -> list:
         if not refs:

@@ -140,7 +140,7 @@ def test_hash_and_to_dict(registry):
     d = a.to_dict()
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
     assert d["tasks"]["include"] == ["kb19_relu"] and isinstance(d["run"]["db"], str)
-    assert sorted(d) == ["compile", "evaluator", "llm", "mutator", "ray", "run", "search", "tasks"]
+    assert sorted(d) == ["compile", "evaluator", "llm", "mutator", "profile", "ray", "run", "search", "tasks", "tuning"]
     # the dict round-trips into an equal config
     assert parse_config(d).hash() == a.hash()
 
@@ -329,7 +329,7 @@ def test_unknown_section_with_suggestion(registry):
     msg = one_line(error_of({**MINIMAL, "serch": {"islands_per_task": 2}}))
     assert msg == (
         "configs/x.toml: unknown section [serch] (did you mean [search]?; "
-        "allowed: run, tasks, search, mutator, compile, evaluator, ray, llm)"
+        "allowed: run, tasks, search, mutator, compile, evaluator, ray, profile, tuning, llm)"
     )
 
 

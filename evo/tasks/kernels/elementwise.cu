@@ -110,7 +110,7 @@ __device__ __forceinline__ float apply_op(float x, const OpArgs& a) {
 #else
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 #endif
-#elif defined(EVO_OP_SELU)
+#elif defined(EVO_OP_SELU)        // (a branch-free expm1f(min(x, 0)) + select measured slower)
   return 1.0507009873554804934f * (x > 0.f ? x : 1.6732632423543772848f * expm1f(x));
 #elif defined(EVO_OP_HARDSIGMOID)  // relu6(x + 3) / 6
   return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);  // as torch: times one_sixth
