@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             {"candidate": cand.id, "fitness": report.fitness, "env": report.env,
              "stages": [dataclasses.asdict(s) for s in report.stages]}, default=str, indent=1))
         rows.extend(_rows_for(task, report))
+        # Rewritten after every task, so a run cut short still leaves the rows it measured.
+        _write_md(Path(args.table), rows, env, command, hs)
+        print("\n".join(_table(rows[-len(_rows_for(task, report)):])[2:]), flush=True)
     table = Path(args.table)
     _write_md(table, rows, env, command, hs)
     log.info("wrote %s and logs under %s", table, out)
