@@ -236,8 +236,12 @@ class Engine:
     def max_inflight(self) -> int:
         if self.s.in_flight > 0:
             return self.s.in_flight
+        # Enough to keep every GPU fed while compiles run ahead, but bounded: everything in
+        # flight must drain when the budget ends (on one H200 with 16 CPUs, 2 x GPUs + workers
+        # = 17 left ~2.5 minutes of queued work behind the budget).
         workers = max(1, self.rt.n_cpus - 1)
-        return 2 * self.rt.n_gpus + workers
+        g = self.rt.n_gpus
+        return min(2 * g + workers, 6 * g)
 
     # ------------------------------------------------------------------ run
 

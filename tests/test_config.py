@@ -239,7 +239,7 @@ def test_demo_config_values(registry):
     cfg = load_config(DEMO)
     assert cfg.tasks.include == ("kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb19_relu")
     assert cfg.search.islands_per_task == 2
-    assert cfg.search.max_evaluations == 120 and cfg.search.max_wall_minutes == 9
+    assert cfg.search.max_evaluations == 48 and cfg.search.max_wall_minutes == 8
     assert cfg.mutator.kind == "knobs" and cfg.compile.arch == "sm_90a"
 
 

@@ -70,10 +70,9 @@ def softmax_last(x: torch.Tensor) -> torch.Tensor:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x * rsqrt(mean(x^2, -1) + 1e-6) * weight, computed in (at least) fp32, returned in
     x's dtype (eps = scalars[0])."""
-    ct = torch.promote_types(x.dtype, torch.float32)
-    xf = x.to(ct)
-    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + RMSNORM_EPS) * weight.to(ct)
-    return y.to(x.dtype)
+    # torch's own fused op (fp32 maths inside for bf16): the baseline a user would call. The
+    # hand-written fp32 formula ran 11x slower than this on the H200 and inflated speedups.
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), RMSNORM_EPS)
 
 
 # ---------------------------------------------------------------- builders
