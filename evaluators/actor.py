@@ -47,7 +47,9 @@ class GpuEvaluator:
     (failures included) and raises only when the evaluation machinery itself is broken.
     """
 
-    def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings) -> None:
+    def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings,
+                 profile_fn: Callable | None = None) -> None:
+        self._profile = profile_fn
         if evaluate_fn is None:
             from evaluators.pipeline import evaluate_built
 
@@ -66,6 +68,8 @@ class GpuEvaluator:
     def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises
         ``ProfileError`` when the profiler itself cannot run."""
+        if self._profile is not None:
+            return self._profile(candidate, so_bytes, shape_idx, settings)
         from evaluators.profile import profile_candidate
 
         return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings)

@@ -393,6 +393,84 @@ def check(
     raise typer.Exit(1 if failed else 0)
 
 
+@app.command()
+def tune(
+    id: str = typer.Argument(..., help="Candidate id or unique prefix (a correct kernel with tunables)."),
+    trials: int = typer.Option(16, "--trials", help="Evaluated trials to run in this session."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run to record trials in (default: the candidate's latest run)."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Tune a kernel's declared tunables with Optuna (TPE), resuming its study if one exists.
+
+    Trials are compiled and evaluated on this machine's GPU, recorded as children with
+    operator `optuna` in the run, and the study is stored next to the database, so running
+    the command again continues it without repeating a point.
+
+    Example: evo tune 3fa9c2e1b7d0 --trials 24
+    """
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.pipeline import gpu_available
+    from evo.store import Store, StoreError
+    from evo.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
+
+    path = _db_path(db)
+    cs, hs = CompileSettings(), HarnessSettings()
+    if config is not None:
+        from evo.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(config)
+        except ConfigError as e:
+            _fail(str(e))
+        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    try:
+        store = Store(path)
+    except StoreError as e:
+        _fail(str(e))
+    with store:
+        try:
+            cid = store.resolve_id(id)
+            cand = store.get_candidate(cid)
+            run_id = run or _latest_run_of(store, cid)
+            ev = store.get_evaluation(cid, run_id)
+        except StoreError as e:
+            _fail(str(e))
+        if ev is None or not ev.correct:
+            _fail(f"{cid[:12]} has no correct evaluation in run {run_id}; tune a correct kernel (see `evo top {run_id}`)")
+        if not gpu_available():
+            _fail("no CUDA GPU found on this machine: tuning trials are evaluated on the GPU. Run `evo tune` "
+                  "on a GPU machine, or enable [tuning] in a search config.")
+        evaluate = make_local_evaluate(cs, hs)
+
+        def evaluate_and_record(c):
+            store.add_candidate(run_id, c)
+            e = evaluate(c)
+            store.add_evaluation(run_id, e)
+            return e
+
+        try:
+            study = TuningStudy(journal_path(path, run_id), run_id, cand, seed=0, n_trials=trials,
+                                parent_fitness=ev.fitness, lookup=lambda x: store.get_evaluation(x, run_id),
+                                on_trial=lambda r: store.add_tuning_trial(run_id, cand.id, r.number, r.params,
+                                                                          r.value, r.status, r.candidate_id))
+        except TuningError as e:
+            _fail(str(e))
+        summary = tune_once(study, evaluate_and_record)
+    console.print(f"study {summary.study}: {summary.evaluated} trial(s) evaluated; parent "
+                  f"{_fmt(summary.parent_fitness)}x, best {_fmt(summary.best_fitness)}x "
+                  f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
+
+
+def _latest_run_of(store, cid: str) -> str:
+    runs = [r["id"] for r in store.list_runs() if cid in store.evaluated_ids(r["id"])]
+    if not runs:
+        from evo.store import UnknownIdError
+
+        raise UnknownIdError(f"{cid[:12]} was never evaluated in any run of this database")
+    return runs[0]  # list_runs is newest first
+
+
 @app.command("fake-llm")
 def fake_llm(
     cassette: Path = typer.Option(..., "--cassette", help="JSONL file of scripted answers (docs/llm.md)."),

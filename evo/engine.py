@@ -300,10 +300,20 @@ class Engine:
                                     notes="seed kernel")
             self._submit(cand)
 
+    def _tuning_reserve(self) -> int:
+        """Slots kept for tuning trials: at most a third of all, only while studies want them."""
+        if not self._studies:
+            return 0
+        max_conc = int(getattr(self.s.tuning, "max_concurrent", 2))
+        want = sum(max(0, max_conc - s.in_flight) for s in self._studies.values() if not s.done)
+        cap = max(1, self.max_inflight // 3) - self._tuning_in_flight()
+        return max(0, min(want, cap))
+
     def _fill(self) -> None:
         order = list(range(len(self.island_meta)))
         tries = 0
-        while self.n_inflight < self.max_inflight and tries < len(order) and not self._stop_reason:
+        limit = self.max_inflight - self._tuning_reserve()
+        while self.n_inflight < limit and tries < len(order) and not self._stop_reason:
             if self.progress.proposed >= self.s.max_evaluations:
                 return  # never propose more than the budget can evaluate
             idx = order[self._rr % len(order)]

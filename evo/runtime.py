@@ -50,6 +50,8 @@ class Stages:
 
     compile_fn: CompileFn
     evaluate_fn: EvaluateFn | None = None  # None = evaluators.pipeline.evaluate_built
+    #: (candidate, so_bytes, shape_idx, ProfileSettings) -> StageResult; None = ncu
+    profile_fn: Callable | None = None
 
 
 def real_stages() -> Stages:
@@ -108,7 +110,7 @@ class Runtime:
         gpu_cls = ray.remote(GpuEvaluator)
         self.gpu_actors = [
             gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0).remote(
-                self.stages.evaluate_fn, self.harness_settings
+                self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn
             )
             for _ in range(n_gpus)
         ]

@@ -118,3 +118,14 @@ def test_bad_config_is_one_clear_line(tmp_path):
     res = runner.invoke(app, ["search", str(cfg)])
     assert res.exit_code == 2
     assert "search.islands_per_task" in res.output
+
+
+def test_tune_explains_what_it_needs(built_store, monkeypatch):
+    import evaluators.pipeline as pipeline
+
+    db, run, seed, child, bad = built_store
+    res = runner.invoke(app, ["tune", bad.id[:12], "--db", str(db)])
+    assert res.exit_code == 2 and "no correct evaluation" in res.output
+    monkeypatch.setattr(pipeline, "gpu_available", lambda: False)
+    res = runner.invoke(app, ["tune", child.id[:12], "--db", str(db)])
+    assert res.exit_code == 2 and "no CUDA GPU" in res.output

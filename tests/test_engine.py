@@ -176,3 +176,51 @@ def test_resume_after_sigkill_evaluates_nothing_twice(local_ray, tmp_path):
     assert all(set(c.parents) <= ids for c in cands), "lineage stays whole"
     assert all(store.get_evaluation(c.id, run_id) is not None for c in cands)
     store.close()
+
+
+def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatch):
+    """Delayed profiling of top-k members and an Optuna study over a survivor's tunables,
+    through the real engine: studies are opened, trials flow through the same compile
+    pool and GPU actors, constraint violations never compile, the best trial (operator
+    optuna) beats its parent, and profiles land in the store."""
+    import evo.tasks as T
+    from evaluators.profile import ProfileSettings
+    from evo.tuning import TuningSettings
+
+    monkeypatch.setattr(T, "get_task", lambda name: type("T", (), {"bench_shapes": 1,
+                                                                   "shapes": ({"N": 1},)})())
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("tune", {}, seed=2, config_hash="x")
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile),
+                 compile_settings=CompileSettings(), harness_settings=HarnessSettings()).start()
+    from mutators.knobs import KnobsMutator
+
+    settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=40, max_wall_seconds=120,
+                              confirm_champions=False,
+                              profile=ProfileSettings(enabled=True, top_k=1, cache_dir=""),
+                              tuning=TuningSettings(enabled=True, trials_per_survivor=8, top_k=1),
+                              tuning_storage=str(tmp_path / "studies.journal"))
+    eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
+                 seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
+                 settings=settings, rng=random.Random(2), policy=ok_policy)
+    eng.run()
+    trials = store.tuning_trials(run_id)
+    assert trials, ("a tuning study ran", [e["kind"] for e in store.events(run_id)][:50])
+    events = store.events(run_id)
+    starts = [e for e in events if e["kind"] == "tuning_start"]
+    assert starts and starts[0]["payload"]["parent"] == trials[0]["parent_id"]
+    cands = {c.id: c for c in store.candidates(run_id)}
+    optuna_children = [c for c in cands.values() if c.operator == "optuna"]
+    assert optuna_children and all(c.parents == (trials[0]["parent_id"],) for c in optuna_children
+                                   if c.parents[0] == trials[0]["parent_id"])
+    from evo.tunables import violated_constraints
+
+    assert not any(violated_constraints(c.source, c.params_dict) for c in optuna_children), \
+        "constraint violations never reach compile"
+    parent_fit = starts[0]["payload"]["fitness"]
+    best = max((store.get_evaluation(c.id, run_id).fitness or 0) for c in optuna_children)
+    assert best > parent_fit, "the best trial beat its parent"
+    profiled = [e for e in events if e["kind"] == "profile"]
+    assert profiled and all(e["payload"]["status"] == "ok" for e in profiled)
+    assert store.get_profile(profiled[0]["payload"]["id"]) is not None
+    store.close()

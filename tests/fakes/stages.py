@@ -97,3 +97,12 @@ def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettin
     f = fitness_of(p, candidate.source)
     stages = (StageResult("correctness", Status.OK), StageResult("timing", Status.OK, metrics={"speedup": f}))
     return Evaluation(candidate.id, stages, f, gpu="fake", env=env)
+
+
+def fake_profile(candidate: Candidate, so_bytes: bytes, shape_idx: int, settings) -> StageResult:
+    """Stands in for ncu: plausible metrics derived from the tunables, never a real counter."""
+    p = candidate.params_dict
+    dram = min(95.0, 40.0 + 10.0 * int(p.get("STAGES", 1)))
+    return StageResult("profile", Status.OK, metrics={
+        "gpu": "fake", "shape": shape_idx, "duration_us": 100.0 / fitness_of(p, candidate.source),
+        "dram_throughput_pct": dram, "sm_throughput_pct": 30.0, "bound": "memory-bound", "ncu_wall_s": 0.0})
