@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -325,6 +325,7 @@ def run_isolated(
     python: str | None = None,
     keep_dir: bool = False,
     workdir: str | Path | None = None,
+    sandbox: Any = None,
 ) -> HarnessReport:
     """Run one candidate's GPU stages in a fresh, killable process; never raises for candidates.
 
@@ -332,7 +333,11 @@ def run_isolated(
     as ``python path JOBDIR``); tests point it at small fake children. ``settings.check_only``
     downgrades ``check+time`` to ``check``. Raises :class:`HarnessError` only when the child
     reports a harness bug (exit :data:`HARNESS_BUG_EXIT` with ``error.json``).
+    ``sandbox``: :class:`evaluators.sandbox.SandboxSettings` (``None``: from the environment,
+    see docs/SECURITY.md); the layers applied are recorded in ``report.env["sandbox"]``.
     """
+    from evaluators.sandbox import SandboxSettings, sandbox_launch
+
     mode = job.mode
     if settings.check_only and mode == "check+time":
         mode = "check"
@@ -349,6 +354,9 @@ def run_isolated(
         env = child_env(settings.device, jobdir)
         exe = python or sys.executable
         argv = [exe, entry, str(jobdir)] if entry.endswith(".py") else [exe, "-m", entry, str(jobdir)]
+        launch = sandbox_launch(argv, env, jobdir, settings.timeout_s,
+                                sandbox if sandbox is not None else SandboxSettings.from_env())
+        argv, env = launch.argv, launch.env
         with open(jobdir / "stdout.log", "wb") as out, open(jobdir / "stderr.log", "wb") as err:
             proc = subprocess.Popen(
                 argv,
@@ -396,6 +404,7 @@ def run_isolated(
                     Status.CRASH, f"harness result unreadable: {e}", mode, arts, seconds, rc
                 )
             report = _parse_result(data, seconds, rc)
+            report = replace(report, env={**report.env, "sandbox": launch.summary})
             if rc != 0:
                 log.warning("harness wrote a result but exited %s", rc)
             return report

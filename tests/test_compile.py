@@ -324,7 +324,9 @@ def test_fake_timeout_kills_the_whole_group_and_is_not_cached(fake, tmp_path):
         time.sleep(0.05)
     assert not _alive(int(m.group(1))), "the compiler's child survived the group kill"
     again = compile_candidate(Candidate.create("t", src), settings)
-    assert not again.cached and _builds(count) == 2
+    # Ran the compiler again (a timeout is never cached) and timed out again. The build
+    # counter is not asserted: under load the fake compiler may be killed before it counts.
+    assert not again.cached and again.result.status is Status.TIMEOUT
 
 
 def test_fake_memory_limit(fake, tmp_path):

@@ -1,0 +1,242 @@
+"""Host-side attack corpus: every attack is rejected by the static policy with the right rule,
+and (defence in depth) the runtime layer each fixture names stops it when policy is bypassed.
+
+Fixtures: tests/fixtures/attacks/*.cu. Each header names the attack and, as ``key: value``
+lines, ``expect-rule`` (the first policy violation, or ``none``), ``compiles`` (whether nvcc
+would build it if policy were bypassed), ``runtime-layer`` and ``runtime-expect`` (the
+harness verdict with policy bypassed: ``crash`` = the attack was stopped and the candidate
+reported an error, ``ok`` = the attack got through, a documented gap, ``timeout``,
+``compile_error``), with ``-root`` / ``-landlock-fs`` variants where they differ.
+
+The runtime half runs on the CPU: the attack's .so is loaded by a CPU stand-in of the
+harness child (fixtures/attacks/cpu_child.py) inside the very sandbox ``run_isolated``
+gives the real harness. The GPU half (tests/gpu/test_adversarial_gpu.py) repeats it in the
+real harness on an H200.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluators import sandbox as sb
+from evaluators.base import CompileSettings, HarnessSettings
+from evaluators.isolation import HarnessJob, run_isolated
+from evaluators.policy import POLICY_RULES, check_policy
+from evo.records import Candidate, Status
+
+ATTACKS = Path(__file__).parent / "fixtures" / "attacks"
+CPU_CHILD = str(ATTACKS / "cpu_child.py")
+PORT = 47613  # the port the network attacks dial on the host's loopback
+VICTIM_DB = Path("/tmp/evo-attack-victim.db")
+KEY = "sk-attack-test-0123456789abcdefghij"
+
+
+def header(path: Path) -> dict[str, str]:
+    """``key: value`` lines of the leading comment block (continuation lines appended)."""
+    out: dict[str, str] = {}
+    last = None
+    for line in path.read_text().splitlines():
+        if not line.startswith("//"):
+            break
+        body = line[2:].strip()
+        m = re.match(r"([a-z][a-z-]*):\s*(.*)$", body)
+        if m:
+            last = m.group(1)
+            out[last] = m.group(2).strip()
+        elif last and line.startswith("//  "):
+            out[last] += " " + body
+    out["attack"] = next((l[len("// ATTACK:"):].strip() for l in path.read_text().splitlines()
+                          if l.startswith("// ATTACK:")), "")
+    return out
+
+
+FIXTURES = sorted(ATTACKS.glob("*.cu"))
+NAMES = [p.stem for p in FIXTURES]
+
+
+def test_corpus_is_complete_and_well_formed():
+    wanted = {"system_shell", "popen_env", "fopen_db", "socket_connect", "getenv_key", "proc_environ",
+              "fork_bomb", "sleep_forever", "dlopen_cublas", "host_spin", "asm_syscall", "include_file",
+              "template_bomb"}
+    assert wanted <= set(NAMES)
+    rules = {r.name for r in POLICY_RULES} | {"none"}
+    for p in FIXTURES:
+        h = header(p)
+        assert h["attack"], f"{p.name}: header must name the attack"
+        assert h.get("expect-rule") in rules, f"{p.name}: expect-rule {h.get('expect-rule')!r}"
+        assert h.get("compiles") in ("yes", "no") and h.get("runtime-layer") and h.get("runtime-expect")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_policy_rejects_with_the_right_rule(name):
+    h = header(ATTACKS / f"{name}.cu")
+    res = check_policy((ATTACKS / f"{name}.cu").read_text())
+    if h["expect-rule"] == "none":
+        assert res.status is Status.OK, "a fixture documented as invisible to policy must pass it"
+        return
+    assert res.status is Status.REJECTED
+    assert res.reason.startswith(f"policy rule {h['expect-rule']} violated"), res.reason
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def _nvcc() -> str | None:
+    for c in (os.environ.get("EVO_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+needs_nvcc = pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every fixture compiled as if policy were bypassed: name -> CompileOutcome."""
+    from evaluators.compile import compile_candidate
+
+    cs = CompileSettings(cache_dir=str(tmp_path_factory.mktemp("cc")), nvcc=_nvcc() or "nvcc",
+                         timeout_s=60, memory_mb=2048)
+
+    def build(p: Path):
+        return p.stem, compile_candidate(Candidate.create("kb19_relu", p.read_text(), {}), cs)
+
+    with cf.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(build, FIXTURES))
+
+
+@needs_nvcc
+def test_compiles_claims_hold(built):
+    for name, out in built.items():
+        want = header(ATTACKS / f"{name}.cu")["compiles"] == "yes"
+        assert out.ok == want, f"{name}: compiles={want} claimed, got {out.result.status.value}: {out.result.reason}"
+
+
+@needs_nvcc
+def test_include_of_a_file_leaks_it_into_the_compile_log(built):
+    """Why include-allowlist matters: nvcc quotes an included file in its errors, and errors
+    go back to the LLM in repair prompts. Policy is the only layer for this one."""
+    out = built["include_file"]
+    assert out.result.status is Status.COMPILE_ERROR
+    assert "root:" in out.result.artifacts.get("log", "") + out.result.artifacts.get("errors", "")
+
+
+@needs_nvcc
+def test_template_bomb_ends_quickly_as_compile_error_or_timeout(tmp_path):
+    from evaluators.compile import compile_candidate
+
+    cs = CompileSettings(cache_dir=str(tmp_path), nvcc=_nvcc() or "nvcc", timeout_s=15, memory_mb=1024)
+    t0 = time.monotonic()
+    out = compile_candidate(Candidate.create("kb19_relu", (ATTACKS / "template_bomb.cu").read_text(), {}), cs)
+    assert time.monotonic() - t0 < 40
+    assert out.result.status in (Status.COMPILE_ERROR, Status.TIMEOUT), out.result.reason
+    if out.result.status is Status.COMPILE_ERROR:
+        assert "memory" in out.result.reason and out.result.metrics.get("resource_failure")
+
+
+# ----------------------------------------------------------------------------- runtime (CPU)
+
+
+class _Listener:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.accepted = 0
+        self._stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+                self.accepted += 1
+                c.close()
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop = True
+        self.t.join(2)
+        self.sock.close()
+
+
+@pytest.fixture()
+def listener():
+    try:
+        lst = _Listener(PORT)
+    except OSError as e:
+        pytest.skip(f"port {PORT} is busy: {e}")
+    yield lst
+    lst.close()
+
+
+def _expected(h: dict[str, str], *, landlock_fs: bool) -> str:
+    if landlock_fs and "runtime-expect-landlock-fs" in h:
+        return h["runtime-expect-landlock-fs"]
+    if os.geteuid() == 0 and "runtime-expect-root" in h:
+        return h["runtime-expect-root"]
+    return h["runtime-expect"]
+
+
+RUNTIME_CPU = ["system_shell", "popen_env", "getenv_key", "proc_environ", "socket_connect", "asm_syscall",
+               "fopen_db", "sleep_forever", "host_spin"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", RUNTIME_CPU)
+def test_runtime_layer_stops_the_attack_when_policy_is_bypassed(name, built, listener, tmp_path, monkeypatch):
+    caps = sb.probe()
+    h = header(ATTACKS / f"{name}.cu")
+    if name in ("system_shell", "socket_connect") and not caps.netns and caps.landlock_abi < 4:
+        pytest.skip("no network isolation available on this kernel")
+    if name == "asm_syscall" and (caps.landlock_abi < 6 or os.uname().machine != "x86_64"):
+        pytest.skip("signal scoping needs Landlock ABI 6 (and the fixture is x86-64)")
+    if name == "system_shell" and not shutil.which("python3"):
+        pytest.skip("the shell attack dials out through python3")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    VICTIM_DB.write_bytes(b"SQLite format 3\x00")
+    try:
+        for landlock_fs in ((False, True) if "runtime-expect-landlock-fs" in h else (False,)):
+            expect = _expected(h, landlock_fs=landlock_fs)
+            rep = run_isolated(
+                HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
+                HarnessSettings(timeout_s=4.0), entry=CPU_CHILD, workdir=tmp_path,
+                sandbox=sb.SandboxSettings(landlock_fs=landlock_fs))
+            c = rep.stage("correctness")
+            assert c.status.value == expect, f"{name} (landlock_fs={landlock_fs}): {c.status.value}: {c.reason}"
+            if expect == "crash":
+                assert "evo_launch returned" in c.reason, c.reason
+        if name in ("system_shell", "socket_connect"):
+            assert listener.accepted == 0, "nothing inside the sandbox reached the host's loopback"
+        if name == "fopen_db":
+            assert VICTIM_DB.read_bytes().startswith(b"pwned"), "default sandbox: documented gap"
+    finally:
+        VICTIM_DB.unlink(missing_ok=True)
+
+
+@needs_nvcc
+def test_attacks_get_through_without_the_sandbox(built, listener, tmp_path, monkeypatch):
+    """Control: with the sandbox off (environment still scrubbed), the network attacks do
+    reach the host, so the runtime test above measures the sandbox, not a broken fixture."""
+    if not shutil.which("python3"):
+        pytest.skip("needs python3")
+    for name in ("socket_connect", "system_shell"):
+        rep = run_isolated(HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
+                           HarnessSettings(timeout_s=10.0), entry=CPU_CHILD, workdir=tmp_path,
+                           sandbox=sb.SandboxSettings(enabled=False))
+        assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
+    assert listener.accepted >= 2

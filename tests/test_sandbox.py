@@ -1,0 +1,315 @@
+"""The harness child's sandbox (evaluators/sandbox.py), end to end through run_isolated.
+
+A fake harness child (written to tmp_path) plays a hostile candidate: it reads its
+environment and /proc/self/environ for the LLM key, connects to a TCP server the test runs
+on the host's 127.0.0.1, reads its rlimits, writes outside its job directory, signals a
+process outside its sandbox, and reports what happened in result.json. Layers the kernel
+here does not offer are skipped, never faked; the "namespaces refused" path is exercised by
+making the probe fail, and the non-root path (RLIMIT_NPROC, user namespace) by running the
+wrapper as ``nobody`` where setpriv and a system Python exist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluators import sandbox as sb
+from evaluators.base import HarnessSettings
+from evaluators.isolation import HarnessError, HarnessJob, run_isolated
+from evo.records import Status
+
+SECRET = "sk-live-0123456789abcdefghijklmnop"
+
+CHILD = textwrap.dedent(r'''
+    import json, os, resource, signal, socket, sys
+    from pathlib import Path
+    jobdir = Path(sys.argv[1])
+    job = json.loads((jobdir / "job.json").read_text())
+    args = json.loads(job["task"]) if job["task"].startswith("{") else {}
+    seen = {}
+    seen["env"] = dict(os.environ)
+    seen["proc_environ"] = open("/proc/self/environ", "rb").read().decode("utf-8", "replace")
+    port = args.get("port")
+    if port:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=3)
+            s.sendall(b"leak " + os.environ.get("OPENAI_API_KEY", "none").encode())
+            s.close()
+            seen["tcp"] = "connected"
+        except OSError as e:
+            seen["tcp"] = "blocked: %s" % e
+    seen["ifaces"] = [n for _, n in socket.if_nameindex()]
+    seen["rlimits"] = {n: list(resource.getrlimit(getattr(resource, "RLIMIT_" + n)))
+                       for n in ("CPU", "NOFILE", "CORE", "FSIZE", "NPROC")}
+    for name, path in (("write_jobdir", jobdir / "tmp" / "x"), ("write_outside", args.get("outside"))):
+        if not path:
+            continue
+        try:
+            Path(path).write_text("pwned")
+            seen[name] = "ok"
+        except OSError as e:
+            seen[name] = "blocked: %s" % e
+    victim = args.get("victim")
+    if victim:
+        try:
+            os.kill(victim, signal.SIGTERM)
+            seen["kill"] = "sent"
+        except OSError as e:
+            seen["kill"] = "blocked: %s" % e
+    if args.get("spin"):
+        while True:
+            pass
+    result = {"stages": [{"stage": "correctness", "status": "ok"}, {"stage": "timing", "status": "skipped"}],
+              "env": {"seen": json.dumps(seen)}}
+    (jobdir / "result.json").write_text(json.dumps(result))
+''')
+
+
+@pytest.fixture()
+def child(tmp_path) -> str:
+    p = tmp_path / "hostile_child.py"
+    p.write_text(CHILD)
+    return str(p)
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe():
+    sb.reset_probe()
+    yield
+    sb.reset_probe()
+
+
+class _Server:
+    """A TCP listener on the host's loopback that records whatever a child sends."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.got: list[bytes] = []
+        self._stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            c.settimeout(2)
+            try:
+                self.got.append(c.recv(1000))
+            except OSError:
+                pass
+            c.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self.t.join(2)
+        self.sock.close()
+
+
+@pytest.fixture()
+def server():
+    s = _Server()
+    yield s
+    s.close()
+
+
+def _run(child, tmp_path, args: dict, settings=None, timeout_s=30.0, sandbox=None):
+    job = HarnessJob(task=json.dumps(args), candidate_id="c" * 64, so_bytes=b"\x7fELF")
+    return run_isolated(job, settings or HarnessSettings(timeout_s=timeout_s), entry=child,
+                        workdir=tmp_path, sandbox=sandbox)
+
+
+def _seen(rep) -> dict:
+    assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
+    return json.loads(rep.env["seen"])
+
+
+def test_llm_key_never_reaches_the_candidate(child, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("TORCH_LLM_CRED", "abc-" + SECRET[:20])   # allowed prefix, named below
+    monkeypatch.setenv("CUDA_NOTE", "copied " + SECRET)          # allowed prefix, carries the value
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    rep = _run(child, tmp_path, {}, sandbox=sb.SandboxSettings(secret_env=("TORCH_LLM_CRED",)))
+    seen = _seen(rep)
+    env = seen["env"]
+    for k in ("OPENAI_API_KEY", "TORCH_LLM_CRED", "CUDA_NOTE"):
+        assert k not in env
+    assert SECRET not in json.dumps(env) and SECRET not in seen["proc_environ"]
+    assert env["NCCL_NVLS_ENABLE"] == "0", "library knobs still pass"
+    jobdir = Path(env["TMPDIR"]).parent
+    assert env["HOME"] == str(jobdir / "home") and env["XDG_CACHE_HOME"].startswith(str(jobdir))
+    assert "env-scrub" in rep.env["sandbox"]
+
+
+def test_secret_env_names_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EVO_SECRET_ENV", "CUDA_MY_LLM, OTHER")
+    s = sb.SandboxSettings.from_env()
+    assert s.secret_env == ("CUDA_MY_LLM", "OTHER")
+    out = sb.scrub_env({"CUDA_MY_LLM": "x", "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin"},
+                       extra=s.secret_env, parent={"GPG_KEY_DIR": "/usr/bin"})
+    assert out == {"CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin"}, "paths are never treated as secrets"
+
+
+def test_no_network_in_the_child(child, tmp_path, server):
+    caps = sb.probe()
+    if not caps.netns and caps.landlock_abi < 4:
+        pytest.skip("neither network namespaces nor Landlock TCP rules on this kernel")
+    rep = _run(child, tmp_path, {"port": server.port})
+    seen = _seen(rep)
+    assert seen["tcp"].startswith("blocked"), seen["tcp"]
+    assert server.got == []
+    if caps.netns:
+        assert seen["ifaces"] in ([], ["lo"]), "an empty network namespace has no interface but lo"
+        assert f"netns({caps.netns})" in rep.env["sandbox"]
+
+
+def test_control_without_sandbox_the_child_reaches_the_host(child, tmp_path, server, monkeypatch):
+    """The same child, sandbox off: proves the network test above tests something."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    rep = _run(child, tmp_path, {"port": server.port}, sandbox=sb.SandboxSettings(enabled=False))
+    assert _seen(rep)["tcp"] == "connected"
+    time.sleep(0.3)
+    assert server.got and SECRET.encode() not in server.got[0], "even unsandboxed, the env scrub holds"
+
+
+def test_namespaces_refused_warns_and_still_runs(child, tmp_path, server, monkeypatch, caplog):
+    monkeypatch.setattr(sb, "_try_netns", lambda mode: (False, f"{mode}: Operation not permitted (simulated)"))
+    with caplog.at_level(logging.WARNING, logger="evaluators.sandbox"):
+        rep = _run(child, tmp_path, {"port": server.port})
+    warned = [r.getMessage() for r in caplog.records if "network namespaces are not available" in r.getMessage()]
+    assert len(warned) == 1 and "simulated" in warned[0]
+    seen = _seen(rep)
+    assert "netns" not in rep.env["sandbox"]
+    assert "NO network namespace" in sb.describe()
+    if sb.probe().landlock_abi >= 4:
+        assert seen["tcp"].startswith("blocked"), "Landlock still denies TCP without a namespace"
+    # a second launch does not probe or warn again
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="evaluators.sandbox"):
+        _run(child, tmp_path, {})
+    assert not [r for r in caplog.records if "network namespaces" in r.getMessage()]
+
+
+def test_rlimits_are_set(child, tmp_path):
+    rep = _run(child, tmp_path, {}, timeout_s=45)
+    lim = _seen(rep)["rlimits"]
+    assert lim["CPU"][0] == 90, "2 x the 45 s wall timeout"
+    assert lim["NOFILE"] == [1024, 1024]
+    assert lim["CORE"] == [0, 0]
+    assert lim["FSIZE"][0] == 1024 * 1024 * 1024
+    if os.geteuid() != 0:
+        assert lim["NPROC"][0] < 10**6
+
+
+def test_nproc_is_relative_to_the_users_task_count():
+    caps = sb.Capabilities(netns="", landlock_abi=0, is_root=False)
+    lims = {r[0]: r[1:] for r in sb._rlimits(sb.SandboxSettings(nproc_margin=100), 10, caps)}
+    n = sb.user_task_count()
+    assert abs(lims["RLIMIT_NPROC"][0] - (n + 100)) <= 20
+    root = sb.Capabilities(netns="", landlock_abi=0, is_root=True)
+    assert "RLIMIT_NPROC" not in {r[0] for r in sb._rlimits(sb.SandboxSettings(), 10, root)}
+
+
+def test_cpu_limit_kills_a_spinning_child_before_the_wall_clock(child, tmp_path):
+    t0 = time.monotonic()
+    rep = _run(child, tmp_path, {"spin": True}, timeout_s=30,
+               sandbox=sb.SandboxSettings(cpu_factor=0.0, cpu_min_s=1.0))
+    c = rep.stage("correctness")
+    assert c.status is Status.CRASH and "SIGXCPU" in c.reason, c.reason
+    assert time.monotonic() - t0 < 20
+
+
+def test_landlock_write_protection(child, tmp_path):
+    if sb.probe().landlock_abi < 1:
+        pytest.skip("no Landlock in this kernel")
+    outside = tmp_path / "outside.txt"
+    rep = _run(child, tmp_path, {"outside": str(outside)}, sandbox=sb.SandboxSettings(landlock_fs=True))
+    seen = _seen(rep)
+    assert seen["write_jobdir"] == "ok"
+    assert seen["write_outside"].startswith("blocked") and not outside.exists()
+    assert "fs-writes" in rep.env["sandbox"]
+    # default: writes are not restricted (documented in docs/SECURITY.md)
+    rep = _run(child, tmp_path, {"outside": str(outside)})
+    assert _seen(rep)["write_outside"] == "ok"
+
+
+def test_signal_scoping_protects_processes_outside(child, tmp_path):
+    if sb.probe().landlock_abi < 6:
+        pytest.skip("Landlock signal scoping needs ABI 6")
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rep = _run(child, tmp_path, {"victim": victim.pid})
+        assert _seen(rep)["kill"].startswith("blocked")
+        assert victim.poll() is None, "the process outside the sandbox survived"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_sandbox_setup_failure_is_a_harness_error_not_an_unconfined_run(child, tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "probe", lambda: sb.Capabilities(netns="bogus", landlock_abi=0, is_root=True))
+    with pytest.raises(HarnessError, match="sandbox setup failed at network namespace"):
+        _run(child, tmp_path, {})
+
+
+def test_timeout_and_group_kill_still_work_under_the_sandbox(child, tmp_path):
+    rep = _run(child, tmp_path, {"spin": True}, timeout_s=1.5)
+    assert rep.stage("correctness").status is Status.TIMEOUT
+
+
+_NONROOT_CHILD = r'''
+import os, resource, socket, sys, time
+kids = 0
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids += 1
+except OSError as e:
+    pass
+print("nproc=%d kids=%d ifaces=%s" % (resource.getrlimit(resource.RLIMIT_NPROC)[0], kids,
+      [n for _, n in socket.if_nameindex()]), flush=True)
+os.killpg(0, 9)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root to drop to nobody, setpriv and a system python3")
+def test_non_root_path_user_namespace_and_nproc(tmp_path):
+    """As an unprivileged user: the network namespace comes from a user namespace, and
+    RLIMIT_NPROC (user's tasks + margin) stops a fork bomb."""
+    uid = 65534
+    n_now = sb.user_task_count(uid)
+    cfg = {"jobdir": str(tmp_path), "netns": "userns",
+           "rlimits": [["RLIMIT_NPROC", n_now + 20, n_now + 20]]}
+    os.chmod(tmp_path, 0o777)
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-I", "-S",
+            "-c", sb._WRAPPER, json.dumps(cfg), "/usr/bin/python3", "-c", _NONROOT_CHILD]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, start_new_session=True)
+    if "sandbox setup failed at network namespace" in p.stderr:
+        pytest.skip(f"unprivileged user namespaces are disabled here: {p.stderr.strip()[-200:]}")
+    assert "nproc=" in p.stdout, p.stderr
+    kids = int(p.stdout.split("kids=")[1].split()[0])
+    assert kids <= 20, f"the fork bomb was not stopped: {p.stdout}"
+    assert "ifaces=['lo']" in p.stdout or "ifaces=[]" in p.stdout
