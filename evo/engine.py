@@ -34,13 +34,50 @@ from typing import Any, Callable
 
 from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status
 
-__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "run_search", "dry_run", "Progress"]
+__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "StoreFullError", "run_search", "dry_run",
+           "Progress"]
 
 log = logging.getLogger(__name__)
 
 
 class SearchError(RuntimeError):
     """The search cannot start or continue (unknown run to resume, no GPUs, ...)."""
+
+
+def _store_error_cls() -> type[Exception]:
+    from evo.store import StoreError
+
+    return StoreError
+
+
+class StoreFullError(_store_error_cls(), SearchError):  # type: ignore[misc]
+    """The lineage database could not grow (disk full, quota, or SQLite's max_page_count).
+
+    The engine stops at the first failed write: every committed row is intact (each write is
+    one transaction), candidates in flight stay pending, and ``--resume`` continues the run
+    once there is space again.
+    """
+
+
+#: Island actors restored from the store at most this many times per island (a crash loop
+#: is a bug to report, not something to retry forever).
+MAX_ISLAND_RESTORES = 3
+
+
+def _is_store_full(err: BaseException | None) -> bool:
+    """Whether ``err`` (or what caused it) is SQLite's SQLITE_FULL / the OS's ENOSPC."""
+    import errno
+    import sqlite3
+
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, sqlite3.DatabaseError) and "full" in str(err).lower():
+            return True
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -220,7 +257,7 @@ class Engine:
                     seed=self.rng.randrange(2**31),
                     archive_dims=DEFAULT_DIMS if self.s.archive else None,
                 ))
-                meta.append({"index": idx, "task": task})
+                meta.append({"index": idx, "task": task, "spec": specs[-1]})
                 idx += 1
         actors = self.rt.make_islands(specs)
         for m, a in zip(meta, actors):
@@ -246,6 +283,21 @@ class Engine:
     # ------------------------------------------------------------------ run
 
     def run(self, *, resume: bool = False) -> SearchSummary:
+        try:
+            return self._run(resume)
+        except Exception as e:
+            if not _is_store_full(e):
+                raise
+            pending = len(self._all_pending())
+            msg = (f"the lineage database is full ({type(e).__name__}: {e}); the search stopped at the "
+                   f"first write that failed. Nothing committed was lost; {pending} candidate(s) in flight "
+                   f"stay pending. Free disk space (or raise the quota), then continue with "
+                   f"`evo search CONFIG --resume {self.run_id}`.")
+            log.error(msg)
+            self._stop_reason = "lineage database full"
+            raise StoreFullError(msg) from e
+
+    def _run(self, resume: bool) -> SearchSummary:
         self.gpu_load = [0] * self.rt.n_gpus
         self.progress.n_gpus = self.rt.n_gpus
         self._build_islands()
@@ -366,16 +418,20 @@ class Engine:
         from mutators.base import MutationContext
 
         meta = self.island_meta[idx]
-        actor = meta["actor"]
         k = self.mutator.wants_parents() if hasattr(self.mutator, "wants_parents") else 1
         # Parent selection is prefetched: the answer to the request made after this island's
         # previous proposal is usually ready, so no actor round trip sits on this path
         # (it is dropped whenever a member joins the island, so it never misses a result).
         ref = meta.pop("parents_ref", None)
-        parents: list[Member] = self.rt.get(ref) if ref is not None else []
+        parents: list[Member] = []
+        if ref is not None:
+            try:
+                parents = self.rt.get(ref)
+            except self._actor_errors() as e:
+                self._restore_island(idx, e)
         if not parents:  # nothing prefetched, or prefetched before the island had members
-            parents = self.rt.call(actor, "parents", k)
-        meta["parents_ref"] = self.rt.ask(actor, "parents", k)
+            parents = self._island_call(idx, "parents", k)
+        meta["parents_ref"] = self.rt.ask(meta["actor"], "parents", k)
         if not parents:
             # An island of a task without a seed kernel starts from genesis (LLM only).
             if meta["task"] in self.seeds or not getattr(self.mutator, "genesis", False):
@@ -404,7 +460,7 @@ class Engine:
         cand = Candidate.create(meta["task"], prop.source, prop.params, parents=prop.parents,
                                 operator=prop.operator, island=idx, generation=gen, notes=prop.notes)
         for pid in prop.parents[:1]:
-            self.rt.cast(actor, "record_child", pid)
+            self.rt.cast(meta["actor"], "record_child", pid)
         return self._submit(cand)
 
     def _submit(self, cand: Candidate) -> bool:
@@ -630,15 +686,16 @@ class Engine:
         if self.s.migration_count <= 0 or n // every <= self._last_migration // every:
             return
         self._last_migration = n
-        for task, actors in self.islands.items():
-            if len(actors) < 2:
+        for task in list(self.islands):
+            idxs = [m["index"] for m in self.island_meta if m["task"] == task]
+            if len(idxs) < 2:
                 continue
             # Take every island's emigrants before any island receives: one hop per round.
-            outgoing = [self.rt.call(src, "emigrants", self.s.migration_count) for src in actors]
+            outgoing = [self._island_call(i, "emigrants", self.s.migration_count) for i in idxs]
             moved = 0
-            for i, emigrants in enumerate(outgoing):
+            for j, emigrants in enumerate(outgoing):
                 if emigrants:
-                    moved += self.rt.call(actors[(i + 1) % len(actors)], "immigrate", emigrants)
+                    moved += self._island_call(idxs[(j + 1) % len(idxs)], "immigrate", emigrants)
             self.store.log_event(self.run_id, "island_migration", {"task": task, "moved": moved, "at": n})
             self._exhausted.difference_update(m["index"] for m in self.island_meta if m["task"] == task)
 
@@ -650,7 +707,10 @@ class Engine:
         self.progress.in_flight = self.n_inflight
 
     def _island_rows(self) -> list[dict]:
-        sums = self.rt.call_many([m["actor"] for m in self.island_meta], "summary")
+        try:
+            sums = self.rt.call_many([m["actor"] for m in self.island_meta], "summary")
+        except self._actor_errors():
+            sums = [self._island_call(m["index"], "summary") for m in self.island_meta]
         return [{"island": s.index, "task": s.task, "best": s.best_fitness, "fix_mode": s.fix_mode,
                  "size": s.size, "archive_cells": s.archive_cells} for s in sums]
 
@@ -697,6 +757,57 @@ class Engine:
             evals_per_hour=3600.0 * p.evaluations / p.elapsed, wall_seconds=p.elapsed,
             failures=dict(p.failures),
         )
+
+    # ------------------------------------------------------------------ island faults
+
+    def _actor_errors(self) -> tuple[type[BaseException], ...]:
+        """The runtime's "this actor is dead" errors (not errors raised by a method)."""
+        errs = tuple(e for e in self.rt.remote_errors() if "Actor" in e.__name__)
+        return errs or self.rt.remote_errors()
+
+    def _island_call(self, idx: int, method: str, *args):
+        """``rt.call`` on island ``idx``; a dead island actor is restored from the store and
+        the call repeated once on its replacement."""
+        try:
+            return self.rt.call(self.island_meta[idx]["actor"], method, *args)
+        except self._actor_errors() as e:
+            self._restore_island(idx, e)
+            return self.rt.call(self.island_meta[idx]["actor"], method, *args)
+
+    def _restore_island(self, idx: int, err: BaseException) -> None:
+        """Replace the dead actor of island ``idx`` by a new one rebuilt from the store.
+
+        Like resume: the island's own evaluated candidates (and its task's seeds) are replayed
+        in insertion order. What only the actor knew is lost and rebuilt over time: child
+        counts (selection's novelty term) and members that had migrated in.
+        """
+        meta = self.island_meta[idx]
+        meta["restores"] = meta.get("restores", 0) + 1
+        if meta["restores"] > MAX_ISLAND_RESTORES:
+            raise SearchError(f"island {idx} ({meta['task']}) died {meta['restores']} times "
+                              f"(last: {type(err).__name__}: {err}); giving up rather than looping")
+        old = meta["actor"]
+        log.warning("island actor %d (%s) died (%s: %s); restoring it from the store",
+                    idx, meta["task"], type(err).__name__, str(err)[:200])
+        new = self.rt.make_islands([meta["spec"]])[0]
+        evals = {ev.candidate_id: ev for ev in self.store.evaluations(self.run_id)}
+        members = []
+        for cand in self.store.candidates(self.run_id):
+            if cand.task != meta["task"] or cand.island not in (idx, -1) or cand.id not in evals:
+                continue
+            ev = evals[cand.id]
+            failed = ev.failed_stage
+            members.append(Member(candidate=cand, fitness=ev.fitness if ev.correct else None, status=ev.status,
+                                  descriptor=self.descriptor(cand.params_dict),
+                                  error=(failed.reason if failed else "")))
+        if members:
+            self.rt.call(new, "add_many", members)
+        meta["actor"] = new
+        meta.pop("parents_ref", None)
+        self.islands[meta["task"]] = [new if a is old else a for a in self.islands[meta["task"]]]
+        self.store.log_event(self.run_id, "island_restored", {
+            "island": idx, "task": meta["task"], "members": len(members), "restores": meta["restores"],
+            "error": f"{type(err).__name__}: {err}"[:500]})
 
     # ------------------------------------------------------------------ resume
 
