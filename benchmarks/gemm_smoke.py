@@ -29,7 +29,6 @@ import concurrent.futures as cf
 import ctypes
 import hashlib
 import json
-import math
 import os
 import re
 import shutil

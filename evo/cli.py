@@ -6,15 +6,12 @@ Only this module configures logging handlers. Every command's help ends with an 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
@@ -32,14 +29,17 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-console = Console()
-err_console = Console(stderr=True)
-
-DEFAULT_DB = "runs/evo.db"
-DbOpt = typer.Option(
-    None, "--db", help="Lineage database (default: $EVO_DB or runs/evo.db).", show_default=False
+from evo.cli_common import (  # noqa: E402
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
 )
-JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table.")
+from evo.cli_common import db_path as _db_path  # noqa: E402
+from evo.cli_common import emit_json as _emit_json  # noqa: E402
+from evo.cli_common import fail as _fail  # noqa: E402
+from evo.cli_common import fmt as _fmt  # noqa: E402
+from evo.cli_common import open_reader as _open_reader  # noqa: E402
 
 
 def _setup_logging(verbose: int) -> None:
@@ -57,37 +57,6 @@ def _root(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-v, -vv)."),
 ) -> None:
     _setup_logging(verbose)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
-def _db_path(db: Optional[str]) -> str:
-    return db or os.environ.get("EVO_DB") or DEFAULT_DB
-
-
-def _open_reader(db: Optional[str]):
-    from evo.store import Store, StoreError
-
-    path = _db_path(db)
-    try:
-        return Store.open_reader(path)
-    except StoreError as e:
-        _fail(str(e))
-
-
-def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _fmt(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 # --------------------------------------------------------------------------- search

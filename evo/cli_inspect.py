@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console, Group, RenderableType
@@ -39,45 +37,21 @@ __all__ = [
     "print_show",
 ]
 
+from evo.cli_common import DbOpt, JsonOpt  # noqa: E402
+from evo.cli_common import db_path as _db_path  # noqa: E402,F401
+from evo.cli_common import emit_json as _emit_json  # noqa: E402
+from evo.cli_common import fail as _fail  # noqa: E402
+from evo.cli_common import fmt as _fmt  # noqa: E402
+from evo.cli_common import open_reader as _open_reader  # noqa: E402
+
 log = logging.getLogger(__name__)
 
-DEFAULT_DB = "runs/evo.db"
-_DbOpt = typer.Option(None, "--db", help="Lineage database (default: $EVO_DB or runs/evo.db).", show_default=False)
-_JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+_DbOpt = DbOpt
+_JsonOpt = JsonOpt
 
 
 def _console() -> Console:
     return Console()
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _db_path(db: Optional[str]) -> str:
-    return db or os.environ.get("EVO_DB") or DEFAULT_DB
-
-
-def _open_reader(db: Optional[str]):
-    from evo.store import Store, StoreError
-
-    try:
-        return Store.open_reader(_db_path(db))
-    except StoreError as e:
-        _fail(str(e))
-
-
-def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _fmt(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 def _verdict(status: Optional[str]) -> str:

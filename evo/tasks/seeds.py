@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from evo.tasks.seedspec import SeedSpec, render, template_source
+from evo.tasks.seedspec import SeedSpec, render
 from evo.tunables import parse_tunables
 
 __all__ = [
