@@ -17,38 +17,20 @@ table is printed last.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import dataclasses
-import datetime as dt
 import json
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evaluators.isolation import PROTOCOL_VERSION, HarnessJob, run_isolated  # noqa: E402
-from evo.records import Candidate, Operator, Status  # noqa: E402
 
 log = logging.getLogger("benchmarks.seeds")
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    task: str
-    shape: str
-    seed_ms: float | None
-    torch_ms: float | None
-    speedup: float | None
-    pct_sol: float | None
-    status: str
-    note: str = ""
 
 
 def _select(tasks: list[str], family: str | None) -> list[str]:
@@ -59,67 +41,6 @@ def _select(tasks: list[str], family: str | None) -> list[str]:
             get_task(t)  # fails loudly, listing valid names
         return tasks
     return task_names(family)
-
-
-def _build(task: str, settings: CompileSettings) -> tuple[str, Any, Any]:
-    from evaluators.compile import compile_candidate
-    from evo.tasks.seeds import UnknownSeedError, seed_params, seed_source
-
-    try:
-        cand = Candidate.create(task, seed_source(task), seed_params(task), operator=Operator.SEED)
-    except UnknownSeedError as e:
-        return task, None, str(e)
-    return task, cand, compile_candidate(cand, settings)
-
-
-def _fmt_shape(shape: dict[str, int]) -> str:
-    return " x ".join(f"{k}={v}" for k, v in shape.items())
-
-
-def _rows_for(task: str, report: Any) -> list[Row]:
-    bad = next((s for s in report.stages if s.status not in (Status.OK, Status.SKIPPED)), None)
-    if bad is not None:
-        return [Row(task, "", None, None, None, None, f"{bad.stage}: {bad.status.value}", bad.reason[:160])]
-    timing = report.stage("timing")
-    rows = []
-    for r in (timing.metrics.get("shapes", []) if timing else []):
-        rows.append(Row(task, _fmt_shape(r["shape"]), r["median_ms"], r["ref_median_ms"], r["speedup"],
-                        r.get("pct_sol"), "ok"))
-    return rows or [Row(task, "", None, None, None, None, "ok", "no timing")]
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _table(rows: list[Row]) -> list[str]:
-    out = ["| task | shape | seed ms | torch ms | speedup | % of SOL | status |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        status = r.status + (f" ({r.note})" if r.note else "")
-        out.append(f"| {r.task} | {r.shape} | {_num(r.seed_ms, '.4f')} | {_num(r.torch_ms, '.4f')} | "
-                   f"{_num(r.speedup, '.3f')} | {_num(r.pct_sol, '.1f')} | {status.replace('|', '/')} |")
-    return out
-
-
-def _write_md(path: Path, rows: list[Row], env: dict[str, str], command: str, hs: HarnessSettings) -> None:
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = [
-        "# Seed kernels vs PyTorch references",
-        "",
-        f"- GPU: {env.get('gpu', '?')} (driver {env.get('driver', '?')}, SM clock "
-        f"{env.get('sm_clock_mhz_after_timing', env.get('sm_clock_mhz', '?'))} MHz after timing)",
-        f"- CUDA {env.get('cuda', '?')}, torch {env.get('torch', '?')}, Python {env.get('python', '?')}",
-        f"- Date: {date}; evaluation protocol {PROTOCOL_VERSION}; {hs.reps} timed reps after "
-        f"{hs.warmup} warm-up, L2 flush {hs.flush_mb} MB, medians; every shape checked "
-        f"({hs.trials}+ trials)",
-        f"- Command: `{command}`",
-        "",
-        "speedup = torch median / seed median (same process, same protocol, TF32 off); "
-        "% of SOL = speed-of-light time / seed median.",
-        "",
-    ]
-    path.write_text("\n".join(head + _table(rows)) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,36 +88,14 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; ACCEPTED (evaluator hole): {[(r.task, r.kernel) for r in holes]}" if holes else ""))
         return 1 if holes else 0
 
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        built = list(pool.map(lambda t: _build(t, cs), tasks))
-    rows: list[Row] = []
-    env: dict[str, str] = {}
-    for task, cand, outcome in built:
-        if cand is None:
-            rows.append(Row(task, "", None, None, None, None, "no seed", str(outcome)[:120]))
-            continue
-        if not outcome.ok or not outcome.so_bytes:
-            r = outcome.result
-            rows.append(Row(task, "", None, None, None, None, f"compile: {r.status.value}", r.reason[:160]))
-            (out / f"{task}.json").write_text(json.dumps({"compile": dataclasses.asdict(r)}, default=str, indent=1))
-            continue
-        log.info("checking and timing %s", task)
-        report = run_isolated(HarnessJob(task=task, candidate_id=cand.id, so_bytes=outcome.so_bytes,
-                                         params=cand.params, mode="check+time"), hs)
-        env = env or dict(report.env)
-        if report.env.get("sm_clock_mhz_after_timing"):
-            env.update(report.env)
-        (out / f"{task}.json").write_text(json.dumps(
-            {"candidate": cand.id, "fitness": report.fitness, "env": report.env,
-             "stages": [dataclasses.asdict(s) for s in report.stages]}, default=str, indent=1))
-        rows.extend(_rows_for(task, report))
-        # Rewritten after every task, so a run cut short still leaves the rows it measured.
-        _write_md(Path(args.table), rows, env, command, hs)
-        print("\n".join(_table(rows[-len(_rows_for(task, report)):])[2:]), flush=True)
-    table = Path(args.table)
-    _write_md(table, rows, env, command, hs)
-    log.info("wrote %s and logs under %s", table, out)
-    print("\n".join(_table(rows)))
+    from evo.bench import bench, seed_candidates
+
+    rows = bench(seed_candidates(tasks), cs, hs, table=Path(args.table), command=command,
+                 title="Seed kernels vs PyTorch references", jobs=args.jobs, log_dir=out,
+                 on_row=lambda r: print(f"{r.task:24s} {r.shape:34s} {r.status:10s} "
+                                        f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}",
+                                        flush=True))
+    log.info("wrote %s and logs under %s", args.table, out)
     return 0 if all(r.status == "ok" for r in rows) else 1
 
 

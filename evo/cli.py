@@ -440,6 +440,67 @@ def _latest_run_of(store, cid: str) -> str:
     return runs[0]  # list_runs is newest first
 
 
+@app.command()
+def bench(
+    task: list[str] = typer.Option([], "--task", help="Benchmark this task's seed (repeatable)."),
+    family: Optional[str] = typer.Option(None, "--family", help="Benchmark the seeds of a whole family."),
+    run: Optional[str] = typer.Option(None, "--run", help="Benchmark this run's champions instead of seeds."),
+    out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", help="Markdown table to write."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    jobs: int = typer.Option(os.cpu_count() or 4, "--jobs", help="Parallel compiles."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Re-measure champions (--run) or seeds (--task/--family) against their torch references
+    in one run, one fresh process per kernel, and write a results table naming GPU, driver,
+    CUDA, torch, date and the command.
+
+    Example: evo bench --run r-20261130-1425-00ec --out benchmarks/RESULTS.md
+    """
+    import shlex
+
+    import evo.tasks as T
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.pipeline import gpu_available
+    from evo.bench import bench as run_bench
+    from evo.bench import run_candidates, seed_candidates
+    from evo.store import StoreError
+
+    cs, hs = CompileSettings(), HarnessSettings()
+    if config is not None:
+        from evo.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(config)
+        except ConfigError as e:
+            _fail(str(e))
+        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    try:
+        names = [T.get_task(t).name for t in task] + (T.task_names(family) if family else [])
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    if run:
+        with _open_reader(db) as store:
+            try:
+                cands = run_candidates(store, store.get_run(run)["id"], set(names) or None)
+            except StoreError as e:
+                _fail(str(e))
+        title = f"Champions of run {run} vs PyTorch references"
+    else:
+        cands = seed_candidates(names or T.task_names())
+        title = "Seed kernels vs PyTorch references"
+    if not cands:
+        _fail("nothing to benchmark: the run has no correct kernel for the chosen tasks")
+    if not gpu_available():
+        _fail("no CUDA GPU found on this machine: `evo bench` times kernels on the GPU it runs on")
+    command = "evo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs,
+                     on_row=lambda r: console.print(
+                         f"{r.task:24s} {r.shape:32s} {r.status:10s} "
+                         f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False))
+    console.print(f"wrote {out} ({len(rows)} rows)")
+    raise typer.Exit(0 if all(r.status == "ok" for r in rows) else 1)
+
+
 @app.command("fake-llm")
 def fake_llm(
     cassette: Path = typer.Option(..., "--cassette", help="JSONL file of scripted answers (docs/llm.md)."),

@@ -175,6 +175,7 @@ class _Pending:
     pre_stages: tuple[StageResult, ...] = ()
     so_bytes: bytes | None = None
     gpu_attempts: int = 0
+    gpu_seq: int = 0  # order of submission to the GPU actors (finds who was running at a death)
     compile_attempts: int = 0
 
 
@@ -237,6 +238,14 @@ class Engine:
         self._studies: dict[str, Any] = {}
         self._trial_of: dict[str, list[tuple[Any, int]]] = {}
         self._so: dict[str, bytes] = {}
+        # GPU actor deaths (docs/SECURITY.md, "faults"): a GPU whose actor died gets no new
+        # work until a cheap probe call answers; requests queued behind the one that was
+        # running when it died are re-queued without being charged an attempt.
+        self._gpu_seq = 0
+        self._gpu_down: dict[int, Any] = {}
+        self._gpu_probe_fails: dict[int, int] = {}
+        self._gpu_lost: set[int] = set()
+        self._bystanders: set[int] = set()
 
     def _max_failed_attempts(self) -> int:
         cap = getattr(self.mutator, "max_failed_attempts", 0) or 0
@@ -490,13 +499,15 @@ class Engine:
     def _dispatch_gpus(self) -> None:
         """Mutations first, then delayed profiles, then tuning trials (lowest priority)."""
         while self.gpu_queue or self._profile_queue or self._tune_queue:
-            free = [g for g, load in enumerate(self.gpu_load) if load < 2]
+            free = [g for g, load in enumerate(self.gpu_load) if load < 2 and g not in self._gpu_down]
             if not free:
                 return
             g = min(free, key=lambda i: self.gpu_load[i])
             if self.gpu_queue or (self._tune_queue and not self._profile_queue):
                 pending = (self.gpu_queue or self._tune_queue).popleft()
                 pending.gpu_attempts += 1
+                self._gpu_seq += 1
+                pending.gpu_seq = self._gpu_seq
                 ref = self.rt.submit_gpu(g, pending.candidate, pending.so_bytes)
                 self.gpu_refs[ref] = (g, pending)
             else:
@@ -508,10 +519,14 @@ class Engine:
     # ------------------------------------------------------------------ collecting
 
     def _collect(self, timeout: float) -> None:
-        refs = list(self.compile_refs) + list(self.gpu_refs) + list(self._profile_refs)
+        probes = {ref: g for g, ref in self._gpu_down.items() if ref is not None}
+        refs = list(self.compile_refs) + list(self.gpu_refs) + list(self._profile_refs) + list(probes)
         ready = self.rt.wait(refs, timeout)
         errors = self.rt.remote_errors()
         for ref in ready:
+            if ref in probes:
+                self._probe_answered(probes[ref], ref)
+                continue
             if ref in self._profile_refs:
                 g, cand, shape_idx = self._profile_refs.pop(ref)
                 self.gpu_load[g] -= 1
@@ -535,8 +550,9 @@ class Engine:
                 try:
                     res = self.rt.get(ref)
                 except errors as e:
-                    self._gpu_worker_failed(pending, e)
+                    self._gpu_worker_failed(pending, e, g)
                     continue
+                self._bystanders.discard(pending.gpu_seq)
                 pr = self.progress
                 pr.gpu_busy_s += max(0.0, res.finished - res.started)
                 pr.first_gpu_start = res.started if pr.first_gpu_start is None else min(pr.first_gpu_start, res.started)
@@ -563,7 +579,20 @@ class Engine:
         st = StageResult("compile", Status.CRASH, reason=f"compile worker died twice: {type(err).__name__}: {err}"[:2000])
         self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + (st,)), gpu=None)
 
-    def _gpu_worker_failed(self, pending: _Pending, err: BaseException) -> None:
+    def _gpu_worker_failed(self, pending: _Pending, err: BaseException, g: int | None = None) -> None:
+        if g is not None:
+            if g not in self._gpu_down and g not in self._gpu_lost:
+                self._probe_gpu(g)
+            queued_behind = any(p.gpu_seq < pending.gpu_seq for gg, p in self.gpu_refs.values() if gg == g)
+            if pending.gpu_seq in self._bystanders or queued_behind:
+                # Not running when its actor died: not this candidate's fault.
+                self._bystanders.discard(pending.gpu_seq)
+                pending.gpu_attempts -= 1
+                log.info("GPU evaluator %d died while %s waited in its queue; re-queued", g,
+                         pending.candidate.short_id)
+                self.gpu_queue.appendleft(pending)
+                return
+            self._bystanders.update(p.gpu_seq for gg, p in self.gpu_refs.values() if gg == g)
         if pending.gpu_attempts < 2:
             log.warning("GPU evaluator died on %s (%s); re-queued once", pending.candidate.short_id, err)
             self.gpu_queue.appendleft(pending)
@@ -571,6 +600,35 @@ class Engine:
         st = StageResult("correctness", Status.CRASH,
                          reason=f"GPU evaluator died twice on this candidate: {type(err).__name__}: {err}"[:2000])
         self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + (st,)), gpu=None)
+
+    def _probe_gpu(self, g: int) -> None:
+        """Ask GPU actor ``g`` a cheap question; it gets work again once it answers."""
+        actors = getattr(self.rt, "gpu_actors", None)
+        if not actors:  # a runtime without actor handles: nothing to probe
+            return
+        self._gpu_down[g] = self.rt.ask(actors[g], "worker")
+
+    def _probe_answered(self, g: int, ref) -> None:
+        try:
+            self.rt.get(ref)
+        except self.rt.remote_errors() as e:
+            n = self._gpu_probe_fails[g] = self._gpu_probe_fails.get(g, 0) + 1
+            if type(e).__name__ == "ActorDiedError" or n > 300:  # dead for good (restarts spent)
+                self._gpu_down.pop(g, None)
+                self._gpu_lost.add(g)
+                self.gpu_load[g] = 2**30  # never dispatched to again
+                log.error("GPU evaluator %d is gone for good (%s: %s)", g, type(e).__name__, str(e)[:300])
+                self.store.log_event(self.run_id, "gpu_lost", {"gpu": g, "error": f"{type(e).__name__}: {e}"[:500]})
+                if len(self._gpu_lost) == len(self.gpu_load):
+                    raise SearchError("every GPU evaluator died and could not be restarted; see the Ray "
+                                      "logs of the GpuEvaluator actors, then resume with --resume") from e
+                return
+            time.sleep(0.1)
+            self._probe_gpu(g)
+            return
+        self._gpu_down.pop(g, None)
+        self._gpu_probe_fails.pop(g, None)
+        log.info("GPU evaluator %d answers again", g)
 
     # ------------------------------------------------------------------ recording
 

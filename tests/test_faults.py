@@ -219,7 +219,7 @@ def _tmpfs(path: Path, size: str) -> bool:
 def test_full_disk_stops_cleanly_loses_nothing_and_resumes(fault_dir, tmp_path, how):
     mnt = tmp_path / "small"
     if how == "tmpfs":
-        if not _tmpfs(mnt, "160k"):
+        if not _tmpfs(mnt, "640k"):
             pytest.skip("cannot mount a small tmpfs here (needs root)")
         db = mnt / "evo.db"
     else:
@@ -242,7 +242,7 @@ def test_full_disk_stops_cleanly_loses_nothing_and_resumes(fault_dir, tmp_path, 
         rt = _runtime()
         try:
             with pytest.raises(StoreFullError) as ei:
-                _engine(store, run_id, rt, f"full-{how}", budget=400, seed=3).run()
+                _engine(store, run_id, rt, f"full-{how}", budget=3000, seed=3).run()
         finally:
             rt.shutdown()
         msg = str(ei.value)
