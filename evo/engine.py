@@ -246,6 +246,7 @@ class Engine:
         self._gpu_probe_fails: dict[int, int] = {}
         self._gpu_lost: set[int] = set()
         self._bystanders: set[int] = set()
+        self._fill_failures = 0
 
     def _max_failed_attempts(self) -> int:
         cap = getattr(self.mutator, "max_failed_attempts", 0) or 0
@@ -327,6 +328,10 @@ class Engine:
                     self._fill()
                 self._dispatch_gpus()
                 if not self.n_inflight:
+                    if not self._stop_reason and self._fill_failures:
+                        # The mutator failed (e.g. the LLM endpoint is flapping), not the search
+                        # space: ask again; max_failed_attempts bounds this.
+                        continue
                     if not self._stop_reason:
                         self._stop_reason = "search space exhausted (no new child could be proposed)"
                     break
@@ -371,6 +376,7 @@ class Engine:
         return max(0, min(want, cap))
 
     def _fill(self) -> None:
+        self._fill_failures = 0
         order = list(range(len(self.island_meta)))
         tries = 0
         limit = self.max_inflight - self._tuning_reserve()
@@ -460,6 +466,7 @@ class Engine:
                 self._exhausted.add(idx)  # None from an exhaustive mutator: nothing new here
             else:
                 self._failed_attempts += 1
+                self._fill_failures += 1
                 if self._failed_attempts >= self._max_failed_attempts():
                     self._stop_reason = (f"{self._failed_attempts} mutation attempts produced no child "
                                          "(see llm_attempt events)")

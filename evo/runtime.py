@@ -77,6 +77,7 @@ class Runtime:
     started_ray: bool = False
     gpu_actors: list = field(default_factory=list)
     _compile_remote: Any = None
+    _n_cpus: int | None = None
 
     def start(self) -> "Runtime":
         addr = self.address or os.environ.get("RAY_ADDRESS") or None
@@ -124,7 +125,10 @@ class Runtime:
 
     @property
     def n_cpus(self) -> int:
-        return int(ray.cluster_resources().get("CPU", 1))
+        """CPUs of the cluster, read once at start (the engine asks on every scheduling step)."""
+        if self._n_cpus is None:
+            self._n_cpus = int(ray.cluster_resources().get("CPU", 1))
+        return self._n_cpus
 
     def submit_compile(self, candidate: Candidate):
         return self._compile_remote.remote(self.stages.compile_fn, candidate, self.compile_settings)
