@@ -5,7 +5,8 @@ Contract (shared/EVALUATION.md, Isolation):
 - One new process per candidate (``subprocess``: fork+exec of a fresh interpreter, never a
   fork of a CUDA process), in its own process group (``start_new_session=True``), pinned to
   one GPU with ``CUDA_VISIBLE_DEVICES``, with an environment scrubbed of secrets and a
-  private working and temp directory.
+  private working and temp directory, confined by :mod:`evaluators.sandbox` (network
+  namespace, rlimits, Landlock; docs/SECURITY.md).
 - A wall-clock timeout kills the *whole group* (SIGKILL) and reports ``timeout``; a death
   without a result file reports ``crash`` with the trimmed tail of stderr and the last
   progress marker (which shape / trial was running) so a repair prompt can use it.

@@ -590,8 +590,7 @@ class Engine:
         if g is not None:
             if g not in self._gpu_down and g not in self._gpu_lost:
                 self._probe_gpu(g)
-            queued_behind = any(p.gpu_seq < pending.gpu_seq for gg, p in self.gpu_refs.values() if gg == g)
-            if pending.gpu_seq in self._bystanders or queued_behind:
+            if pending.gpu_seq in self._bystanders or self._queued_behind(g, pending):
                 # Not running when its actor died: not this candidate's fault.
                 self._bystanders.discard(pending.gpu_seq)
                 pending.gpu_attempts -= 1
@@ -604,9 +603,24 @@ class Engine:
             log.warning("GPU evaluator died on %s (%s); re-queued once", pending.candidate.short_id, err)
             self.gpu_queue.appendleft(pending)
             return
+        log.warning("GPU evaluator died again on %s (%s); recorded as crash", pending.candidate.short_id, err)
         st = StageResult("correctness", Status.CRASH,
                          reason=f"GPU evaluator died twice on this candidate: {type(err).__name__}: {err}"[:2000])
         self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + (st,)), gpu=None)
+
+    def _queued_behind(self, g: int, pending: _Pending) -> bool:
+        """Whether ``pending`` was still waiting in actor ``g``'s queue when it died: an
+        earlier request on ``g`` had not finished well (an actor runs one request at a time)."""
+        for ref, (gg, p) in list(self.gpu_refs.items()):
+            if gg != g or p.gpu_seq >= pending.gpu_seq:
+                continue
+            if not self.rt.wait([ref], 1.0):
+                return True  # still not done: it was running, not this one
+            try:
+                self.rt.get(ref)
+            except self.rt.remote_errors():
+                return True  # the earlier one died with the actor: it was the one running
+        return False
 
     def _probe_gpu(self, g: int) -> None:
         """Ask GPU actor ``g`` a cheap question; it gets work again once it answers."""

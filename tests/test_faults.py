@@ -324,3 +324,22 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
     assert any("timeout" in c["error"].lower() or "timed out" in c["error"].lower() for c in failed)
     assert sum(1 for c in calls if not c["error"]) == 3
     store.close()
+
+
+def test_small_soak_loses_nothing(tmp_path):
+    """benchmarks/soak.py at 500 evaluations with 5% injected faults (its own Ray instance,
+    in a subprocess): zero rows lost, every fault survived, the DB intact."""
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "soak.py"), "--evals", "500", "--json",
+                        "--db", str(tmp_path / "soak.db")], capture_output=True, text=True, timeout=300,
+                       cwd=str(root))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["evaluations"] == 500 == out["candidates"] and out["rows_lost"] == 0
+    assert out["integrity"] == ["ok"]
+    assert sum(out["faults_injected"].values()) >= 10, out["faults_injected"]
+    assert out["compile_worker_deaths"] >= 1 and out["gpu_actor_deaths"] >= 1
+    assert not out["recorded_as_died_twice"], "a candidate that dies once must be evaluated on its retry"

@@ -9,7 +9,7 @@ Faults are chosen per candidate, deterministically:
   itself in ``$EVO_FAULT_DIR/started-<id>`` with the actor id and blocks, so a test can
   ``ray.kill`` the actor mid-evaluation);
 - or at a rate (``$EVO_FAULT_RATE``, e.g. 0.05, for the soak) by a hash of the candidate id:
-  compile worker death (once), GPU actor death (once; at most ``$EVO_FAULT_GPU_DEATHS``
+  compile worker death (once), GPU actor death (once, 50 ms into the evaluation; at most ``$EVO_FAULT_GPU_DEATHS``
   per actor, default 3, because the runtime gives GPU actors ``max_restarts=4``), a
   simulated ``incorrect`` result, a simulated harness ``crash`` result.
 
@@ -41,6 +41,10 @@ SOAK_SOURCE = "// synthetic kernel for the soak benchmark\n#include \"evo_abi.h\
 """
 SOAK_SEED = {"TILE_M": "16", "TILE_N": "16", "TILE_K": "8", "STAGES": "1", "VEC": "1", "WARPS": "1",
              "UNROLL": "1", "SWIZZLE": "0"}
+
+
+#: How long a dying worker works before it dies (a death mid-task, not at its first instruction).
+_MID = 0.05
 
 
 def _dir() -> Path | None:
@@ -95,6 +99,7 @@ def fault_compile(candidate: Candidate, settings: CompileSettings):
     _note("compile", candidate.id)
     f = _fault(candidate)
     if f == "compile-die-always" or (f == "compile-die-once" and _first_time("compile", candidate.id)):
+        time.sleep(_MID)
         os._exit(17)  # the worker process dies, as on OOM or a segfaulting compiler
     time.sleep(float(os.environ.get("EVO_FAULT_COMPILE_S", "0.02")))
     res = StageResult("compile", Status.OK, seconds=0.0)
@@ -123,9 +128,8 @@ def fault_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSetti
     _note("gpu", candidate.id)
     assert so_bytes.endswith(candidate.id.encode()), "GPU stage got another candidate's binary"
     f = _fault(candidate)
-    if f == "gpu-die-always":
-        os._exit(18)
-    if f == "gpu-die-once" and _gpu_death_allowed() and _first_time("gpu", candidate.id):
+    if f == "gpu-die-always" or (f == "gpu-die-once" and _gpu_death_allowed() and _first_time("gpu", candidate.id)):
+        time.sleep(_MID)  # mid-evaluation, as a real death would be: the previous reply is out
         os._exit(18)
     if f == "gpu-hang-once" and _first_time("gpu", candidate.id):
         d = _dir()
