@@ -7,8 +7,10 @@ through ``task.distributions``:
 1. inputs made by the trusted harness (``task.make_inputs`` with a seeded generator on the
    device), copied into the same buffers every trial of a shape (fresh values at repeated
    addresses defeat result caches keyed by pointer) and saved as copies;
-2. reference computed from *cloned* inputs upcast to ``task.reference_dtype`` and kept alive
-   until after the candidate's calls (its memory cannot be recycled into their outputs);
+2. reference computed from *cloned* inputs upcast to ``task.reference_dtype`` AFTER the
+   candidate's call (from the saved copies), so no reference value exists on the device
+   while the candidate runs; a first evaluation only finds the output shapes and is
+   scrubbed with NaN before it is freed, so its memory holds nothing to reuse either;
 3. outputs allocated fresh and poisoned (NaN for floats, a sentinel for integers) before
    every call;
 4. the call, then a device-wide synchronise (errors surface as :class:`CandidateFault` or
@@ -79,6 +81,11 @@ def shape_order(shapes: Sequence[Mapping[str, int]], indices: Sequence[int] | No
         if not 0 <= i < len(shapes):
             raise ValueError(f"shape index {i} out of range; the task has {len(shapes)} shapes")
     return sorted(idx, key=lambda i: (math.prod(int(v) for v in shapes[i].values()), i))
+
+
+def _upcast(tensors, dtype):
+    """Copies of ``tensors`` with floating ones in ``dtype`` (the reference's precision)."""
+    return [x.to(dtype, copy=True) if x.is_floating_point() else x.clone() for x in tensors]
 
 
 def output_dtype(ref: torch.Tensor, task_dtype: torch.dtype) -> torch.dtype:
@@ -222,20 +229,24 @@ def check_correctness(
                 del fresh
                 inputs = bufs
                 saved = [x.clone() for x in inputs]
-                ref_in = [
-                    x.to(ref_dtype, copy=True) if x.is_floating_point() else x.clone() for x in inputs
-                ]
-                refs = _as_tuple(task.reference(*ref_in))
-                del ref_in
-                outs = [
-                    poison_(torch.empty(r.shape, dtype=output_dtype(r, task_dtype), device=device))
-                    for r in refs
-                ]
+                # The reference's output shapes come from a first evaluation whose results are
+                # scrubbed (NaN) before they are freed: while the candidate runs, no reference
+                # value exists anywhere on the device for it to find (tests/fixtures/bad/
+                # reads_reference.cu scans its allocation segments for one).
+                specs = []
+                for r in _as_tuple(task.reference(*_upcast(inputs, ref_dtype))):
+                    specs.append((r.shape, output_dtype(r, task_dtype)))
+                    if r.is_floating_point():
+                        r.fill_(float("nan"))
+                    del r
+                outs = [poison_(torch.empty(shp, dtype=dt, device=device)) for shp, dt in specs]
             sync()
             progress({"stage": "correctness", "shape": shape, "trial": t, "dist": dist, "step": "call"})
             calls += 1
             launch(inputs, outs)
             sync()
+            with torch.no_grad():  # the ground truth, from the saved copies of the inputs
+                refs = _as_tuple(task.reference(*_upcast(saved, ref_dtype)))
             for k, (x, s) in enumerate(zip(inputs, saved)):
                 if not same_bits(x, s):
                     n = int((x.reshape(-1) != s.reshape(-1)).sum()) if x.shape == s.shape else -1
