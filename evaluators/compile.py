@@ -544,7 +544,10 @@ class _Run:
 def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int) -> _Run:
     """Run ``cmd`` in its own process group under an address-space limit; kill the group on timeout."""
     log_path = os.path.join(cwd, "nvcc.log")
-    env = dict(os.environ, TMPDIR=cwd, TMP=cwd, TEMP=cwd)
+    from evaluators.sandbox import scrub_env
+
+    # nvcc reads machine-written source: it gets no secrets (the LLM key stays in the driver).
+    env = dict(scrub_env(os.environ), TMPDIR=cwd, TMP=cwd, TEMP=cwd)
     argv = [sys.executable, "-I", "-S", "-c", _LIMIT_WRAPPER, str(max(0, int(memory_mb)) * 1024 * 1024), *cmd]
     t0 = time.perf_counter()
     with open(log_path, "wb") as log_f:

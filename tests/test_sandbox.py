@@ -313,3 +313,17 @@ def test_non_root_path_user_namespace_and_nproc(tmp_path):
     kids = int(p.stdout.split("kids=")[1].split()[0])
     assert kids <= 20, f"the fork bomb was not stopped: {p.stdout}"
     assert "ifaces=['lo']" in p.stdout or "ifaces=[]" in p.stdout
+
+
+def test_nvcc_runs_without_secrets(tmp_path, monkeypatch):
+    """The compile subprocess gets a scrubbed environment (no LLM key)."""
+    import sys
+
+    from evaluators.compile import _run_limited
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-for-nvcc")
+    script = tmp_path / "envdump.py"
+    script.write_text("import os\nprint('KEY=' + os.environ.get('OPENAI_API_KEY', 'absent'))\n")
+    run = _run_limited([sys.executable, str(script)], str(tmp_path), 30, 4096)
+    assert run.returncode == 0, run.log
+    assert "KEY=absent" in run.log and "sk-test" not in run.log
