@@ -1121,8 +1121,10 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             # Probed here, on the driver's machine: the GPU actors' own logs do not reach the
             # terminal, and a missing layer (no network namespace) must be visible at start.
             sandbox = sandbox_describe()
-            log.warning("candidate sandbox on this machine: %s", sandbox) if "NO " in sandbox \
-                else log.info("candidate sandbox: %s", sandbox)
+            if "NO " in sandbox:
+                log.warning("candidate sandbox on this machine: %s", sandbox)
+            else:
+                log.info("candidate sandbox: %s", sandbox)
             store.log_event(run_id, "start" if not resume else "resume_start",
                             {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus, "sandbox": sandbox})
             return eng.run(resume=bool(resume))
