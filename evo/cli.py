@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -97,7 +98,7 @@ def search(
     except ConfigError as e:
         _fail(str(e))
 
-    from evo import engine as engine_mod
+    from evo import search as engine_mod
 
     if dry_run:
         report = engine_mod.dry_run(cfg)

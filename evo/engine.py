@@ -25,7 +25,6 @@ evaluated again.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import Counter, deque
@@ -34,8 +33,7 @@ from typing import Any, Callable
 
 from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status
 
-__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "StoreFullError", "run_search", "dry_run",
-           "Progress"]
+__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "StoreFullError", "Progress"]
 
 log = logging.getLogger(__name__)
 
@@ -929,222 +927,10 @@ class Engine:
         log.info("resumed run %s: %d evaluated, %d resubmitted", self.run_id, done, len(pending))
 
 
-# ---------------------------------------------------------------------- entry points
+# ---------------------------------------------------------------------- helpers
 
 
 def _budget_errors() -> tuple[type[BaseException], ...]:
     from mutators.client import BudgetExhausted
 
     return (BudgetExhausted,)
-
-
-def engine_settings(cfg) -> EngineSettings:
-    s = cfg.search
-    return EngineSettings(
-        islands_per_task=s.islands_per_task, population_size=s.population_size,
-        max_evaluations=s.max_evaluations, max_wall_seconds=60.0 * s.max_wall_minutes,
-        in_flight=s.in_flight, migration_every=s.migration_every, migration_count=s.migration_count,
-        selection_lambda=s.selection_lambda, archive=s.archive,
-        profile=cfg.profile_settings() if cfg.profile.enabled else None,
-        tuning=cfg.tuning_settings() if cfg.tuning.enabled else None,
-    )
-
-
-MUTATOR_KINDS = ("knobs", "llm")
-
-
-def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None = None):
-    """Build the configured mutator. The LLM mutator records every call in ``llm_calls`` and
-    every attempt as an ``llm_attempt`` event of the run (the store is the driver's)."""
-    kind = cfg.mutator.kind
-    if kind == "knobs":
-        from mutators.knobs import KnobsMutator
-
-        return KnobsMutator(crossover_rate=cfg.mutator.crossover_rate, perturb_max=cfg.mutator.perturb_max)
-    if kind == "llm":
-        return _make_llm_mutator(cfg, store=store, run_id=run_id, rng=rng or random.Random(0))
-    raise SearchError(f"mutator.kind = {kind!r}: unknown; known: {', '.join(MUTATOR_KINDS)}")
-
-
-def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
-    from dataclasses import asdict
-
-    from evo.llm_context import StoreContextProvider
-    from mutators.cassette import CassetteRecorder, ReplayClient
-    from mutators.client import Budget, LLMClient, ModelSpec
-    from mutators.llm import LLMMutator
-
-    L = cfg.llm
-    models = [ModelSpec(name=m.name, base_url=m.base_url, model=m.model, key_env=m.key_env, weight=m.weight,
-                        price_in_per_mtok=m.price_in_per_mtok, price_out_per_mtok=m.price_out_per_mtok,
-                        max_tokens=m.max_tokens, temperature=m.temperature) for m in L.models]
-
-    def store_call(call) -> None:
-        store.add_llm_call(run_id, **call.to_row())
-
-    sink = CassetteRecorder(str(L.cassette), then=store_call) if L.cassette else store_call
-    # On resume the money already spent by this run counts against the budget.
-    spent = float(store.llm_totals(run_id).get("cost") or 0.0)
-    budget = Budget(L.budget_usd, spent=spent)
-    if L.replay_run:
-        client = ReplayClient(store.llm_calls(L.replay_run), budget=budget, sink=sink)
-    else:
-        client = LLMClient(models, timeout_s=L.timeout_s, max_attempts=L.max_retries + 1,
-                           backoff_base_s=L.backoff_base_s, concurrency=L.concurrency,
-                           max_response_bytes=L.max_response_kb * 1024, budget=budget, sink=sink,
-                           rng=random.Random(rng.randrange(2**31)))
-
-    def record_attempt(rec) -> None:
-        d = asdict(rec)
-        d["unmatched"] = [asdict(u) for u in rec.unmatched]
-        store.log_event(run_id, "llm_attempt", d)
-
-    mut = LLMMutator(client, models, StoreContextProvider(store, run_id, gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu),
-                     attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations)
-    mut.max_failed_attempts = L.max_failed_attempts
-    return mut
-
-
-def _task_names(cfg) -> list[str]:
-    import evo.tasks as T
-
-    # cfg.tasks.files were loaded (registered) by load_config already.
-    return [t.name for t in T.tasks_for(list(cfg.tasks.include))]
-
-
-def _seed_for(task_name: str) -> tuple[str, dict[str, str]]:
-    from evo.tasks import get_task
-    from evo.tasks.seeds import seed_params, seed_source
-
-    task = get_task(task_name)
-    if task.seed and task.seed.endswith(".cu"):
-        from pathlib import Path
-
-        from evo.tunables import resolve_params
-
-        src = Path(task.seed).read_text()
-        return src, resolve_params(src, {})
-    return seed_source(task_name), seed_params(task_name)
-
-
-def dry_run(cfg) -> dict:
-    """Everything a search does before the GPU: config, tasks, seeds, policy, compile."""
-    from evaluators.compile import compile_candidate
-    from evaluators.policy import check_policy
-
-    rows, ok = [], True
-    names = _task_names(cfg)
-    cs = cfg.compile_settings()
-    for name in names:
-        src, params = _seed_for(name)
-        pol = check_policy(src)
-        row = {"task": name, "policy": pol.status.value, "compile": "-", "note": pol.reason}
-        if pol.passed:
-            out = compile_candidate(Candidate.create(name, src, params), cs)
-            row["compile"] = out.result.status.value + (" (cached)" if out.cached else "")
-            row["seconds"] = out.result.seconds
-            row["note"] = out.result.reason
-            ok &= out.result.passed
-        else:
-            ok = False
-        rows.append(row)
-    s = engine_settings(cfg)
-    plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
-            f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
-            f"{cfg.mutator.kind}, db {cfg.run.db}. No GPU was used; run without --dry-run on a "
-            "machine with an NVIDIA GPU to search.")
-    return {"ok": ok, "seeds": rows, "plan": plan}
-
-
-def run_search(cfg, *, address: str | None = None, resume: str | None = None,
-               progress: bool = True, stages=None) -> SearchSummary:
-    """Open the store, start the runtime, run the engine, shut down. The CLI calls this."""
-    from pathlib import Path
-
-    from evaluators.policy import check_policy
-    from evo.runtime import Runtime, RuntimeError_, real_stages
-    from evo.store import Store, StoreError
-
-    names = _task_names(cfg)
-    Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
-    store = Store(cfg.run.db)
-    try:
-        if resume:
-            try:
-                run = store.get_run(resume)
-            except StoreError as e:
-                raise SearchError(str(e)) from e
-            run_id = run["id"]
-            if run.get("config_hash") and run["config_hash"] != cfg.hash():
-                log.warning("config differs from the one run %s started with; continuing with the new one", run_id)
-            seed = int(run.get("seed", cfg.run.seed))
-            store.set_run_status(run_id, "running")
-        else:
-            run_id = store.create_run(cfg.run.name, cfg.to_dict(), seed=cfg.run.seed, config_hash=cfg.hash())
-            seed = cfg.run.seed
-        n_done = len(store.evaluated_ids(run_id)) if resume else 0
-        rng = random.Random(f"{seed}:{n_done}")
-        seeds = {t: _seed_for(t) for t in names}
-        rt = Runtime(
-            stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
-            harness_settings=cfg.harness_settings(), address=address,
-            num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
-            num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
-        )
-        try:
-            rt.start()
-        except RuntimeError_ as e:
-            raise SearchError(str(e)) from e
-        view = None
-        try:
-            descriptor = _descriptor_fn()
-            cb = None
-            if progress:
-                from evo.progress import LiveProgress
-
-                view = LiveProgress(run_id)
-                view.start()
-                cb = view.update
-            settings = engine_settings(cfg)
-            if settings.tuning is not None:
-                from dataclasses import replace
-
-                from evo.tuning import journal_path
-
-                settings = replace(settings, tuning_storage=str(journal_path(cfg.run.db, run_id)))
-            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng),
-                         run_id=run_id, tasks=names,
-                         seeds=seeds, settings=settings, rng=rng, policy=check_policy,
-                         descriptor=descriptor, on_progress=cb)
-            from evaluators.sandbox import describe as sandbox_describe
-
-            # Probed here, on the driver's machine: the GPU actors' own logs do not reach the
-            # terminal, and a missing layer (no network namespace) must be visible at start.
-            sandbox = sandbox_describe()
-            if "NO " in sandbox:
-                log.warning("candidate sandbox on this machine: %s", sandbox)
-            else:
-                log.info("candidate sandbox: %s", sandbox)
-            store.log_event(run_id, "start" if not resume else "resume_start",
-                            {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus, "sandbox": sandbox})
-            return eng.run(resume=bool(resume))
-        finally:
-            if view is not None:
-                view.stop()
-            rt.shutdown()
-    finally:
-        store.close()
-
-
-def _descriptor_fn():
-    try:
-        from populations.archive import descriptor_from_params
-    except ImportError:  # pragma: no cover - populations is part of the package
-        return None
-    dims = ("tile", "stages", "vec", "block")
-    return lambda params: descriptor_from_params(params, dims)
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0

@@ -10,13 +10,11 @@ version pragma, raw SQL) are marked as such in their docstring.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time

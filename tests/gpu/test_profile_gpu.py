@@ -24,7 +24,7 @@ def _ncu_or_skip() -> str:
 
 def _built(task_name: str, tmp_path) -> tuple[Candidate, bytes]:
     from evaluators.compile import compile_candidate
-    from evo.engine import _seed_for
+    from evo.search import seed_for as _seed_for
 
     src, params = _seed_for(task_name)
     cand = Candidate.create(task_name, src, params)
