@@ -691,10 +691,14 @@ class Engine:
         islands = ([m["index"] for m in self.island_meta if m["task"] == cand.task] if cand.island < 0
                    else [cand.island])
         prof, tun = self.s.profile, self.s.tuning
+        ks = [int(x.top_k) for x in (prof, tun) if x is not None and getattr(x, "enabled", False)]
+        if not ks:
+            return
         for idx in islands:
             rank = self._ranking.setdefault(idx, [])
             rank.append((member.fitness, cand.id))
             rank.sort(key=lambda x: (-x[0], x[1]))
+            del rank[max(ks):]  # only the top-k matter to the triggers
             topk = [i for _, i in rank]
             if prof is not None and getattr(prof, "enabled", False):
                 from evo.tasks import get_task
