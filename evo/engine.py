@@ -235,7 +235,7 @@ class Engine:
         self._tune_queue: deque[_Pending] = deque()
         self._studies: dict[str, Any] = {}
         self._trial_of: dict[str, list[tuple[Any, int]]] = {}
-        self._so: dict[str, bytes] = {}
+        self._tuned_ids: set[str] = set()  # parents whose study was opened in this session
         # GPU actor deaths (docs/SECURITY.md, "faults"): a GPU whose actor died gets no new
         # work until a cheap probe call answers; requests queued behind the one that was
         # running when it died are re-queued without being charged an attempt.
@@ -711,18 +711,15 @@ class Engine:
                         self._profiled.add(key)
                         self._profile_queue.append((cand, so_bytes, shape_idx))
             if tun is not None and getattr(tun, "enabled", False) and cand.id not in self._studies:
-                tuned = set(self._studies) | self._tuned_before()
+                tuned = set(self._studies) | self._tuned_ids
                 if should_tune(member, topk, tuned, tun):
                     self._open_study(member)
-
-    def _tuned_before(self) -> set[str]:
-        return getattr(self, "_tuned_ids", set())
 
     def _open_study(self, member: Member) -> None:
         from evo.tuning import TuningStudy
 
         cand = member.candidate
-        self._tuned_ids = self._tuned_before() | {cand.id}
+        self._tuned_ids.add(cand.id)
 
         def on_trial(rec) -> None:
             self.store.add_tuning_trial(self.run_id, cand.id, rec.number, rec.params, rec.value, rec.status,
