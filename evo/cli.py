@@ -219,14 +219,8 @@ def show(
     Example: evo show 3fa9c2e1b7d0
     """
     from evo.cli_inspect import print_show
-    from evo.store import StoreError
 
-    with _open_reader(db) as store:
-        try:
-            cid = store.resolve_id(id)
-            print_show(store, cid, as_json=as_json, source=source)
-        except StoreError as e:
-            _fail(str(e))
+    _on_candidate(db, id, lambda store, cid: print_show(store, cid, as_json=as_json, source=source))
 
 
 @app.command()
@@ -242,12 +236,18 @@ def lineage(
     Example: evo lineage 3fa9c2e1b7d0 --diff
     """
     from evo.cli_inspect import print_lineage
+
+    _on_candidate(db, id, lambda store, cid: print_lineage(store, cid, diff=diff, as_json=as_json))
+
+
+def _on_candidate(db: Optional[str], id: str, fn) -> None:
+    """Resolve ``id`` in a read-only store and call ``fn(store, full_id)``; store errors
+    (unknown or ambiguous id with near matches) become one clean error line."""
     from evo.store import StoreError
 
     with _open_reader(db) as store:
         try:
-            cid = store.resolve_id(id)
-            print_lineage(store, cid, diff=diff, as_json=as_json)
+            fn(store, store.resolve_id(id))
         except StoreError as e:
             _fail(str(e))
 
@@ -313,7 +313,6 @@ def check(
     Example: evo check my_relu.cu --task kb19_relu --params BLOCK=256
     """
     import evo.tasks as T
-    from evaluators.base import CompileSettings, HarnessSettings
     from evaluators.pipeline import check_kernel
 
     if not kernel.is_file():
@@ -330,15 +329,7 @@ def check(
             _fail(f"--params {p!r}: expected NAME=VALUE")
         k, v = p.split("=", 1)
         kv[k.strip()] = v.strip()
-    cs, hs = CompileSettings(), HarnessSettings(check_only=False)
-    if config is not None:
-        from evo.config import ConfigError, load_config
-
-        try:
-            cfg = load_config(config)
-        except ConfigError as e:
-            _fail(str(e))
-        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    cs, hs = _stage_settings(config)
     try:
         stages = check_kernel(kernel.read_text(), task, kv, compile_settings=cs, harness_settings=hs,
                               task_files=tuple(str(f.resolve()) for f in task_file))
@@ -379,21 +370,12 @@ def tune(
 
     Example: evo tune 3fa9c2e1b7d0 --trials 24
     """
-    from evaluators.base import CompileSettings, HarnessSettings
     from evaluators.pipeline import gpu_available
     from evo.store import Store, StoreError
     from evo.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
 
     path = _db_path(db)
-    cs, hs = CompileSettings(), HarnessSettings()
-    if config is not None:
-        from evo.config import ConfigError, load_config
-
-        try:
-            cfg = load_config(config)
-        except ConfigError as e:
-            _fail(str(e))
-        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    cs, hs = _stage_settings(config)
     try:
         store = Store(path)
     except StoreError as e:
@@ -460,21 +442,12 @@ def bench(
     import shlex
 
     import evo.tasks as T
-    from evaluators.base import CompileSettings, HarnessSettings
     from evaluators.pipeline import gpu_available
     from evo.bench import bench as run_bench
     from evo.bench import run_candidates, seed_candidates
     from evo.store import StoreError
 
-    cs, hs = CompileSettings(), HarnessSettings()
-    if config is not None:
-        from evo.config import ConfigError, load_config
-
-        try:
-            cfg = load_config(config)
-        except ConfigError as e:
-            _fail(str(e))
-        cs, hs = cfg.compile_settings(), cfg.harness_settings()
+    cs, hs = _stage_settings(config)
     try:
         names = [T.get_task(t).name for t in task] + (T.task_names(family) if family else [])
     except KeyError as e:
@@ -524,6 +497,21 @@ def fake_llm(
 from evo.cli_inspect import register as _register_inspect  # noqa: E402  (status, report, export)
 
 _register_inspect(app)
+
+
+def _stage_settings(config: Optional[Path]):
+    """``[compile]`` and ``[evaluator]`` settings from a config file, else the defaults."""
+    from evaluators.base import CompileSettings, HarnessSettings
+
+    if config is None:
+        return CompileSettings(), HarnessSettings()
+    from evo.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        _fail(str(e))
+    return cfg.compile_settings(), cfg.harness_settings()
 
 
 def main() -> None:  # console script entry point
