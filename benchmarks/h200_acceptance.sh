@@ -1,19 +1,53 @@
 #!/usr/bin/env bash
-# One device call for the evaluator and engine acceptance on an H200:
-#   1. every task's seed: compile, check on every shape, time vs torch -> SEEDS.md
-#   2. the embedded demo search (configs/demo.toml) with a reduced evaluation budget
-# usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [MAX_EVALS]
+# GPU acceptance checks on an H200, as one device call. Steps (default: all, in this order):
+#   seeds  every task's seed: compile, check on every shape, time vs torch -> $OUT/SEEDS.md
+#   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
+#   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
+#   tests  the gpu-marked tests (harness, self-test, exploits, export, profile) -> $OUT/gpu_tests.txt
+# usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
 set -uo pipefail
-out=${1:?output folder}; evals=${2:-40}
+out=${1:?output folder}; shift
+steps=${*:-seeds demo gemm tests}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-t0=$(date +%s)
-python benchmarks/seeds.py --out "$out/seeds" --table "$out/SEEDS.md" --jobs 16 --timeout 150 \
-  > "$out/seeds_stdout.txt" 2> "$out/seeds_stderr.txt"
-echo "seeds rc=$? in $(( $(date +%s) - t0 )) s"
-t1=$(date +%s)
-python -m evo.cli search configs/demo.toml --max-evals "$evals" --db "$out/demo.db" --no-progress \
-  > "$out/demo_stdout.txt" 2> "$out/demo_stderr.txt"
-echo "demo rc=$? in $(( $(date +%s) - t1 )) s"
-tail -n 12 "$out/demo_stdout.txt"
-grep -E "^\| " "$out/SEEDS.md" | cut -c1-110
+for step in $steps; do
+  t0=$(date +%s)
+  case $step in
+    seeds)
+      python benchmarks/seeds.py --out "$out/seeds" --table "$out/SEEDS.md" --jobs 16 --timeout 150 \
+        > "$out/seeds_stdout.txt" 2> "$out/seeds_stderr.txt" ;;
+    demo)
+      python -m evo.cli search configs/demo.toml --db "$out/demo.db" --no-progress \
+        > "$out/demo_stdout.txt" 2> "$out/demo_stderr.txt"
+      tail -n 12 "$out/demo_stdout.txt" ;;
+    gemm)
+      python -m evo.cli fake-llm --cassette tests/fixtures/llm/gemm_optimize.jsonl --port 8011 \
+        > "$out/fake_llm.txt" 2>&1 &
+      llm=$!; sleep 2
+      python -m evo.cli search configs/examples/gemm_profile_tune.toml --db "$out/gemm.db" --no-progress \
+        > "$out/gemm_stdout.txt" 2> "$out/gemm_stderr.txt"
+      kill $llm
+      python - "$out/gemm.db" <<'PY' | tee "$out/gemm_summary.txt"
+import json, sys
+from evo.store import Store
+s = Store.open_reader(sys.argv[1]); run = s.list_runs()[0]["id"]
+ev = s.events(run)
+prof = [e["payload"] for e in ev if e["kind"] == "profile"]
+done = [e["payload"] for e in ev if e["kind"] == "tuning_done"]
+calls = s.llm_calls(run)
+quoted = [c for c in calls if c["kind"] == "optimize" and "Profile" in (c["prompt"] or "")]
+print(f"run {run}: profiles {len(prof)} (ok {sum(p['status'] == 'ok' for p in prof)}), "
+      f"ncu wall s {[p.get('ncu_wall_s') for p in prof]}")
+print(f"studies finished {len(done)}, improved {[d['improved'] for d in done]}, "
+      f"best {[d['best_fitness'] for d in done]} vs parent {[d['parent_fitness'] for d in done]}")
+print(f"optimize prompts quoting profile numbers: {len(quoted)} of {sum(c['kind'] == 'optimize' for c in calls)}")
+PY
+      ;;
+    tests)
+      python -m pytest -m gpu -q -rs tests/gpu > "$out/gpu_tests.txt" 2>&1
+      tail -n 15 "$out/gpu_tests.txt" ;;
+    *) echo "unknown step $step (seeds demo gemm tests)"; exit 2 ;;
+  esac
+  echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
+done
+[ -f "$out/SEEDS.md" ] && grep -E "^\| " "$out/SEEDS.md" | cut -c1-110

@@ -104,8 +104,9 @@ class StoreContextProvider:
         return out
 
     def profile(self, candidate_id: str) -> dict[str, Any] | None:
-        depth = len(self._chain(candidate_id)) - 1
-        if depth < self.feedback_after:
+        from evo.triggers import profile_visible
+
+        if not profile_visible(len(self._chain(candidate_id)) - 1, self.feedback_after):
             return None
         return self.store.get_profile(candidate_id)
 

@@ -81,7 +81,9 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
         d["unmatched"] = [asdict(u) for u in rec.unmatched]
         store.log_event(run_id, "llm_attempt", d)
 
-    mut = LLMMutator(client, models, StoreContextProvider(store, run_id, gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu),
+    provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
+                                    gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
+    mut = LLMMutator(client, models, provider,
                      attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations)
     mut.max_failed_attempts = L.max_failed_attempts
     return mut

@@ -38,7 +38,7 @@ class FakeRegistry:
     that registers one task per line ``task <name>`` of the file."""
 
     def __init__(self):
-        self.names = {"kb19_relu", "kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb01_square"}
+        self.names = {"kb19_relu", "kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb01_square", "gemm_bf16"}
         self.loaded: list[Path] = []
 
     def task_names(self):
