@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status
+from evo.store import StoreError
 
 __all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "StoreFullError", "Progress"]
 
@@ -42,13 +43,7 @@ class SearchError(RuntimeError):
     """The search cannot start or continue (unknown run to resume, no GPUs, ...)."""
 
 
-def _store_error_cls() -> type[Exception]:
-    from evo.store import StoreError
-
-    return StoreError
-
-
-class StoreFullError(_store_error_cls(), SearchError):  # type: ignore[misc]
+class StoreFullError(StoreError, SearchError):
     """The lineage database could not grow (disk full, quota, or SQLite's max_page_count).
 
     The engine stops at the first failed write: every committed row is intact (each write is
