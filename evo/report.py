@@ -203,7 +203,7 @@ def _plot_progress(path: Path, series: dict[str, dict[int, list[tuple[int, float
         for island, pts in sorted(islands.items()):
             xs = [p[0] for p in pts] + [max(n_evals, pts[-1][0])]
             ys = [p[1] for p in pts] + [pts[-1][1]]
-            ax.step(xs, ys, where="post", label=f"island {island}", linewidth=1.4)
+            ax.step(xs, ys, where="post", label=("seed (all islands)" if island < 0 else f"island {island}"), linewidth=1.4)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", markersize=3,
                     color=ax.lines[-1].get_color())
             overall.extend(pts)
