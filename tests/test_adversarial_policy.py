@@ -20,8 +20,6 @@ import concurrent.futures as cf
 import os
 import re
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, run_isolated
 from evaluators.policy import POLICY_RULES, check_policy
 from evo.records import Candidate, Status
+from fakes.listener import TcpListener  # noqa: E402
 
 ATTACKS = Path(__file__).parent / "fixtures" / "attacks"
 CPU_CHILD = str(ATTACKS / "cpu_child.py")
@@ -147,37 +146,12 @@ def test_template_bomb_ends_quickly_as_compile_error_or_timeout(tmp_path):
 # ----------------------------------------------------------------------------- runtime (CPU)
 
 
-class _Listener:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(8)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self._stop = False
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self) -> None:
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-                self.accepted += 1
-                c.close()
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        self._stop = True
-        self.t.join(2)
-        self.sock.close()
 
 
 @pytest.fixture()
 def listener():
     try:
-        lst = _Listener(PORT)
+        lst = TcpListener(PORT)
     except OSError as e:
         pytest.skip(f"port {PORT} is busy: {e}")
     yield lst

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from evaluators import sandbox as sb
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, HarnessReport, run_isolated
 from evo.records import Candidate, Operator, Status
+from fakes.listener import TcpListener  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -118,31 +117,6 @@ def test_kernel_exploit_is_caught(built, name):
         assert t.status in want_t and rep.fitness is None, t.reason
 
 
-class _Listener:
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", PORT))
-        self.sock.listen(8)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self._stop = False
-        self.t = threading.Thread(target=self._loop, daemon=True)
-        self.t.start()
-
-    def _loop(self) -> None:
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-                self.accepted += 1
-                c.close()
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._stop = True
-        self.t.join(2)
-        self.sock.close()
 
 
 HOST_ATTACKS = sorted(p.stem for p in ATTACKS.glob("*.cu"))
@@ -163,7 +137,7 @@ def test_host_attack_in_the_real_harness(built, name, monkeypatch):
     assert out.ok, out.result.reason
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     VICTIM_DB.write_bytes(b"SQLite format 3\x00")
-    listener = _Listener()
+    listener = TcpListener(PORT)
     variants = [(False, expect)]
     if "runtime-expect-landlock-fs" in h and sb.probe().landlock_abi:
         variants.append((True, h["runtime-expect-landlock-fs"]))
