@@ -656,9 +656,7 @@ class Engine:
         fitness = ev.fitness if ev.correct else None
         if fitness is not None:
             self.progress.correct += 1
-        member = Member(candidate=cand, fitness=fitness, status=ev.status,
-                        descriptor=self.descriptor(cand.params_dict),
-                        error=(failed.reason if failed else ""))
+        member = self._member_of(cand, ev)
         self._add_member(member)
         if hasattr(self.mutator, "observe"):
             self.mutator.observe(cand.id, fitness)
@@ -738,6 +736,12 @@ class Engine:
                                                       "reason": st.reason[:500],
                                                       "bound": st.metrics.get("bound"),
                                                       "ncu_wall_s": st.metrics.get("ncu_wall_s")})
+
+    def _member_of(self, cand: Candidate, ev: Evaluation) -> Member:
+        """The island member for an evaluated candidate (incorrect ones carry their error)."""
+        failed = ev.failed_stage
+        return Member(candidate=cand, fitness=ev.fitness if ev.correct else None, status=ev.status,
+                      descriptor=self.descriptor(cand.params_dict), error=(failed.reason if failed else ""))
 
     def _add_member(self, member: Member) -> None:
         cand = member.candidate
@@ -868,11 +872,7 @@ class Engine:
         for cand in self.store.candidates(self.run_id):
             if cand.task != meta["task"] or cand.island not in (idx, -1) or cand.id not in evals:
                 continue
-            ev = evals[cand.id]
-            failed = ev.failed_stage
-            members.append(Member(candidate=cand, fitness=ev.fitness if ev.correct else None, status=ev.status,
-                                  descriptor=self.descriptor(cand.params_dict),
-                                  error=(failed.reason if failed else "")))
+            members.append(self._member_of(cand, evals[cand.id]))
         if members:
             self.rt.call(new, "add_many", members)
         meta["actor"] = new
@@ -897,11 +897,9 @@ class Engine:
                 pending_cands.append(cand)
                 continue
             done += 1
-            fitness = ev.fitness if ev.correct else None
-            failed = ev.failed_stage
-            self._add_member(Member(candidate=cand, fitness=fitness, status=ev.status,
-                                    descriptor=self.descriptor(cand.params_dict),
-                                    error=(failed.reason if failed else "")))
+            member = self._member_of(cand, ev)
+            self._add_member(member)
+            fitness = member.fitness
             if fitness is not None:
                 correct += 1
                 cur = self.best.get(cand.task)

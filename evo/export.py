@@ -714,7 +714,12 @@ def _reference_module(task: "Task") -> tuple[str, str]:
     inputs_block: str
     if isinstance(task.make_inputs, TensorInputs):
         specs = [{"dims": list(s.dims), "structure": s.structure} for s in task.make_inputs.specs]
-        inputs_block = f"INPUT_SPECS = {specs!r}\nINPUT_DTYPE = {task.make_inputs.dtype!r}\n" + _TENSOR_INPUTS_SRC
+        # The sampler is copied from evo.tasks.inputs, so the export draws exactly what the
+        # harness draws (it uses only torch and this module's DISTRIBUTIONS).
+        from evo.tasks.inputs import sample
+
+        inputs_block = (f"INPUT_SPECS = {specs!r}\nINPUT_DTYPE = {task.make_inputs.dtype!r}\n\n\n"
+                        + textwrap.dedent(inspect.getsource(sample)) + _TENSOR_INPUTS_SRC)
     else:
         try:
             gen_src, gen_name = standalone_source(task.make_inputs)
@@ -796,21 +801,6 @@ def check(out, ref):
 
 _TENSOR_INPUTS_SRC = '''
 
-def _sample(size, generator, dist, device):
-    kw = dict(generator=generator, device=device, dtype=torch.float32)
-    if dist == "normal":
-        return torch.randn(size, **kw)
-    if dist == "wide":
-        return torch.randn(size, **kw).mul_(10.0)
-    if dist == "logits":
-        return torch.randn(size, **kw).mul_(30.0)
-    if dist == "uniform":
-        return torch.rand(size, **kw).mul_(2.0).sub_(1.0)
-    if dist == "kernelbench":
-        return torch.rand(size, **kw)
-    raise ValueError(f"unknown distribution {dist!r}; known: {DISTRIBUTIONS}")
-
-
 def input_sizes(shape):
     """The size of every input for ``shape`` (a dict of named sizes)."""
     return [tuple(shape[d] if isinstance(d, str) else d for d in s["dims"]) for s in INPUT_SPECS]
@@ -821,7 +811,7 @@ def make_inputs(shape, generator, dist, device):
     reference's argument order; ``generator`` must live on ``device``."""
     out = []
     for spec, size in zip(INPUT_SPECS, input_sizes(shape)):
-        x = _sample(size, generator, dist, device)
+        x = sample(size, generator, dist, device)
         if spec["structure"] == "symmetric":
             x = x.add(x.transpose(-1, -2)).mul_(0.5)
         elif spec["structure"] == "upper":
