@@ -11,6 +11,9 @@
 // Maths is fp32 (bf16 is converted on load and rounded once on store); fp32 tasks use the
 // precise libdevice functions (expf, erff, tanhf, log1pf, expm1f; no fast-math), which stay
 // within a few ulp of an fp64 reference (GELU: see apply_op).
+// FAST_MATH = 1 swaps in fast-intrinsic formulations that stay inside the fp32 tolerance
+// (sigmoid / swish: __expf + __fdividef; GELU: an A&S erfc); FAST_MATH = 2 (bf16 only) uses the
+// tanh-form GELU on the hardware tanh. Other ops ignore FAST_MATH.
 //
 // Structure: the tensor is viewed (CuTe) as an array of VEC-element, 16-byte-or-smaller
 // aligned vectors; a grid of GRID_MULT blocks per SM (0: one block per tile) strides over
@@ -50,9 +53,11 @@
 // @tunable ITEMS = 1 in {1, 2, 4, 8}
 // @tunable GRID_MULT = 0 in {0, 1, 2, 4, 8, 16, 32}
 // @tunable CACHE_HINT = 0 in {0, 1}
+// @tunable FAST_MATH = 0 in {0, 1, 2}
 // @constraint VEC * EVO_ELEM_BYTES <= 16
 // @constraint ITEMS * VEC * EVO_ELEM_BYTES <= 128
 // @constraint BLOCK * GRID_MULT <= 16384
+// @constraint FAST_MATH < 2 || EVO_ELEM_BYTES == 2
 #ifndef VEC
 #define VEC 4
 #endif
@@ -67,6 +72,9 @@
 #endif
 #ifndef CACHE_HINT
 #define CACHE_HINT 0
+#endif
+#ifndef FAST_MATH
+#define FAST_MATH 0
 #endif
 
 namespace evo_seed {
@@ -94,18 +102,45 @@ __device__ __forceinline__ float apply_op(float x, const OpArgs& a) {
 #elif defined(EVO_OP_LEAKY_RELU)   // x > 0 ? x : slope * x
   return x > 0.f ? x : (float)((double)x * a.d0);
 #elif defined(EVO_OP_SIGMOID)
+#if FAST_MATH
+  return __fdividef(1.0f, 1.0f + __expf(-x));   // 1 / inf = 0 for x << 0, as expected
+#else
   return 1.0f / (1.0f + expf(-x));
+#endif
 #elif defined(EVO_OP_TANH)
   return tanhf(x);
 #elif defined(EVO_OP_SWISH)        // x * sigmoid(x)
+#if FAST_MATH
+  return x * __fdividef(1.0f, 1.0f + __expf(-x));
+#else
   return x / (1.0f + expf(-x));
+#endif
 #elif defined(EVO_OP_GELU)
   // torch's fp32 formula 0.5 x (1 + erf(x / sqrt2)): its error for x << 0, where 1 + erf
   // cancels, is ~1e-7 |x| absolute, the same as torch's. EVO_GELU_ERFC = 1 computes
   // 0.5 x erfc(-x / sqrt2) instead: accurate relative to every output, but erfcf costs
   // enough to make the kernel compute-bound on an H200 (0.79x torch measured); a branch to
   // erfcf for x < -3 only was slower still on wide inputs (warp divergence).
-#if EVO_GELU_ERFC
+#if FAST_MATH == 2
+  // bf16 only (constraint): tanh-form GELU with the hardware tanh (rel. error 2^-11). Its
+  // distance from the erf form (<= 1.3e-3 |x|-scaled) is below a bf16 ulp; measured on the
+  // CPU against BF16_ELEMENTWISE at input scales 0.01..100: worst ratio 0.23 of the bound.
+  const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
+  float th;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(u));
+  return 0.5f * x * (1.0f + th);
+#elif FAST_MATH == 1
+  // erfc by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 absolute), with the fast exp and
+  // reciprocal: x >= 0 -> x - 0.5 x erfc(x / sqrt2); x < 0 -> 0.5 x erfc(|x| / sqrt2), which
+  // has no cancellation. Within FP32_ELEMENTWISE at input scales 0.01..100 (CPU check: worst
+  // ratio 0.16 of the bound); about 15 instructions against erff's ~25.
+  const float z = fabsf(x) * 0.70710678118654752f;
+  const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                      -0.284496736f), 0.254829592f);
+  const float hc = 0.5f * x * poly * __expf(-z * z);
+  return x >= 0.f ? x - hc : hc;
+#elif EVO_GELU_ERFC
   return 0.5f * x * erfcf(-x * 0.70710678118654752f);
 #else
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));

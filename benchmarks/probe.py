@@ -1,0 +1,122 @@
+"""Check and time a list of kernel variants in one GPU session (kernel development sweeps).
+
+    python benchmarks/probe.py benchmarks/probes/elementwise.json [--out DIR] [--reps 30]
+
+The spec is a JSON list of objects::
+
+    {"label": "relu ITEMS=4", "task": "kb19_relu", "source": "seed" | "path/to/kernel.cu",
+     "params": {"ITEMS": "4"}, "mode": "check+time" | "time-only" | "check"}
+
+``"seed"`` is the task's seed rendered from the current template (``evo.tasks.seeds``);
+``params`` become ``-D`` tunables exactly as in a search. Every variant is compiled first (in
+parallel, cached), then checked and/or timed in its own isolated process, one after another,
+by the evaluator's protocol (``evaluators.isolation.run_isolated``; reference timed in the same
+process, L2 flushed, medians). ``time-only`` skips the correctness trials: use it only for
+tunable sweeps of a kernel whose correctness a ``check+time`` entry establishes in the same
+spec. A short table (label, task, shape, ours ms, torch ms, speedup, % of SOL, status) is
+printed last and written to ``DIR/probe.md``; per-variant JSON goes to ``DIR/<n>.json``.
+This is a development tool: benchmarks/RESULTS.md comes from ``evo bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("benchmarks.probe")
+
+
+def _load(spec_path: Path) -> list[dict]:
+    entries = json.loads(spec_path.read_text())
+    if not isinstance(entries, list):
+        raise SystemExit(f"{spec_path}: expected a JSON list of variants")
+    for i, e in enumerate(entries):
+        for key in ("task", "source"):
+            if key not in e:
+                raise SystemExit(f"{spec_path}: entry {i} lacks {key!r}")
+        e.setdefault("label", f"{e['task']} {e.get('params', {})}")
+        e.setdefault("params", {})
+        e.setdefault("mode", "check+time")
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", nargs="+", type=Path, help="JSON spec file(s)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/probe")))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=200.0)
+    ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting variants after this many seconds")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.compile import compile_candidate
+    from evaluators.isolation import HarnessJob, run_isolated
+    from evo.records import Candidate, Operator, Status
+    from evo.tasks import get_task
+    from evo.tasks.seeds import seed_source
+
+    entries = [e for p in args.spec for e in _load(p)]
+    cands = []
+    for e in entries:
+        src = seed_source(e["task"]) if e["source"] == "seed" else (ROOT / e["source"]).read_text()
+        params = {str(k): str(v) for k, v in e["params"].items()}
+        cands.append(Candidate.create(e["task"], src, params, operator=Operator.SEED))
+    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
+    hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout)
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        built = list(pool.map(lambda c: compile_candidate(c, cs), cands))
+    log.info("compiled %d variants in %.0f s", len(built), time.monotonic() - t0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    for i, (e, c, b) in enumerate(zip(entries, cands, built)):
+        if args.budget_s and time.monotonic() - t0 > args.budget_s:
+            rows.append(f"| {e['label']} | {e['task']} | | | | | | skipped: budget |")
+            continue
+        if not b.result.passed or not b.so_bytes:
+            rows.append(f"| {e['label']} | {e['task']} | | | | | | compile {b.result.status.value}: "
+                        f"{b.result.reason[:160].replace('|', '/')} |")
+            continue
+        rep = run_isolated(HarnessJob(task=e["task"], candidate_id=c.id, so_bytes=b.so_bytes,
+                                      params=c.params, mode=e["mode"]), hs)
+        (args.out / f"{i:03d}.json").write_text(json.dumps(
+            {"entry": e, "fitness": rep.fitness, "env": rep.env,
+             "stages": [dataclasses.asdict(s) for s in rep.stages]}, default=str, indent=1))
+        bad = next((s for s in rep.stages if s.status not in (Status.OK, Status.SKIPPED)), None)
+        if bad is not None:
+            rows.append(f"| {e['label']} | {e['task']} | | | | | | {bad.stage} {bad.status.value}: "
+                        f"{bad.reason[:160].replace('|', '/')} |")
+            continue
+        task = get_task(e["task"])
+        for t in rep.timings:
+            pct = f"{100 * t.sol_ms / t.median_ms:.1f}" if t.sol_ms else "-"
+            shape = " ".join(f"{k}={v}" for k, v in t.shape.items())
+            rows.append(f"| {e['label']} | {e['task']} | {shape} | {t.median_ms:.4f} | {t.ref_median_ms:.4f} | "
+                        f"{t.speedup:.3f} | {pct} | ok |")
+        if not rep.timings:
+            rows.append(f"| {e['label']} | {e['task']} | | | | | | ok ({e['mode']}, {task.dtype}) |")
+        log.info("%d/%d %s done (%.0f s)", i + 1, len(entries), e["label"], time.monotonic() - t0)
+    table = ["| label | task | shape | ours ms | torch ms | speedup | % SOL | status |",
+             "|---|---|---|---|---|---|---|---|"] + rows
+    (args.out / "probe.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
