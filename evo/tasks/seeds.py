@@ -82,21 +82,23 @@ ELEMENTWISE_SEEDS: dict[str, SeedSpec] = {
     ),
 }
 
+#: FAST_MATH 1 (hardware exp in both passes), measured on an H200: kb23 1.39x -> 1.43x torch,
+#: kb24 1.39x -> 1.44x, softmax_bf16 1.74x -> 2.14x.
 ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     "kb23_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_SOFTMAX", "1"),),
         "softmax over dim 1: cluster-split rows, online max/sum pass, then a write pass",
-        (("BLOCK", "1024"),),
+        (("BLOCK", "1024"), ("FAST_MATH", "1")),
     ),
     "kb24_log_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_LOG_SOFTMAX", "1"),),
         "log-softmax over dim 1: same structure as kb23_softmax",
-        (("BLOCK", "1024"),),
+        (("BLOCK", "1024"), ("FAST_MATH", "1")),
     ),
     "softmax_bf16": SeedSpec(
         "rowreduce", _BF16 + (("EVO_OP_SOFTMAX", "1"),),
         "softmax over the last dim, bf16 in/out, fp32 maths; a row lives in one CTA's registers",
-        (("VEC", "8"), ("REG_VECS", "2")),
+        (("VEC", "8"), ("REG_VECS", "2"), ("FAST_MATH", "1")),
     ),
     "rmsnorm_bf16": SeedSpec(
         "rowreduce", _BF16 + (("EVO_OP_RMSNORM", "1"), ("EVO_S0_DEFAULT", "1e-06")),
