@@ -20,7 +20,18 @@ from typing import Any, Callable, Iterable
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.records import Candidate, Operator, Status
 
-__all__ = ["BenchRow", "seed_candidates", "run_candidates", "bench", "results_table", "write_results"]
+__all__ = [
+    "BenchRow",
+    "Targets",
+    "TargetsError",
+    "load_targets",
+    "seed_candidates",
+    "run_candidates",
+    "bench",
+    "results_table",
+    "family_summary",
+    "write_results",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +51,74 @@ class BenchRow:
     status: str
     note: str = ""
     candidate: str = ""
+
+
+class TargetsError(ValueError):
+    """A targets file is malformed; the message names the file, the field and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """Minimum speedups (torch median / ours) a benchmark is held to, from a TOML file.
+
+    ``task``: task -> minimum for every shape; ``shape``: ``"task shape"`` (the shape as the
+    table prints it, e.g. ``"gemm_bf16 M=4096 x N=4096 x K=4096"``) -> minimum, overriding
+    ``task``; ``family``: family -> ``(geomean, min)`` for the family summary (either may be
+    ``None``). Only read by :func:`bench` and :func:`write_results`; it never changes a
+    measurement, only the table's ``target`` and ``gap`` columns and the summary.
+    """
+
+    task: dict[str, float] = dataclasses.field(default_factory=dict)
+    shape: dict[str, float] = dataclasses.field(default_factory=dict)
+    family: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
+    source: str = ""
+
+    def for_row(self, task: str, shape: str) -> float | None:
+        return self.shape.get(f"{task} {shape}", self.task.get(task))
+
+
+def load_targets(path: Path) -> Targets:
+    """Parse a targets TOML (``[task]``, ``[shape]``, ``[family.NAME]`` with ``geomean`` /
+    ``min``); unknown task or family names and non-positive numbers raise TargetsError."""
+    import tomllib
+
+    from evo.tasks import task_names
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TargetsError(f"{path}: cannot read targets: {e}") from None
+    known = set(task_names())
+    extra = set(data) - {"task", "shape", "family"}
+    if extra:
+        raise TargetsError(f"{path}: unknown section(s) {sorted(extra)}; allowed: task, shape, family")
+
+    def pos(field: str, v: object) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise TargetsError(f"{path}: {field} = {v!r}: must be a positive number (a minimum speedup)")
+        return float(v)
+
+    tasks = {}
+    for k, v in data.get("task", {}).items():
+        if k not in known:
+            raise TargetsError(f"{path}: task.{k}: no such task (see `evo tasks`)")
+        tasks[k] = pos(f"task.{k}", v)
+    shapes = {}
+    for k, v in data.get("shape", {}).items():
+        if k.split(" ", 1)[0] not in known or " " not in k:
+            raise TargetsError(f"{path}: shape.{k!r}: expected \"<task> <shape as the table prints it>\"")
+        shapes[k] = pos(f"shape.{k!r}", v)
+    fams = {}
+    for name, spec in data.get("family", {}).items():
+        try:
+            task_names(name)
+        except KeyError as e:
+            raise TargetsError(f"{path}: family.{name}: {e.args[0] if e.args else e}") from None
+        bad = set(spec) - {"geomean", "min"}
+        if bad:
+            raise TargetsError(f"{path}: family.{name}: unknown key(s) {sorted(bad)}; allowed: geomean, min")
+        fams[name] = tuple(pos(f"family.{name}.{k}", spec[k]) if k in spec else None for k in ("geomean", "min"))
+    return Targets(tasks, shapes, fams, str(path))
 
 
 def seed_candidates(tasks: Iterable[str]) -> list[Candidate]:
@@ -87,21 +166,81 @@ def _rows_for(cand: Candidate, report: Any) -> list[BenchRow]:
     return rows or [BenchRow(cand.task, "", task.dtype, None, None, None, "-", None, "ok", "no timing", cand.id)]
 
 
-def results_table(rows: list[BenchRow]) -> list[str]:
+def results_table(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
     def num(x: float | None, f: str) -> str:
         return "-" if x is None else format(x, f)
 
-    out = ["| task | shape | dtype | torch ms | ours ms | speedup | rate | % of SOL | status |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    head = "| task | shape | dtype | torch ms | ours ms | speedup | rate | % of SOL |"
+    rule = "|---|---|---|---|---|---|---|---|"
+    if targets is not None:
+        head += " target | gap |"
+        rule += "---|---|"
+    out = [head + " status |", rule + "---|"]
     for r in rows:
         status = r.status + (f" ({r.note})" if r.note else "")
-        out.append(f"| {r.task} | {r.shape} | {r.dtype} | {num(r.torch_ms, '.4f')} | {num(r.ours_ms, '.4f')} | "
-                   f"{num(r.speedup, '.3f')} | {r.rate} | {num(r.pct_sol, '.1f')} | {status.replace('|', '/')} |")
+        line = (f"| {r.task} | {r.shape} | {r.dtype} | {num(r.torch_ms, '.4f')} | {num(r.ours_ms, '.4f')} | "
+                f"{num(r.speedup, '.3f')} | {r.rate} | {num(r.pct_sol, '.1f')} |")
+        if targets is not None:
+            t = targets.for_row(r.task, r.shape)
+            line += f" {num(t, '.2f')} | {_gap(r.speedup, t)} |"
+        out.append(line + f" {status.replace('|', '/')} |")
+    return out
+
+
+def _gap(speedup: float | None, target: float | None) -> str:
+    """``met`` or the shortfall as a percentage of the target (``-12%``: 12% too slow)."""
+    if target is None:
+        return "-"
+    if speedup is None:
+        return "no timing"
+    return "met" if speedup >= target else f"{100.0 * (speedup / target - 1.0):.0f}%"
+
+
+def family_summary(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
+    """Per family: geometric-mean speedup over tasks (each task: geomean of its shapes), the
+    slowest task, and the family targets with their gaps. Tasks without timing are counted."""
+    import math
+
+    from evo.tasks import get_task
+
+    per_task: dict[str, list[float]] = {}
+    failed: set[str] = set()
+    for r in rows:
+        if r.speedup is not None and r.speedup > 0:
+            per_task.setdefault(r.task, []).append(r.speedup)
+        else:
+            failed.add(r.task)
+    fams: dict[str, dict[str, float]] = {}
+    for t, v in per_task.items():
+        fams.setdefault(get_task(t).family, {})[t] = math.exp(sum(map(math.log, v)) / len(v))
+    for t in failed - set(per_task):
+        fams.setdefault(get_task(t).family, {})
+    out = ["| family | tasks timed | geomean speedup | slowest task | target geomean | target min | gaps |",
+           "|---|---|---|---|---|---|---|"]
+    for fam in sorted(fams):
+        sp = fams[fam]
+        n_fail = len({t for t in failed - set(per_task) if get_task(t).family == fam})
+        if sp:
+            geo = math.exp(sum(map(math.log, sp.values())) / len(sp))
+            worst = min(sp, key=sp.get)
+            g_s, w_s = f"{geo:.3f}", f"{worst} {sp[worst]:.3f}"
+        else:
+            geo, worst, g_s, w_s = None, None, "-", "-"
+        tg, tm = (targets.family.get(fam, (None, None)) if targets else (None, None))
+        gaps = []
+        if tg is not None:
+            gaps.append(f"geomean {_gap(geo, tg)}")
+        if tm is not None:
+            gaps.append(f"min {_gap(sp[worst] if worst else None, tm)}")
+        out.append(f"| {fam} | {len(sp)}" + (f" (+{n_fail} without timing)" if n_fail else "")
+                   + f" | {g_s} | {w_s} | {'-' if tg is None else f'{tg:.2f}'} | "
+                   f"{'-' if tm is None else f'{tm:.2f}'} | {', '.join(gaps) or '-'} |")
     return out
 
 
 def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command: str,
-                  hs: HarnessSettings, title: str) -> None:
+                  hs: HarnessSettings, title: str, targets: Targets | None = None,
+                  why: dict[tuple[str, str], str] | None = None) -> None:
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = [
         f"# {title}",
@@ -115,10 +254,27 @@ def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command
         "",
         "speedup = torch median / ours (same process, same protocol, TF32 off); "
         "% of SOL = speed-of-light time / ours.",
-        "",
     ]
+    if targets is not None:
+        head.append(f"target = minimum speedup from `{targets.source}`; gap = shortfall relative to it.")
+    body = results_table(rows, targets) + ["", "## Families", ""] + family_summary(rows, targets)
+    if why:
+        body += ["", "## Why targets were missed (Nsight Compute, first missed shape per task)", ""]
+        body += [f"- **{task}** ({shape}): {text}" for (task, shape), text in why.items()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(head + results_table(rows)) + "\n")
+    path.write_text("\n".join(head + [""] + body) + "\n")
+
+
+def _why(metrics: dict[str, Any]) -> str:
+    """One line from a profile summary: the bound class and the numbers behind it."""
+    def f(k: str) -> str:
+        v = metrics.get(k)
+        return "n/a" if not isinstance(v, (int, float)) else f"{v:.0f}%"
+
+    stalls = ", ".join(f"{r} {s:.0f}%" for r, _v, s in (metrics.get("top_stalls") or [])[:2])
+    return (f"{metrics.get('bound', '?')}: SM {f('sm_throughput_pct')}, DRAM {f('dram_throughput_pct')}, "
+            f"tensor pipe {f('tensor_pipe_pct')}, occupancy {f('achieved_occupancy_pct')}, "
+            f"{metrics.get('registers_per_thread', '?')} regs/thread; top stalls: {stalls or 'n/a'}")
 
 
 def bench(
@@ -132,8 +288,17 @@ def bench(
     jobs: int = 4,
     on_row: Callable[[BenchRow], None] | None = None,
     log_dir: Path | None = None,
+    targets: Targets | None = None,
+    profile_settings: Any = None,
 ) -> list[BenchRow]:
-    """Compile all (parallel), then check + time each in a fresh process (sequential)."""
+    """Compile all (parallel), then check + time each in a fresh process (sequential).
+
+    With ``targets`` the table gets target and gap columns; with ``profile_settings``
+    (:class:`evaluators.profile.ProfileSettings`) too, every task that misses its target is
+    profiled under ncu on its first missed shape after all timings (so ncu never overlaps a
+    measurement) and the table explains the miss. A profiler that cannot run is reported in
+    that line, not raised: the timings are the product of the run.
+    """
     import json
 
     from evaluators.compile import compile_candidate
@@ -143,12 +308,14 @@ def bench(
         built = list(pool.map(lambda c: (c, compile_candidate(c, compile_settings)), candidates))
     rows: list[BenchRow] = []
     env: dict[str, str] = {}
+    sos: dict[str, bytes] = {}
     for cand, outcome in built:
         if not outcome.result.passed or not outcome.so_bytes:
             r = outcome.result
             new = [BenchRow(cand.task, "", "", None, None, None, "-", None, f"compile: {r.status.value}",
                             r.reason[:200], cand.id)]
         else:
+            sos[cand.id] = outcome.so_bytes
             log.info("checking and timing %s (%s)", cand.task, cand.short_id)
             report = run_isolated(HarnessJob(task=cand.task, candidate_id=cand.id, so_bytes=outcome.so_bytes,
                                              params=cand.params, mode="check+time"), harness_settings)
@@ -163,5 +330,32 @@ def bench(
         for r in new:
             if on_row is not None:
                 on_row(r)
-        write_results(table, rows, env, command, harness_settings, title)
+        write_results(table, rows, env, command, harness_settings, title, targets)
+    if targets is not None and profile_settings is not None:
+        why = _profile_misses(rows, {c.id: c for c, _ in built}, sos, targets, profile_settings)
+        write_results(table, rows, env, command, harness_settings, title, targets, why)
     return rows
+
+
+def _profile_misses(rows: list[BenchRow], cands: dict[str, Candidate], sos: dict[str, bytes],
+                    targets: Targets, settings: Any) -> dict[tuple[str, str], str]:
+    from evaluators.profile import ProfileError, profile_candidate
+
+    why: dict[tuple[str, str], str] = {}
+    done: set[str] = set()
+    for r in rows:
+        t = targets.for_row(r.task, r.shape)
+        if t is None or r.speedup is None or r.speedup >= t or r.task in done or r.candidate not in sos:
+            continue
+        done.add(r.task)
+        shape = {k: int(v) for k, v in (p.split("=") for p in r.shape.split(" x "))}
+        log.info("profiling %s on %s (missed its target %.2fx)", r.task, r.shape, t)
+        try:
+            res = profile_candidate(cands[r.candidate], sos[r.candidate], r.task, shape, settings=settings)
+        except ProfileError as e:
+            why[(r.task, r.shape)] = f"not profiled: {e}"
+            log.warning("profiling %s failed: %s", r.task, e)
+            continue
+        why[(r.task, r.shape)] = (_why(res.metrics) if res.status is Status.OK
+                                  else f"profile {res.status.value}: {res.reason[:160]}")
+    return why

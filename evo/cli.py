@@ -431,13 +431,17 @@ def bench(
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", help="Markdown table to write."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
     jobs: int = typer.Option(os.cpu_count() or 4, "--jobs", help="Parallel compiles."),
+    targets: Optional[Path] = typer.Option(
+        None, "--targets", help="TOML of minimum speedups (benchmarks/targets.toml): adds target and gap columns."),
+    profile_misses: bool = typer.Option(
+        False, "--profile-misses", help="Profile (ncu) each task that misses its --targets minimum; say why."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Re-measure champions (--run) or seeds (--task/--family) against their torch references
     in one run, one fresh process per kernel, and write a results table naming GPU, driver,
-    CUDA, torch, date and the command.
+    CUDA, torch, date and the command, with a per-family geometric-mean summary.
 
-    Example: evo bench --run r-20261130-1425-00ec --out benchmarks/RESULTS.md
+    Example: evo bench --targets benchmarks/targets.toml --profile-misses --out benchmarks/RESULTS.md
     """
     import shlex
 
@@ -448,6 +452,14 @@ def bench(
     from evo.store import StoreError
 
     cs, hs = _stage_settings(config)
+    from evo.bench import TargetsError, load_targets
+
+    if profile_misses and targets is None:
+        _fail("--profile-misses needs --targets (a miss is a speedup below a target)")
+    try:
+        tg = load_targets(targets) if targets is not None else None
+    except TargetsError as e:
+        _fail(str(e))
     try:
         names = [T.get_task(t).name for t in task] + (T.task_names(family) if family else [])
     except KeyError as e:
@@ -467,7 +479,14 @@ def bench(
     if not gpu_available():
         _fail("no CUDA GPU found on this machine: `evo bench` times kernels on the GPU it runs on")
     command = "evo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs,
+    ps = None
+    if profile_misses:
+        from evaluators.profile import ProfileSettings
+        from evo.config import load_config
+
+        ps = load_config(config).profile_settings() if config is not None else ProfileSettings()
+    rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,
+                     profile_settings=ps,
                      on_row=lambda r: console.print(
                          f"{r.task:24s} {r.shape:32s} {r.status:10s} "
                          f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False))

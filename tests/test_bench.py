@@ -57,3 +57,102 @@ def test_cli_bench_without_gpu_says_so(monkeypatch):
     assert res.exit_code == 2 and "no CUDA GPU" in res.output
     res = CliRunner().invoke(app, ["bench", "--task", "kb19_rleu"])
     assert res.exit_code == 2 and "kb19_relu" in res.output
+
+
+# ---------------------------------------------------------------- targets and family summary
+
+def _row(task, shape, speedup, status="ok"):
+    from evo.bench import BenchRow
+
+    return BenchRow(task, shape, "float32", 1.0, None if speedup is None else 1.0 / speedup, speedup,
+                    "-", None, status)
+
+
+def test_targets_file_parses_and_rejects_bad_fields(tmp_path):
+    import pytest
+
+    from evo.bench import TargetsError, load_targets
+
+    t = load_targets("benchmarks/targets.toml")
+    assert t.for_row("kb01_square", "M=4096 x N=4096 x K=4096") == 1.8
+    assert t.for_row("gemm_bf16", "M=4096 x N=4096 x K=4096") == 0.90   # shape override
+    assert t.for_row("gemm_bf16", "M=8192 x N=8192 x K=8192") == 0.95
+    assert t.for_row("rmsnorm_bf16", "R=1 x H=1") is None
+    assert t.family["kernelbench-l1"] == (1.5, 0.9)
+    for text, needle in (("[task]\nkb01_sqare = 1.8\n", "kb01_sqare"),
+                         ("[task]\nkb01_square = -1\n", "positive"),
+                         ("[tasks]\n", "unknown section"),
+                         ("[family.kb]\ngeomean = 1.5\n", "family.kb"),
+                         ("[family.modern]\nmean = 1.5\n", "allowed: geomean, min"),
+                         ("[shape]\n\"kb01_square\" = 1.0\n", "shape")):
+        f = tmp_path / "t.toml"
+        f.write_text(text)
+        with pytest.raises(TargetsError, match=needle):
+            load_targets(f)
+
+
+def test_table_shows_target_and_gap_and_family_summary(tmp_path):
+    from evo.bench import Targets, family_summary, results_table
+
+    tg = Targets(task={"kb01_square": 1.8, "kb19_relu": 0.98}, family={"kernelbench-l1": (1.5, 0.9)})
+    rows = [_row("kb01_square", "M=1 x N=1 x K=1", 0.9), _row("kb19_relu", "R=1 x C=1", 1.0),
+            _row("kb23_softmax", "R=1 x C=1", 1.6), _row("kb22_tanh", "", None, "correctness: incorrect")]
+    lines = results_table(rows, tg)
+    assert "| target | gap |" in lines[0]
+    assert "| 1.80 | -50% |" in lines[2] and "| 0.98 | met |" in lines[3] and "| - | - |" in lines[4]
+    summ = family_summary(rows, tg)
+    (fam,) = [ln for ln in summ if ln.startswith("| kernelbench-l1")]
+    # geomean of 0.9, 1.0, 1.6 = 1.129; slowest kb01 0.9; the failed task is counted
+    assert "| 3 (+1 without timing) | 1.129 | kb01_square 0.900 | 1.50 | 0.90 |" in fam
+    assert "geomean -25%" in fam and "min met" in fam
+
+
+def test_results_file_has_families_and_why_sections(tmp_path):
+    from evo.bench import Targets
+
+    rows = [_row("kb01_square", "M=1 x N=1 x K=1", 0.9)]
+    path = tmp_path / "R.md"
+    write_results(path, rows, {}, "evo bench", HarnessSettings(), "Seeds", Targets(task={"kb01_square": 1.8},
+                  source="t.toml"), {("kb01_square", "M=1 x N=1 x K=1"): "compute-bound: SM 90%"})
+    text = path.read_text()
+    assert "## Families" in text and "`t.toml`" in text
+    assert "- **kb01_square** (M=1 x N=1 x K=1): compute-bound: SM 90%" in text
+
+
+def test_cli_bench_profile_misses_needs_targets_and_bad_targets_are_named(tmp_path):
+    from typer.testing import CliRunner
+
+    from evo.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "--task", "kb19_relu", "--profile-misses"])
+    assert res.exit_code == 2 and "--targets" in res.output
+    bad = tmp_path / "t.toml"
+    bad.write_text("[task]\nkb19_relu = 0\n")
+    res = CliRunner().invoke(app, ["bench", "--task", "kb19_relu", "--targets", str(bad)])
+    assert res.exit_code == 2 and "kb19_relu" in res.output and "positive" in res.output
+
+
+def test_profile_misses_profiles_each_missing_task_once_and_reports_profiler_errors(monkeypatch):
+    import evaluators.profile as prof
+    from evo.bench import Targets, _profile_misses
+
+    calls = []
+
+    def fake_profile(cand, so, task, shape, *, settings):
+        calls.append((task, shape))
+        if task == "kb19_relu":
+            raise prof.ProfileError("ncu: permission denied to read counters (set NVreg_RestrictProfilingToAdminUsers=0)")
+        return StageResult("profile", Status.OK, "", {"bound": "compute-bound", "sm_throughput_pct": 91.0,
+                                                      "top_stalls": [["math_pipe_throttle", 1.2, 40.0]]})
+
+    monkeypatch.setattr(prof, "profile_candidate", fake_profile)
+    c1, c2 = _cand("kb01_square"), _cand("kb19_relu")
+    rows = [_row("kb01_square", "M=8 x N=8 x K=8", 0.5), _row("kb01_square", "M=4 x N=4 x K=4", 0.5),
+            _row("kb19_relu", "R=2 x C=2", 0.5), _row("kb23_softmax", "R=2 x C=2", 2.0)]
+    rows = [r.__class__(**{**r.__dict__, "candidate": c.id}) for r, c in zip(rows, (c1, c1, c2, c2))]
+    why = _profile_misses(rows, {c1.id: c1, c2.id: c2}, {c1.id: b"so", c2.id: b"so"},
+                          Targets(task={"kb01_square": 1.8, "kb19_relu": 0.98, "kb23_softmax": 1.4}), object())
+    assert calls == [("kb01_square", {"M": 8, "N": 8, "K": 8}), ("kb19_relu", {"R": 2, "C": 2})]
+    assert why[("kb01_square", "M=8 x N=8 x K=8")].startswith("compute-bound: SM 91%")
+    assert "math_pipe_throttle 40%" in why[("kb01_square", "M=8 x N=8 x K=8")]
+    assert why[("kb19_relu", "R=2 x C=2")].startswith("not profiled: ncu: permission denied")
