@@ -8,6 +8,9 @@ The spec is a JSON list of objects::
      "params": {"ITEMS": "4"}, "mode": "check+time" | "time-only" | "check"}
 
 ``"seed"`` is the task's seed rendered from the current template (``evo.tasks.seeds``);
+``"render:MODULE:DICT"`` renders ``MODULE.DICT[task]``, a SeedSpec table that is not (yet) the
+seed registry (e.g. ``render:evo.tasks.gemm_seeds:F32_3XTF32_SEEDS``), so candidate templates
+are probed without committing rendered copies;
 ``params`` become ``-D`` tunables exactly as in a search. Every variant is compiled first (in
 parallel, cached), then checked and/or timed in its own isolated process, one after another,
 by the evaluator's protocol (``evaluators.isolation.run_isolated``; reference timed in the same
@@ -51,6 +54,19 @@ def _load(spec_path: Path) -> list[dict]:
     return entries
 
 
+def _source(task: str, source: str) -> str:
+    import importlib
+
+    from evo.tasks.seeds import render, seed_source
+
+    if source == "seed":
+        return seed_source(task)
+    if source.startswith("render:"):
+        _, module, table = source.split(":", 2)
+        return render(getattr(importlib.import_module(module), table)[task])
+    return (ROOT / source).read_text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="+", type=Path, help="JSON spec file(s)")
@@ -68,12 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     from evaluators.isolation import HarnessJob, run_isolated
     from evo.records import Candidate, Operator, Status
     from evo.tasks import get_task
-    from evo.tasks.seeds import seed_source
 
     entries = [e for p in args.spec for e in _load(p)]
     cands = []
     for e in entries:
-        src = seed_source(e["task"]) if e["source"] == "seed" else (ROOT / e["source"]).read_text()
+        src = _source(e["task"], e["source"])
         params = {str(k): str(v) for k, v in e["params"].items()}
         cands.append(Candidate.create(e["task"], src, params, operator=Operator.SEED))
     cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
