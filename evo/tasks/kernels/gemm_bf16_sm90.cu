@@ -19,18 +19,14 @@
 //     one elected thread issues cp.async.bulk.tensor loads; out-of-range boxes are zero-filled
 //     by the hardware. Producer registers are handed to the consumers with setmaxnreg.
 //   Fallback path (any shape/alignment, e.g. 8205 x 2949 x 5921 where a row of A is 5898
-//     bytes): the 64 k-slots of a stage are stored k-permuted (slot 8a + b holds k0 + a + 8b,
-//     the same for A and B, so the product is unchanged). B comes by TMA whenever B's pointer
-//     is 16-byte aligned (FB_TMA_B): its "super-row" view (x, y) = ((k % 8) * N + n, k / 8) has
-//     the row stride 8 N elements, a multiple of 16 bytes for any N, and one 64 x 8 box of it is
-//     exactly one permuted 8-slot atom of the swizzled B stage (8 * BN/64 boxes per stage).
-//     A is gathered by the 128 producer threads with 2-byte loads (thread t: packet g = t % 8
-//     of rows t / 8 + 16 i, elements k0 + g + 8b; 8 lanes read 16 contiguous bytes), packed
-//     into 16-byte smem stores, then fence.proxy.async + mbarrier arrive (full barrier count
-//     129 = 128 producers + thread 0's expect_tx/plain arrive). The last, partial k-tile (and
-//     every k-tile when B is unaligned) loads B element by element with zero fill. Own tile
-//     width FB_TILE_N and depth FB_STAGES; FB_PRODUCER_REGS > 0 moves registers from the
-//     producer to the consumers with setmaxnreg (needed for FB_TILE_N = 256).
+//     bytes): the 128 producer threads read 8-element runs as aligned 32-bit words, realign
+//     them with byte permutes, zero outside the matrix, store them as 16-byte packets into the
+//     same swizzled layout, fence the async proxy and arrive on the stage's mbarrier. It uses its
+//     own tile width FB_TILE_N and depth FB_STAGES.
+//     Measured on an H200 (2026-11-30): 0.70x cuBLAS on 8205 x 2949 x 5921 (its producer, 128
+//     threads of word loads and permutes, is the bottleneck). A rewrite that read B by TMA
+//     through a k-permuted "super-row" view (commit 581ac72) crashed there with an illegal
+//     instruction, and its all-manual path ran 0.44x; it was reverted.
 // Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
 // every store predicated, so any M, N, K works.
 //
@@ -54,11 +50,9 @@
 // @tunable GROUP_M = 8 in {1, 4, 8, 16}
 // @tunable FB_TILE_N = 128 in {64, 128, 256}
 // @tunable FB_STAGES = 4 in {2, 3, 4, 5, 6}
-// @tunable FB_TMA_B = 1 in {0, 1}
-// @tunable FB_PRODUCER_REGS = 0 in {0, 120, 152}
 // @tunable GELU_FAST = 2 in {0, 1, 2}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
-// @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384 * (1 + (FB_PRODUCER_REGS > 0))
+// @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 #ifndef TILE_M
@@ -82,12 +76,6 @@
 #ifndef FB_STAGES
 #define FB_STAGES 4
 #endif
-#ifndef FB_TMA_B
-#define FB_TMA_B 1
-#endif
-#ifndef FB_PRODUCER_REGS
-#define FB_PRODUCER_REGS 0
-#endif
 
 namespace evo_bf16 {
 using namespace cute;
@@ -104,7 +92,6 @@ struct Params {
   int M, N, K, L;
   int64_t a_l, b_l, c_l;   // batch strides (elements); 0 when B is shared
   int tiles_m, tiles_n;
-  int k_tma;               // fallback path: k-tiles whose B comes by TMA (super-row view)
   int c_vec;               // bf16x2 stores legal
 };
 
@@ -153,77 +140,60 @@ CUTE_DEVICE float gelu_erf(float x) {
 }
 CUTE_DEVICE float silu(float x) { return x / (1.f + __expf(-x)); }
 
-// ---- fallback producer helpers ------------------------------------------------------------
-// On the fallback path the 64 k-slots of a stage are stored in a permuted order: logical slot
-// p = 8a + b (what wgmma pairs between A and B) holds global k = k0 + a + 8b. The permutation is
-// applied to A and B alike, so the product is unchanged; it lets B's rows be loaded by TMA from
-// a "super-row" view of B (rows k with the same k % 8 are 8 * N elements apart, a stride that is
-// always a multiple of 16 bytes) even when N is odd.
-CUTE_DEVICE int kperm(int p) { return (p >> 3) + ((p & 7) << 3); }
-
-// Packs 8 raw bf16 values (low 16 bits of each word) into 4 words and stores one 16-byte packet.
-CUTE_DEVICE void store_packet(bf16* dst, const uint32_t (&v)[8]) {
-  uint4 q;
-  q.x = __byte_perm(v[0], v[1], 0x5410);
-  q.y = __byte_perm(v[2], v[3], 0x5410);
-  q.z = __byte_perm(v[4], v[5], 0x5410);
-  q.w = __byte_perm(v[6], v[7], 0x5410);
-  *reinterpret_cast<uint4*>(dst) = q;
-}
-
-// Loads the A packets of one stage. Thread t owns k-packet g = t % 8 of rows r0 + 16 i
-// (r0 = t / 8): the 8 elements A[m][k0 + g + 8b], b = 0..7 (2-byte loads, 8 lanes of a row read
-// 16 consecutive bytes per instruction). All loads are issued before the first store.
-template <int BM, bool kFullK, class SA>
-CUTE_DEVICE void produce_a(Params const& p, const bf16* A, int m0, int k0, SA&& sA, int stage) {
-  constexpr int kI = BM / 16;
-  const int t = threadIdx.x;
-  const int g = t % 8, r0 = t / 8;
-  const uint16_t* base = reinterpret_cast<const uint16_t*>(A);
-  uint32_t v[kI][8];
+// Fallback producer, for operands whose rows are only 2-byte aligned (TMA and 16-byte loads
+// impossible). g/c/s are (8, I, J) thread partitions of one (X, TILE_K) tile whose mode 0 runs
+// 8 elements along the contiguous dim. Each 8-element run is read as the five aligned 32-bit
+// words that cover it (words holding no valid element are not read), realigned with byte
+// permutes, zeroed past the matrix edge, and written as one 16-byte packet into the swizzled
+// stage. All loads of the tile are issued before the first store (one memory latency per
+// tile, not one per run).
+template <class TG, class TC, class TS, class Ext>
+CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
+  constexpr int I = decltype(size<1>(g))::value;
+  constexpr int J = decltype(size<2>(g))::value;
+  uint32_t w[I * J][5];
+  int nvalid[I * J];
+  uint32_t shift[I * J];
   CUTE_UNROLL
-  for (int i = 0; i < kI; ++i) {
-    const int m = m0 + r0 + 16 * i;
-    const bool row_ok = m < p.M;
-    const uint16_t* src = base + int64_t(row_ok ? m : 0) * p.K + (k0 + g);
+  for (int i = 0; i < I; ++i) {
     CUTE_UNROLL
-    for (int b = 0; b < 8; ++b) {
-      const bool ok = row_ok && (kFullK || k0 + g + 8 * b < p.K);
-      v[i][b] = ok ? uint32_t(__ldg(src + 8 * b)) : 0u;
+    for (int j = 0; j < J; ++j) {
+      const int q = i * J + j;
+      // the valid elements of a run form a prefix of it (one row, increasing column)
+      int nv = 0;
+      CUTE_UNROLL
+      for (int v = 0; v < 8; ++v) nv += elem_less(c(v, i, j), ext) ? 1 : 0;
+      nvalid[q] = nv;
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(&g(0, i, j));
+      const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t(3));
+      const uint32_t sh = uint32_t(addr & 2);
+      shift[q] = sh;
+      CUTE_UNROLL
+      for (int k = 0; k < 5; ++k) {
+        // word k holds elements 2k, 2k+1 (sh == 0) or 2k-1, 2k (sh == 2)
+        const int first = sh ? (k == 0 ? 0 : 2 * k - 1) : 2 * k;
+        const bool need = first < nv && (sh || k < 4);
+        w[q][k] = need ? __ldg(wp + k) : 0u;
+      }
     }
   }
   CUTE_UNROLL
-  for (int i = 0; i < kI; ++i) store_packet(&sA(r0 + 16 * i, 8 * g, stage), v[i]);
-}
-
-// Loads the B packets of one stage element by element (used for the last, partial k-tile and
-// when B itself is not 16-byte aligned): packet (slot s, n-packet c) = B[k0 + kperm(s)][n0 + 8c
-// .. + 7], zero outside the matrix. Thread t owns n-packet c = t % (BN / 8); batches of 8 packets.
-template <int BN, class SmemLayoutB>
-CUTE_DEVICE void produce_b_slow(Params const& p, const bf16* B, int n0, int k0, bf16* smem, int stage) {
-  Tensor sB = make_tensor(make_smem_ptr(smem), SmemLayoutB{});
-  constexpr int kC = BN / 8;             // n-packets per k-slot
-  constexpr int kSlotsPerPass = 128 / kC;
-  constexpr int kPasses = TILE_K / kSlotsPerPass;
-  constexpr int kBatch = 2;
-  const int t = threadIdx.x;
-  const int c = t % kC, s0 = t / kC;
-  const uint16_t* base = reinterpret_cast<const uint16_t*>(B);
-  const int n = n0 + 8 * c;
-#pragma unroll 1
-  for (int j0 = 0; j0 < kPasses; j0 += kBatch) {
-    __syncwarp();   // keeps the compiler from hoisting this batch's loads over earlier stores
-    uint32_t v[kBatch][8];
+  for (int i = 0; i < I; ++i) {
     CUTE_UNROLL
-    for (int j = 0; j < kBatch; ++j) {
-      const int k = k0 + kperm(s0 + kSlotsPerPass * (j0 + j));
-      const bool row_ok = k < p.K;
-      const uint16_t* src = base + int64_t(row_ok ? k : 0) * p.N + n;
+    for (int j = 0; j < J; ++j) {
+      const int q = i * J + j;
+      Tensor r = make_tensor<bf16>(Shape<_8>{});
+      uint32_t* rw = reinterpret_cast<uint32_t*>(r.data());
       CUTE_UNROLL
-      for (int e = 0; e < 8; ++e) v[j][e] = (row_ok && n + e < p.N) ? uint32_t(__ldg(src + e)) : 0u;
+      for (int k = 0; k < 4; ++k) {
+        uint32_t o = shift[q] ? __byte_perm(w[q][k], w[q][k + 1], 0x5432) : w[q][k];
+        const int e = 2 * k;   // elements e (low half) and e + 1 (high half)
+        if (e >= nvalid[q]) o = 0u;
+        else if (e + 1 >= nvalid[q]) o &= 0xffffu;
+        rw[k] = o;
+      }
+      copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{}, r, s(_, i, j));
     }
-    CUTE_UNROLL
-    for (int j = 0; j < kBatch; ++j) store_packet(&sB(8 * c, s0 + kSlotsPerPass * (j0 + j), stage), v[j]);
   }
 }
 
@@ -257,7 +227,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   if (threadIdx.x == 0) {
     CUTE_UNROLL
     for (int s = 0; s < NSTAGE; ++s) {
-      cutlass::arch::ClusterBarrier::init(&full[s], kTMA ? 1 : 129);   // fallback: 128 producers + thread 0's TMA/plain arrive
+      cutlass::arch::ClusterBarrier::init(&full[s], kTMA ? 1 : 128);
       cutlass::arch::ClusterBarrier::init(&empty[s], Cfg::kNWG * 128);
     }
     cutlass::arch::fence_barrier_init();
@@ -287,43 +257,39 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         }
       }
     } else {
-      // Fallback: A by 2-byte gathers (k-permuted packets, see kperm), B by TMA from the
-      // super-row view for the k-tiles kt < p.k_tma, element by element otherwise.
-      if constexpr (Cfg::kNWG == 2 && FB_PRODUCER_REGS > 0) cutlass::arch::warpgroup_reg_dealloc<FB_PRODUCER_REGS>();
-      const bf16* A = p.A + l * p.a_l;
-      const int m0 = m_blk * BM, n0 = n_blk * BN;
+      const int t = threadIdx.x;
+      Tensor mA = make_tensor(make_gmem_ptr(p.A + l * p.a_l), make_shape(p.M, p.K), make_stride(int64_t(p.K), _1{}));
+      Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(m_blk, _));
+      Tensor cA = local_tile(make_identity_tensor(make_shape(p.M, p.K)), make_shape(Int<BM>{}, Int<TILE_K>{}),
+                             make_coord(m_blk, _));
+      auto cpA = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{},
+                                 Layout<Shape<_16, _8>, Stride<_8, _1>>{}, Layout<Shape<_1, _8>>{});
+      auto cpB = make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, bf16>{},
+                                 Layout<Shape<Int<BN / 8>, Int<128 / (BN / 8)>>>{}, Layout<Shape<_8, _1>>{});
+      auto thrA = cpA.get_slice(t);
+      auto thrB = cpB.get_slice(t);
+      Tensor tAgA = thrA.partition_S(gA);
+      Tensor tAcA = thrA.partition_S(cA);
+      Tensor tAsA = thrA.partition_D(sA);
+      Tensor cB = local_tile(make_identity_tensor(make_shape(p.N, p.K)), make_shape(Int<BN>{}, Int<TILE_K>{}),
+                             make_coord(n_blk, _));
+      Tensor tBcB = thrB.partition_S(cB);
+      Tensor tBsB0 = thrB.partition_D(sB0);
+      Tensor tBsB1 = thrB.partition_D(sB1);
+      auto ext_a = make_coord(p.M, p.K);
+      auto ext_b = make_coord(p.N, p.K);
       int stage = 0, phase = 0;
       for (int kt = 0; kt < k_tiles; ++kt) {
-        const int k0 = kt * TILE_K;
-        const bool b_tma = kt < p.k_tma;
         cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
-        if (threadIdx.x == 0) {
-          if (b_tma) {
-            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kNB * BN * TILE_K * 2);
-#pragma unroll 1
-            for (int b = 0; b < kNB; ++b) {
-              const void* desc = (b == 0 ? tma_b0 : tma_b1).get_tma_descriptor();
-#pragma unroll 1
-              for (int a = 0; a < 8; ++a) {
-#pragma unroll 1
-                for (int nb = 0; nb < BN / 64; ++nb) {
-                  bf16* dst = b == 0 ? &sB0(64 * nb, 8 * a, stage) : &sB1(64 * nb, 8 * a, stage);
-                  SM90_TMA_LOAD_3D::copy(desc, &full[stage], uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), dst,
-                                         a * p.N + n0 + 64 * nb, k0 / 8, l);
-                }
-              }
-            }
-          } else {
-            cutlass::arch::ClusterBarrier::arrive(&full[stage]);
-          }
-        }
-        if (k0 + TILE_K <= p.K) produce_a<BM, true>(p, A, m0, k0, sA, stage);
-        else                    produce_a<BM, false>(p, A, m0, k0, sA, stage);
-        if (!b_tma) {
-#pragma unroll 1
-          for (int b = 0; b < kNB; ++b)
-            produce_b_slow<BN, typename Cfg::SmemLayoutB>(p, (b == 0 ? p.B[0] : p.B[1]) + l * p.b_l, n0, k0,
-                                                         smemB + b * cosize_v<typename Cfg::SmemLayoutB>, stage);
+        ldg_tile(tAgA(_, _, _, kt), tAcA(_, _, _, kt), tAsA(_, _, _, stage), ext_a);
+        CUTE_UNROLL
+        for (int b = 0; b < kNB; ++b) {
+          Tensor mB = make_tensor(make_gmem_ptr(p.B[b] + l * p.b_l), make_shape(p.N, p.K),
+                                  make_stride(_1{}, int64_t(p.N)));
+          Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(n_blk, _));
+          Tensor tBgB = thrB.partition_S(gB);
+          if (b == 0) ldg_tile(tBgB(_, _, _, kt), tBcB(_, _, _, kt), tBsB0(_, _, _, stage), ext_b);
+          else        ldg_tile(tBgB(_, _, _, kt), tBcB(_, _, _, kt), tBsB1(_, _, _, stage), ext_b);
         }
         cutlass::arch::fence_view_async_shared();   // generic-proxy stores -> wgmma (async proxy)
         cutlass::arch::ClusterBarrier::arrive(&full[stage]);
@@ -332,11 +298,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
-    if constexpr (Cfg::kNWG == 2) {
-      if constexpr (kTMA) cutlass::arch::warpgroup_reg_alloc<232>();
-      else if constexpr (FB_PRODUCER_REGS > 0)
-        cutlass::arch::warpgroup_reg_alloc<(65536 - 128 * FB_PRODUCER_REGS) / 256 / 8 * 8>();
-    }
+    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<232>();
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(threadIdx.x - 128);
     Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
@@ -447,36 +409,6 @@ cudaError_t launch_tma(Params p, cudaStream_t stream) {
   return launch<BM, BN, NSTAGE, true>(p, tma_a, tma_b0, tma_b1, stream);
 }
 
-// Fallback launch. B by TMA needs a 16-byte aligned B (and a 16-byte batch stride); its
-// "super-row" view is the 2-D tensor (x, y) = (8 N, K / 8) with row stride 8 N elements, in
-// which B[k][n] sits at (x, y) = ((k % 8) * N + n, k / 8). Every box of a full k-tile reads
-// inside B (the view covers rows < 8 * (K / 8)); columns past N read the next row's elements,
-// which only reach output columns that are never stored.
-template <int BM, int BN, int NSTAGE>
-cudaError_t launch_fallback(Params p, cudaStream_t stream) {
-  using Cfg = Config<BM, BN, NSTAGE>;
-  const int64_t N = p.N, K = p.K;
-  const uintptr_t bptr = reinterpret_cast<uintptr_t>(p.B[0]) | reinterpret_cast<uintptr_t>(p.B[1]);
-  const bool b_tma = FB_TMA_B && (bptr & 15) == 0 && K >= TILE_K && (p.b_l % 8) == 0 && 8 * N < (int64_t(1) << 31);
-  using SmemBox = decltype(GMMA::Layout_MN_SW128_Atom<bf16>{});   // 64 (n) x 8 (k-rows)
-  auto make_b = [&](const bf16* ptr) {
-    Tensor mB = make_tensor(make_gmem_ptr(ptr), make_shape(int(8 * N), int(b_tma ? K / 8 : 8), p.L),
-                            make_stride(_1{}, 8 * N, p.b_l));
-    return make_tma_atom(SM90_TMA_LOAD{}, mB, SmemBox{}, make_shape(_64{}, _8{}));
-  };
-  using TmaB = decltype(make_b(p.B[0]));
-  TmaB tb0{}, tb1{};
-  if (b_tma) {
-    tb0 = make_b(p.B[0]);
-    tb1 = make_b(p.B[kNB - 1]);
-  }
-  p.k_tma = b_tma ? int(K / TILE_K) : 0;
-  p.tiles_m = int((p.M + BM - 1) / BM);
-  p.tiles_n = int((N + BN - 1) / BN);
-  (void)sizeof(Cfg);
-  return launch<BM, BN, NSTAGE, false>(p, 0, tb0, tb1, stream);
-}
-
 }  // namespace evo_bf16
 
 EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
@@ -525,7 +457,6 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   p.a_l = (L > 1) ? M * K : 0;
   p.b_l = (L > 1) ? K * N : 0;
   p.c_l = M * N;
-  p.k_tma = 0;
   p.c_vec = (N % 2 == 0) && ((reinterpret_cast<uintptr_t>(c.data) & 3) == 0);
 
   uintptr_t ptrs = reinterpret_cast<uintptr_t>(p.A) | reinterpret_cast<uintptr_t>(p.B[0]) |
@@ -533,5 +464,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   if (ptrs & 1) return cudaErrorInvalidValue;
   const bool tma_ok = K > 0 && (ptrs & 15) == 0 && (K % 8 == 0) && (N % 8 == 0);
   if (tma_ok) return launch_tma<TILE_M, TILE_N, STAGES>(p, stream);
-  return launch_fallback<TILE_M, FB_TILE_N, FB_STAGES>(p, stream);
+  p.tiles_m = int((M + TILE_M - 1) / TILE_M);
+  p.tiles_n = int((N + FB_TILE_N - 1) / FB_TILE_N);
+  return launch<TILE_M, FB_TILE_N, FB_STAGES, false>(p, 0, 0, 0, stream);
 }
