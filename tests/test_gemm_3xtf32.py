@@ -1,56 +1,68 @@
 """3xTF32 fp32 GEMM template (evo/tasks/kernels/gemm_f32_3xtf32.cu), CPU-side checks only.
 
-The template is NOT yet validated on a GPU (written in a session without device time); it is
-not in ``GEMM_SEEDS``. :data:`KB01_3XTF32` is its seed spec for kb01_square-style inputs
-(plain ``A[M, K] @ B[K, N]``, row-major, any M/N/K). What this module verifies:
+The template is NOT yet validated on a GPU (written in sessions without device time). Its seeds
+are :data:`evo.tasks.gemm_seeds.F32_3XTF32_SEEDS`, one per strict-fp32 GEMM task (same
+task-config defines as ``gemm_f32``: ``TRANS_A``, ``TRANS_B``, ``EPILOGUE``); they are not in
+``GEMM_SEEDS`` yet. What this module verifies:
 
-* the rendered source passes ``evaluators.policy.check_policy``;
-* tunables parse, each ``#ifndef`` default matches its annotation, the defaults satisfy every
-  ``@constraint`` and the constraints reject configurations the static_asserts would;
-* ONE real nvcc build for sm_90a through ``evaluators.compile.compile_candidate`` succeeds and
-  ptxas reports no spills (cached under pytest's cache dir);
-* the PTX of the default build holds ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``
-  and ``cvt.rna.tf32.f32`` in the expected counts (3 MMAs per atom per k-block, 2 cvt per
-  operand value) -- no ``cuobjdump`` here, so SASS is not inspected;
-* a host-only C++ program built from the same source checks the kernel's CuTe layouts (default and smallest config): the
-  accumulator partition covers the C tile exactly once and pairs adjacent columns (the
-  float2 epilogue relies on it), the copy partitions cover the smem tiles exactly once, and
-  the fragment loads of every warp hit 32 distinct shared-memory banks.
+* every seed's rendered source passes ``evaluators.policy.check_policy``, its tunables parse,
+  each ``#ifndef`` default matches its annotation and the defaults satisfy every
+  ``@constraint``; the constraints reject what the static_asserts or the register budget would;
+* every distinct seed builds for sm_90a through ``evaluators.compile.compile_candidate`` (both
+  cp.async instantiations) with ptxas reporting no spills and no stack frame (slow, cached in
+  pytest's cache dir), and so do the worst-case tunable combinations of each register class
+  (:data:`EXTREME_CONFIGS`: largest warp tile at the tightest register cap, with the options
+  that cost registers: transposed operands, split-K, triangular epilogue, PTX cvt);
+* the PTX holds ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` 3 times per atom per
+  k-block and, with ``TF32_CVT=1``, ``cvt.rna.tf32.f32`` twice per operand value (the default
+  integer rounding is checked bit-for-bit against a cvt.rna model in Python);
+* a host-only C++ program built from the template checks the CuTe layouts for all four
+  transpose combinations (default and smallest config): the accumulator partition covers the
+  C tile once in even column pairs (float2 epilogue), the copy partitions cover each smem stage
+  once with 16-byte chunks, and every fragment load of every warp hits 32 distinct banks.
 
-Not verified: numerical correctness, determinism and speed on a GPU. Validate with
-``evo check`` as docs/kernels.md ("3xTF32 fp32 GEMM template") describes.
+Not verified: numerical correctness, determinism and speed on a GPU; that is
+``benchmarks/probes/f32_3xtf32.json`` (see docs/kernels.md, "3xTF32 fp32 GEMM template").
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS, FP32_GEMM_TASKS, GEMM_F32_3XTF32_TEMPLATE, GEMM_SEEDS
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
 from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
 
-TEMPLATE = "gemm_f32_3xtf32"
+TEMPLATE = GEMM_F32_3XTF32_TEMPLATE
 KERNELS = Path(__file__).resolve().parents[1] / "evo" / "tasks" / "kernels"
 
-#: Seed spec for kb01_square-style inputs (the template has no task-config defines: it
-#: handles exactly the 2-D row-major ``A @ B`` contract). Not registered in GEMM_SEEDS until
-#: it has passed ``evo check`` and been timed on a GPU.
-KB01_3XTF32 = SeedSpec(TEMPLATE, (), "C = A @ B by 3xTF32 tensor-core MMA (m16n8k8), cp.async pipeline")
+#: The kb01_square seed (kept under this name for the validation recipe in docs/kernels.md).
+KB01_3XTF32 = F32_3XTF32_SEEDS["kb01_square"]
 
 MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
+TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
+            "TF32_CVT"]
 
-def _src() -> str:
-    return render(KB01_3XTF32)
+
+def _src(task: str = "kb01_square") -> str:
+    return render(F32_3XTF32_SEEDS[task])
 
 
-def _defaults() -> dict[str, str]:
-    return {t.name: t.default for t in parse_tunables(_src())}
+def _defaults(src: str) -> dict[str, str]:
+    return {t.name: t.default for t in parse_tunables(src)}
+
+
+def _config_src(trans_a: int = 0, trans_b: int = 0, epilogue: int = 0) -> str:
+    defines = (("TRANS_A", str(trans_a)), ("TRANS_B", str(trans_b)), ("EPILOGUE", str(epilogue)))
+    return render(SeedSpec(TEMPLATE, defines, "test config"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -65,32 +77,94 @@ def test_template_shape():
     assert '#include "evo_abi.h"' in raw
     assert "NOT YET VALIDATED ON A GPU" in raw
     assert "atomic" not in raw.replace("no atomics", "")
-    assert "cudaMalloc" not in raw
+    for banned in ("cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaEventCreate"):
+        assert banned not in raw
 
 
-def test_rendered_source_passes_policy():
+def test_seed_table_mirrors_the_fp32_gemm_seeds():
+    assert set(F32_3XTF32_SEEDS) == set(FP32_GEMM_TASKS)
+    for task, spec in F32_3XTF32_SEEDS.items():
+        assert spec.template == TEMPLATE
+        # same task config as the FFMA seed: same tensors, same layouts, same epilogue
+        assert dict(spec.defines) == dict(GEMM_SEEDS[task].defines), task
+    assert dict(F32_3XTF32_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_K"] == "8"
+    assert dict(F32_3XTF32_SEEDS["kb09_tall_skinny"].tunable_defaults)["EPI_SMEM"] == "1"
+
+
+@pytest.mark.parametrize("task", sorted(F32_3XTF32_SEEDS))
+def test_rendered_seed_passes_policy_and_constraints(task):
     policy = pytest.importorskip("evaluators.policy")
-    result = policy.check_policy(_src(), _defaults())
+    src = _src(task)
+    result = policy.check_policy(src, _defaults(src))
     assert result.status.value == "ok", result.reason
-
-
-def test_tunables_and_constraints():
-    src = _src()
-    names = [t.name for t in parse_tunables(src)]
-    assert names == ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "MIN_BLOCKS"]
+    assert [t.name for t in parse_tunables(src)] == TUNABLES
     assert check_tunable_defaults(src) == []
-    assert parse_constraints(src)
     assert violated_constraints(src) == []
-    # warp tile not a whole number of atoms
-    assert violated_constraints(src, {"BM": "64", "WARPS_M": "4", "BN": "64", "WARPS_N": "4"}) == []
-    assert violated_constraints(src, {"BN": "64", "WARPS_N": "4", "BM": "64", "WARPS_M": "4", "BK": "16"})
-    # more than 128 accumulators per thread
-    assert violated_constraints(src, {"WARPS_M": "1", "WARPS_N": "2"})
-    # 4 stages of 128x128x32 at two CTAs per SM exceed the SM's shared memory
-    assert violated_constraints(src, {"STAGES": "4", "MIN_BLOCKS": "2"})
+    for name, value in F32_3XTF32_SEEDS[task].tunable_defaults:
+        assert _defaults(src)[name] == value
+
+
+def test_constraints():
+    src = _src()
+    assert parse_constraints(src)
+    ok = lambda **kw: violated_constraints(src, {k: str(v) for k, v in kw.items()}) == []  # noqa: E731
+    assert ok(BM=64, BN=64, WARPS_M=2, WARPS_N=2, SPLIT_K=8)
+    assert ok(BM=64, BN=128, WARPS_M=2, WARPS_N=4, MIN_BLOCKS=2)          # 32 x 32 warp tiles, 128 regs
+    assert not ok(MIN_BLOCKS=2)                                              # 64 x 32 warp tiles at 128 regs
+    assert not ok(BM=128, BN=128, WARPS_M=2, WARPS_N=2)                      # 64 x 64 warp tile: 128 acc
+    assert not ok(BM=256, BN=128, WARPS_M=4, WARPS_N=4)                      # 64 x 32 at 512 threads
+    assert not ok(BM=256, BN=256, WARPS_M=4, WARPS_N=4)
+    assert not ok(BM=128, BN=64, BK=16, WARPS_M=4, WARPS_N=4)                # a stage < one chunk/thread
+    # two CTAs per SM must fit the SM's 228 KB: 5 stages of 64x128x32 do not, 3 do
+    assert not ok(BM=64, BN=128, WARPS_M=2, WARPS_N=4, MIN_BLOCKS=2, STAGES=5)
+    assert ok(BM=64, BN=128, WARPS_M=2, WARPS_N=4, MIN_BLOCKS=2, STAGES=3)
+    assert not ok(SPLIT_K=8, EPI_SMEM=1)                                     # split-K is always staged
     # tunable overrides render into both the annotation and the guard
     moved = render(SeedSpec(TEMPLATE, (), "x", (("STAGES", "4"), ("BK", "16"))))
     assert check_tunable_defaults(moved) == [] and violated_constraints(moved) == []
+    # the shared-memory formula follows the transposes: an accepted config always fits 227 KB
+    for ta in (0, 1):
+        for tb in (0, 1):
+            s_cfg = _config_src(ta, tb)
+            for bm, bn, wm, wn in ((256, 128, 4, 4), (128, 256, 2, 4), (128, 128, 2, 4)):
+                for stages in (2, 3, 4, 5):
+                    bk = 32
+                    sa = bk * (bm + 8) if ta else bm * (bk + 4)
+                    sb = bn * (bk + 4) if tb else bk * (bn + 8)
+                    params = {"BM": str(bm), "BN": str(bn), "WARPS_M": str(wm), "WARPS_N": str(wn),
+                              "STAGES": str(stages), "BK": str(bk)}
+                    if stages * (sa + sb) * 4 + 1024 > 233472:
+                        assert violated_constraints(s_cfg, params), (ta, tb, params)
+
+
+def _tf32_rna_model(x: float) -> int:
+    """What PTX cvt.rna.tf32.f32 returns: round the fp32 bits to 10 mantissa bits, ties away."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    sign, mag = bits & 0x80000000, bits & 0x7FFFFFFF
+    if mag >= 0x7F800000:                           # Inf / NaN pass through
+        return bits
+    keep, rest = mag >> 13, mag & 0x1FFF
+    if rest >= 0x1000:                              # ties away from zero (magnitude rounds up)
+        keep += 1
+    return sign | (keep << 13)                      # a carry into the exponent is correct (up to Inf)
+
+
+def test_integer_tf32_rounding_matches_cvt_rna():
+    """TF32_CVT = 0 rounds with `(bits + 0x1000) & 0xffffe000`; check it against cvt.rna semantics."""
+    import random
+
+    rng = random.Random(8)
+    samples = [0.0, -0.0, 1.0, -1.0, 3.4028234663852886e38, -3.4028234663852886e38, float("inf"),
+               float("-inf"), 1e-45, -1e-45, 1.1754943508222875e-38]
+    samples += [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32) & 0x7F7FFFFF | (rng.getrandbits(1) << 31)))[0]
+                for _ in range(20000)]
+    samples += [struct.unpack("<f", struct.pack("<I", (rng.getrandbits(19) << 13) | 0x1000))[0]
+                for _ in range(2000)]                                         # exact ties
+    for x in samples:
+        bits = struct.unpack("<I", struct.pack("<f", x))[0]
+        if bits & 0x7FFFFFFF > 0x7F800000:
+            continue                                  # NaN: may differ (documented in the template)
+        assert ((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF == _tf32_rna_model(x), hex(bits)
 
 
 # ------------------------------------------------------------------------------------------
@@ -110,14 +184,14 @@ def _toolchain():
     return compile_mod, nvcc, include
 
 
-def test_compiles_for_sm90a_without_spills(request):
+def _build(request, task: str, src: str, params: dict[str, str]):
     compile_mod, _, _ = _toolchain()
     from evaluators.base import CompileSettings
     from evo.records import Candidate
 
     cache = request.config.cache.mkdir("evo-seed-builds")
     settings = CompileSettings(cache_dir=str(cache), timeout_s=600)
-    cand = Candidate.create(task="kb01_square", source=_src(), params=_defaults())
+    cand = Candidate.create(task=task, source=src, params=params)
     outcome = compile_mod.compile_candidate(cand, settings)
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
@@ -126,6 +200,52 @@ def test_compiles_for_sm90a_without_spills(request):
     assert m["spill_stores"] == 0 and m["spill_loads"] == 0, m
     assert m["stack_frame"] == 0, m
     assert 0 < m["registers"] <= 255
+    return m
+
+
+def _distinct_seeds() -> list[str]:
+    """One task per distinct rendered source (kb01/kb02/kb08/... render identically)."""
+    seen: dict[str, str] = {}
+    for task in sorted(F32_3XTF32_SEEDS):
+        seen.setdefault(_src(task), task)
+    return sorted(seen.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", _distinct_seeds())
+def test_seed_compiles_for_sm90a_without_spills(request, task):
+    src = _src(task)
+    m = _build(request, task, src, _defaults(src))
+    print(task, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
+
+
+#: Worst case of each register class the constraints admit: (warp tile, threads x MIN_BLOCKS)
+#: at its tightest cap (255 regs up to 256 threads per SM share, 128 at 512), with the options
+#: that cost registers switched on (transposed operands, split-K, triangular epilogue, PTX cvt).
+_FAT = {"SPLIT_K": "8", "TF32_CVT": "1", "BK": "32"}
+EXTREME_CONFIGS = {
+    "w64x32_t256": ((0, 1, 1), {"BM": "128", "BN": "128", "WARPS_M": "2", "WARPS_N": "4", **_FAT}),
+    "w64x32_t256_ta": ((1, 0, 2), {"BM": "128", "BN": "128", "WARPS_M": "2", "WARPS_N": "4", **_FAT}),
+    "w32x64_t256": ((1, 1, 1), {"BM": "64", "BN": "256", "WARPS_M": "2", "WARPS_N": "4", **_FAT}),
+    "w64x32_t128_mb2": ((0, 1, 0), {"BM": "128", "BN": "64", "WARPS_M": "2", "WARPS_N": "2",
+                                     "MIN_BLOCKS": "2", "STAGES": "2", "TF32_CVT": "1", "EPI_SMEM": "1"}),
+    "w32x32_t512": ((0, 1, 1), {"BM": "128", "BN": "128", "WARPS_M": "4", "WARPS_N": "4", **_FAT}),
+    "w32x32_t256_mb2": ((1, 1, 2), {"BM": "64", "BN": "128", "WARPS_M": "2", "WARPS_N": "4",
+                                     "MIN_BLOCKS": "2", **_FAT}),
+    "w64x16_t512": ((1, 1, 1), {"BM": "256", "BN": "64", "WARPS_M": "4", "WARPS_N": "4", **_FAT,
+                                "BK": "32", "SPLIT_K": "8"}),
+    "w32x16_t512": ((0, 1, 2), {"BM": "128", "BN": "64", "WARPS_M": "4", "WARPS_N": "4", **_FAT}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXTREME_CONFIGS))
+def test_extreme_configs_compile_without_spills(request, name):
+    (ta, tb, ep), params = EXTREME_CONFIGS[name]
+    src = _config_src(ta, tb, ep)
+    assert violated_constraints(src, params) == [], violated_constraints(src, params)
+    full = {**_defaults(src), **params}
+    _build(request, "kb01_square", src, full)
 
 
 def _nvcc_cached(request, tag: str, args: list[str], source: str, suffix: str) -> str:
@@ -148,9 +268,12 @@ def _nvcc_cached(request, tag: str, args: list[str], source: str, suffix: str) -
     return out.read_text(errors="replace") if suffix == ".ptx" else str(out)
 
 
-def test_ptx_uses_tf32_tensor_core_mma(request):
-    ptx = _nvcc_cached(request, "ptx", ["-arch=sm_90a", "-ptx"], _src(), ".ptx")
-    d = {k: int(v) for k, v in _defaults().items()}
+@pytest.mark.slow
+@pytest.mark.parametrize("cvt", ["0", "1"])
+def test_ptx_uses_tf32_tensor_core_mma(request, cvt):
+    src = _src()
+    ptx = _nvcc_cached(request, f"ptx-cvt{cvt}", ["-arch=sm_90a", "-ptx", f"-DTF32_CVT={cvt}"], src, ".ptx")
+    d = {k: int(v) for k, v in _defaults(src).items()}
     threads = 32 * d["WARPS_M"] * d["WARPS_N"]
     atoms = (d["BM"] * d["BN"]) // (16 * 8) // (threads // 32)      # atoms per warp per k-block
     kblocks = d["BK"] // 8
@@ -158,8 +281,17 @@ def test_ptx_uses_tf32_tensor_core_mma(request):
     b_vals = 2 * d["BN"] // (8 * d["WARPS_N"])
     n_inst = 2                                                         # vector + scalar copy paths
     assert ptx.count(MMA_PTX) == n_inst * 3 * atoms * kblocks
-    assert ptx.count(CVT_PTX) == n_inst * 2 * (a_vals + b_vals) * kblocks
+    assert ptx.count(CVT_PTX) == (n_inst * 2 * (a_vals + b_vals) * kblocks if cvt == "1" else 0)
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
+    assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
+
+
+@pytest.mark.slow
+def test_split_k_ptx_reads_peers_through_dsmem(request):
+    src = _src("kb06_large_k")
+    ptx = _nvcc_cached(request, "ptx-kb06", ["-arch=sm_90a", "-ptx"], src, ".ptx")
+    assert "mapa.shared::cluster" in ptx and "ld.shared::cluster.v4.f32" in ptx
+    assert "barrier.cluster.arrive" in ptx and "barrier.cluster.wait" in ptx
     assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
 
 
@@ -250,26 +382,33 @@ int main() {
 }
 """
 
-# The default config plus the smallest one (one warp, BK = 16, BN = 64: other paddings and
-# copy layouts), so the layout claims hold beyond the defaults.
+# Per transpose combination: the default config and the smallest one (one warp... two warps,
+# BK = 16, 64 x 64: other paddings, copy layouts and copy repetition counts).
 LAYOUT_CONFIGS = {
-    "default": {},
-    "small": {"BM": "64", "BN": "64", "BK": "16", "STAGES": "2", "WARPS_M": "1", "WARPS_N": "1"},
+    f"{name}-ta{ta}tb{tb}": {"TRANS_A": str(ta), "TRANS_B": str(tb), **params}
+    for ta in (0, 1) for tb in (0, 1)
+    for name, params in (
+        ("default", {}),
+        ("small", {"BM": "64", "BN": "64", "BK": "16", "STAGES": "2", "WARPS_M": "2", "WARPS_N": "1"}),
+        ("wide", {"BM": "256", "BN": "64", "BK": "32", "STAGES": "2", "WARPS_M": "4", "WARPS_N": "4"}),
+    )
 }
 
 
-def test_host_layout_check(request):
-    src = _src()
-    for name, params in LAYOUT_CONFIGS.items():
-        assert violated_constraints(src, params) == [], (name, violated_constraints(src, params))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAYOUT_CONFIGS))
+def test_host_layout_check(request, name):
+    params = LAYOUT_CONFIGS[name]
+    ta, tb = int(params["TRANS_A"]), int(params["TRANS_B"])
+    tunables = {k: v for k, v in params.items() if not k.startswith("TRANS_")}
+    assert violated_constraints(_config_src(ta, tb), tunables) == [], violated_constraints(_config_src(ta, tb), tunables)
+    # the bare template (no task-config block): TRANS_A / TRANS_B come in as -D flags
+    src = render(SeedSpec(TEMPLATE, (), "layout check"))
     cache = Path(request.config.cache.mkdir("evo-3xtf32"))
     kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
     kernel.write_text(src)
     program = HOST_CHECK.replace("KERNEL_FILE", str(kernel))
-    exes = []
-    for name, params in LAYOUT_CONFIGS.items():
-        args = ["-arch=sm_90a", *[f"-D{k}={v}" for k, v in params.items()]]
-        exes.append((name, _nvcc_cached(request, f"host-{name}", args, program, "")))
-    for name, exe in exes:
-        proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
+    args = ["-arch=sm_90a", *[f"-D{k}={v}" for k, v in params.items()]]
+    exe = _nvcc_cached(request, f"host-{name}", args, program, "")
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)

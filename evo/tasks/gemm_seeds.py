@@ -17,7 +17,13 @@ Templates (``evo/tasks/kernels/``):
   ``silu(A @ W1) * (A @ W3)`` with inputs ``(A, W1, W3)``). Tunables: ``TILE_M TILE_N TILE_K
   STAGES GROUP_M`` for the TMA path and ``FB_TILE_N FB_STAGES`` for the fallback path.
 
-Both read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
+``gemm_f32_3xtf32`` -- strict fp32 by error-compensated TF32 tensor-core maths (3xTF32:
+  big/small split, three ``mma.sync.m16n8k8`` per k-block), same task-config defines and tensor
+  handling as ``gemm_f32`` plus ``SPLIT_K`` / ``EPI_SMEM`` / ``TF32_CVT`` tunables. Its seeds are
+  :data:`F32_3XTF32_SEEDS`, NOT yet in ``GEMM_SEEDS``: they have not run on a GPU
+  (``benchmarks/probes/f32_3xtf32.json`` checks and times them).
+
+All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
 dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
 outside their contract. ``docs/kernels.md`` ("GEMM seed templates") is the user-facing
 description; ``benchmarks/gemm_smoke.py`` checks and times every seed on a GPU.
@@ -31,6 +37,8 @@ __all__ = [
     "GEMM_F32_TEMPLATE",
     "GEMM_BF16_TEMPLATE",
     "GEMM_SEEDS",
+    "GEMM_F32_3XTF32_TEMPLATE",
+    "F32_3XTF32_SEEDS",
     "FP32_GEMM_TASKS",
     "BF16_GEMM_TASKS",
     "gemm_seed",
@@ -38,6 +46,7 @@ __all__ = [
 
 GEMM_F32_TEMPLATE = "gemm_f32"
 GEMM_BF16_TEMPLATE = "gemm_bf16_sm90"
+GEMM_F32_3XTF32_TEMPLATE = "gemm_f32_3xtf32"
 
 # Epilogue codes of the templates (kept in one place so tests and docs agree with the .cu).
 F32_EPILOGUES = {"none": 0, "triu": 1, "tril": 2}
@@ -99,6 +108,62 @@ GEMM_SEEDS: dict[str, SeedSpec] = {
         epilogue="silu_mul",
         tunables=(("TILE_N", "128"), ("FB_TILE_N", "64")),
     ),
+}
+
+
+# ---- 3xTF32 candidates for the strict-fp32 tasks (issue 8) -----------------------------------
+# Same task-config defines and host-side tensor handling as gemm_f32 (TRANS_A, TRANS_B,
+# EPILOGUE; batch from a 3-D B, leading dims of A folded into M), but error-compensated TF32
+# tensor-core maths (mma.sync m16n8k8, three MMAs per k-block). NOT YET VALIDATED ON A GPU:
+# kept apart from GEMM_SEEDS until benchmarks/probes/f32_3xtf32.json has passed (correctness and
+# >= 1.8x torch fp32) on an H200; tests/test_gemm_3xtf32.py compile-checks every entry.
+
+
+def _f32_3xtf32(
+    description: str,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    epilogue: str = "none",
+    tunables: tuple[tuple[str, str], ...] = (),
+) -> SeedSpec:
+    defines = (
+        ("TRANS_A", str(int(trans_a))),
+        ("TRANS_B", str(int(trans_b))),
+        ("EPILOGUE", str(F32_EPILOGUES[epilogue])),
+    )
+    return SeedSpec(GEMM_F32_3XTF32_TEMPLATE, defines, description, tunable_defaults=tunables)
+
+
+#: 256 x 524288 x 256: 64 x 64 tiles (2 x 2 warps of 32 x 32) and an 8-CTA split-K cluster
+#: give 16 x 8 = 128 CTAs; each CTA runs a 65536-deep K slice, so 4 stages hide the latency.
+_3X_LARGE_K = (("BM", "64"), ("BN", "64"), ("WARPS_M", "2"), ("WARPS_N", "2"), ("STAGES", "4"), ("SPLIT_K", "8"))
+#: K = 64 / 32 with a 32768 x 32768 output: store-bound. The tile leaves through shared memory
+#: as full 128-byte row segments (EPI_SMEM); K fits in one or two stages.
+_3X_SMALL_K = (("STAGES", "2"), ("EPI_SMEM", "1"))
+
+F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
+    "kb01_square": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline"),
+    "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline"),
+    "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32"),
+    "kb06_large_k": _f32_3xtf32(
+        "C = A @ B, 3xTF32, K split over an 8-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
+    ),
+    "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32: store-bound, tile staged for 16-byte stores",
+                                tunables=_3X_SMALL_K),
+    "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32: zero-filled 4-byte cp.async"),
+    "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32: store-bound, tile staged for 16-byte stores",
+                                    tunables=_3X_SMALL_K),
+    "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M"),
+    "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M"),
+    "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)"),
+    "kb14_upper": _f32_3xtf32("C = triu(A @ B), 3xTF32; tiles below the diagonal only write zeros",
+                              epilogue="triu"),
+    "kb15_lower": _f32_3xtf32("C = tril(A @ B), 3xTF32; tiles above the diagonal only write zeros",
+                              epilogue="tril"),
+    "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True),
+    "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True),
+    "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True),
 }
 
 FP32_GEMM_TASKS: tuple[str, ...] = tuple(k for k, v in GEMM_SEEDS.items() if v.template == GEMM_F32_TEMPLATE)

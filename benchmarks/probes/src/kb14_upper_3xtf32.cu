@@ -1,0 +1,604 @@
+// gemm_f32_3xtf32.cu -- strict-fp32 GEMM by error-compensated TF32 tensor-core maths (3xTF32).
+//
+// STATUS: NOT YET VALIDATED ON A GPU. Written in sessions without device time. What has been
+// verified (tests/test_gemm_3xtf32.py, CPU only): for every seed of
+// evo.tasks.gemm_seeds.F32_3XTF32_SEEDS (the 15 strict-fp32 GEMM tasks) the rendered source
+// passes the static policy, its tunable defaults satisfy every @constraint, and a real nvcc
+// 13.0 build for sm_90a succeeds with ptxas reporting no spills and no stack frame; a set of
+// extreme tunable combinations (largest warp tiles, MIN_BLOCKS = 2, SPLIT_K = 8, every
+// transpose) builds without spills too; the PTX holds `mma.sync.aligned.m16n8k8.row.col.f32.
+// tf32.tf32.f32` (3 per atom per k-block) and `cvt.rna.tf32.f32` (2 per operand value); a
+// host-only program checks the CuTe layouts for all four transpose combinations (copy
+// partitions tile each smem stage once with 16-byte chunks, accumulators cover C once in even
+// column pairs, every fragment load of every warp hits 32 distinct banks). NOT verified:
+// correctness, determinism and speed on a GPU (benchmarks/probes/f32_3xtf32.json does that).
+//
+// Computes, per batch l:  C[l] = epilogue(op(A[l]) @ op(B[l])), all fp32, with the same
+// task-config defines and host-side tensor handling as gemm_f32.cu:
+//   TRANS_A = 0: A is [..., M, K]  (leading dims of a 3+-D A fold into M when B is 2-D)
+//   TRANS_A = 1: A is [K, M] or [L, K, M]          (the task computes A.T @ B)
+//   TRANS_B = 0: B is [K, N] or [L, K, N]
+//   TRANS_B = 1: B is [N, K] or [L, N, K]          (the task computes A @ B.T)
+//   A 3-D with a 3-D B is a batched product (bmm) over the leading dim L (gridDim.y).
+//   EPILOGUE = 0 plain, 1 triu (C[m][n] = 0 for n < m), 2 tril (C[m][n] = 0 for n > m);
+//   tiles wholly in the zeroed triangle skip the main loop and only write zeros.
+// All inputs contiguous row-major, 4-byte aligned, any M, N, K >= 0 (K = 0 writes zeros).
+//
+// Maths. Each fp32 operand x is split at the register level into
+//   big   = tf32_rna(x)            (cvt.rna.tf32.f32: 10 explicit mantissa bits)
+//   small = tf32_rna(x - big)      (the next ~11 bits; x - big is exact in fp32)
+// and every k-block of 8 issues three TF32 tensor-core MMAs into ONE fp32 accumulator, in the
+// order small*big, big*small, big*big (the small cross terms first, as CUTLASS's FastF32
+// operator does). The dropped small*small term is ~2^-22 relative. Inputs with Inf/NaN give
+// NaN where the reference may give Inf (x - big is NaN for x = Inf); the tasks use finite
+// inputs.
+//
+// Structure. One CTA computes a BM x BN tile with WARPS_M x WARPS_N warps; the CuTe TiledMMA
+// repeats SM80_16x8x8_F32TF32TF32F32_TN over (BM, BN). Global -> shared by cp.async, STAGES
+// deep, zero-filled outside the matrix; copy threads run along each operand's contiguous mode.
+// 16-byte copies when both operands' contiguous extents (K or M for A, N or K for B) are
+// multiples of 4 and A, B are 16-byte aligned, otherwise 4-byte copies (a second kernel
+// instantiation, picked on the host). Shared memory holds raw fp32, padded so the scalar
+// fragment loads are bank-conflict free. Fragment pattern of the atom (g = lane / 4,
+// t = lane % 4): A values (m, k) = (g | g+8, t | t+4), B values (n, k) = (g, t | t+4).
+//   K-major operand (A with TRANS_A = 0, B with TRANS_B = 1): (X, BK) with stride (BK + 4, 1).
+//     bank = (g * (BK + 4) + t) % 32; BK % 8 == 0 makes (BK + 4) / 4 odd, so g * (BK + 4)
+//     hits the 8 distinct multiples of 4 and + t fills the 32 banks.
+//   X-major operand (A with TRANS_A = 1, B with TRANS_B = 0): (X, BK) with stride (1, X + 8).
+//     bank = (g + t * (X + 8)) % 32 = g + 8 t when X % 32 == 0 (X in {64, 128, 256}).
+//   Both paddings keep rows 16-byte aligned for the vector cp.async.
+// Shared -> registers: scalar 32-bit loads per k-block of 8, then the big/small split and the
+// three MMAs.
+// Epilogue. SPLIT_K = 1 and EPI_SMEM = 0: predicated stores straight from the accumulators
+// (8-byte column-pair stores for full tiles when N is even). EPI_SMEM = 1: the tile goes
+// through shared memory (rows padded to BN + 8 floats) and leaves as 16-byte row-contiguous
+// stores when N % 4 == 0 (full 128-byte lines; store-bound shapes such as K = 32). SPLIT_K > 1
+// launches a (SPLIT_K, 1, 1) thread-block cluster per tile: each CTA multiplies one K slice,
+// writes its partial tile to its own shared memory, and CTA r sums rows [r*BM/S, (r+1)*BM/S)
+// of all partials in rank order through distributed shared memory (ld.shared::cluster.v4),
+// then stores them: deterministic without a workspace. Grouped rasterisation over GROUP_M
+// tile rows.
+//
+// No allocation, no atomics, one launch on `stream`: bitwise deterministic by construction.
+// ABI: evo_abi.h. Returns cudaErrorInvalidValue for inputs outside the contract above.
+#include <cute/tensor.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include "evo_abi.h"
+
+// @evo:task-config
+#define TRANS_A 0
+#define TRANS_B 0
+#define EPILOGUE 1
+
+#ifndef TRANS_A
+#define TRANS_A 0
+#endif
+#ifndef TRANS_B
+#define TRANS_B 0
+#endif
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+
+// @tunable BM = 128 in {64, 128, 256}
+// @tunable BN = 128 in {64, 128, 256}
+// @tunable BK = 32 in {16, 32}
+// @tunable STAGES = 3 in {2, 3, 4, 5}
+// @tunable WARPS_M = 2 in {1, 2, 4}
+// @tunable WARPS_N = 4 in {1, 2, 4}
+// @tunable GROUP_M = 8 in {1, 4, 8, 16}
+// @tunable SPLIT_K = 1 in {1, 2, 4, 8}
+// @tunable EPI_SMEM = 0 in {0, 1}
+// @tunable MIN_BLOCKS = 1 in {1, 2}
+// @tunable TF32_CVT = 0 in {0, 1}
+// @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
+// @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
+// @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
+// @constraint 32 * WARPS_M * WARPS_N * MIN_BLOCKS <= 512 && ((BM / WARPS_M) * (BN / WARPS_N) <= 1024 || 32 * WARPS_M * WARPS_N * MIN_BLOCKS <= 256)
+// @constraint BM * BK / 4 >= 32 * WARPS_M * WARPS_N && BN * BK / 4 >= 32 * WARPS_M * WARPS_N
+// @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
+// @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
+// @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0)
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 4
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
+#ifndef EPI_SMEM
+#define EPI_SMEM 0
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#ifndef TF32_CVT
+#define TF32_CVT 0
+#endif
+
+namespace evo_3xtf32 {
+using namespace cute;
+
+constexpr int kThreads = 32 * WARPS_M * WARPS_N;
+constexpr bool kAKMajor = (TRANS_A == 0);   // A's k contiguous in global memory
+constexpr bool kBKMajor = (TRANS_B == 1);   // B's k contiguous in global memory
+constexpr int kPadK = 4;   // floats per K-major row (BK + 4): 16B rows, conflict-free fragments
+constexpr int kPadX = 8;   // floats per X-major k-row (X + 8): same, for the X-major pattern
+constexpr int kSmemA = kAKMajor ? BM * (BK + kPadK) : BK * (BM + kPadX);   // floats per stage
+constexpr int kSmemB = kBKMajor ? BN * (BK + kPadK) : BK * (BN + kPadX);
+constexpr int kPipeFloats = STAGES * (kSmemA + kSmemB);
+constexpr int kRedStride = BN + 8;   // epilogue / split-K tile rows: 16B aligned, float2 writes
+                                     // of a warp spread over all banks
+constexpr bool kStaged = (SPLIT_K > 1) || (EPI_SMEM != 0);
+constexpr int kRedFloats = kStaged ? BM * kRedStride : 0;
+constexpr int kSmemFloats = kPipeFloats > kRedFloats ? kPipeFloats : kRedFloats;
+
+static_assert(BM % (16 * WARPS_M) == 0, "BM must be a multiple of 16 * WARPS_M");
+static_assert(BN % (8 * WARPS_N) == 0, "BN must be a multiple of 8 * WARPS_N");
+static_assert(BK % 8 == 0, "BK must be a multiple of the MMA k (8)");
+static_assert(BM % 32 == 0 && BN % 32 == 0, "X-major smem padding is conflict-free only for X % 32 == 0");
+static_assert(BM * BK / 4 >= kThreads && BN * BK / 4 >= kThreads, "a stage must hold a 16B chunk per thread");
+static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+static_assert(kSmemFloats * 4 <= 232448, "shared memory above 227 KB");
+static_assert(BM % SPLIT_K == 0, "BM must be a multiple of SPLIT_K");
+static_assert(SPLIT_K == 1 || SPLIT_K == 2 || SPLIT_K == 4 || SPLIT_K == 8, "SPLIT_K in {1,2,4,8}");
+static_assert(BN % 4 == 0, "staged epilogue moves float4 chunks");
+
+struct Params {
+  const float* A;
+  const float* B;
+  float* C;
+  int M, N, K;
+  int64_t lda;      // A: row stride of [M, K] (TRANS_A = 0) or of [K, M] (TRANS_A = 1)
+  int64_t ldb;      // B: row stride of [K, N] (TRANS_B = 0) or of [N, K] (TRANS_B = 1)
+  int64_t a_l, b_l, c_l;   // batch strides (elements)
+  int tiles_m, tiles_n;
+  int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
+  int c_vec4;       // 1 when 16-byte stores of 4 columns to C are legal
+};
+
+// fp32 -> tf32 bit pattern, round to nearest, ties away from zero (what cvt.rna.tf32.f32 does).
+// TF32_CVT = 1 uses that PTX instruction; sm_90 has no single SASS op for it and ptxas emits
+// add + Inf test + select + mask. TF32_CVT = 0 (default) rounds with integer ops only:
+// add half an ulp of tf32 (0x1000) to the bit pattern and clear the 13 dropped bits. The result
+// is bit-identical to cvt.rna for every finite value and for +-Inf (a carry into the exponent
+// is the correct round-up, up to Inf past the largest tf32); only NaNs whose payload lies in the
+// 13 dropped bits differ (they may become Inf in `big`, but then small = x - big is NaN and the
+// products are NaN either way).
+CUTE_DEVICE uint32_t to_tf32(float x) {
+  uint32_t r;
+#if TF32_CVT
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#else
+  r = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#endif
+  return r;
+}
+
+// Split every value of a fp32 fragment into big = tf32(x) and small = tf32(x - big).
+template <class TF, class TB, class TS>
+CUTE_DEVICE void split_fragment(TF const& f, TB& big, TS& small) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(f); ++i) {
+    const float x = f(i);
+    const uint32_t hi = to_tf32(x);
+    const uint32_t lo = to_tf32(x - __uint_as_float(hi));
+    big(i) = cutlass::tfloat32_t::bitcast(hi);
+    small(i) = cutlass::tfloat32_t::bitcast(lo);
+  }
+}
+
+// Global -> shared tiled copies of an (X, BK) operand tile. kVec: 16-byte cp.async of 4
+// consecutive floats along the contiguous mode (legal when that extent is a multiple of 4 and
+// the base 16-byte aligned); otherwise one float per cp.async. Zero-fill outside the matrix.
+template <bool kVec>
+struct Copies {
+  using Atom = cute::conditional_t<kVec, SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>,
+                                  SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>>;
+  static constexpr int kVal = kVec ? 4 : 1;
+  template <bool kKMajor, int X>
+  CUTE_HOST_DEVICE static auto make() {
+    if constexpr (kKMajor) {   // k contiguous: threads run along k first
+      constexpr int TK = BK / kVal;
+      return make_tiled_copy(Copy_Atom<Atom, float>{},
+                             Layout<Shape<Int<kThreads / TK>, Int<TK>>, Stride<Int<TK>, _1>>{},
+                             Layout<Shape<_1, Int<kVal>>>{});
+    } else {                   // x contiguous: threads run along x first
+      constexpr int TX = (X / kVal) < kThreads ? (X / kVal) : kThreads;
+      return make_tiled_copy(Copy_Atom<Atom, float>{},
+                             Layout<Shape<Int<TX>, Int<kThreads / TX>>>{},
+                             Layout<Shape<Int<kVal>, _1>>{});
+    }
+  }
+  CUTE_HOST_DEVICE static auto copy_a() { return make<kAKMajor, BM>(); }
+  CUTE_HOST_DEVICE static auto copy_b() { return make<kBKMajor, BN>(); }
+};
+
+// Layouts shared by the kernel and the host-side layout check in tests/test_gemm_3xtf32.py.
+template <bool kKMajor, int X>
+CUTE_HOST_DEVICE constexpr auto smem_layout() {
+  if constexpr (kKMajor) {   // (X, BK, STAGES), k contiguous, rows padded to BK + 4
+    return make_layout(make_shape(Int<X>{}, Int<BK>{}, Int<STAGES>{}),
+                       make_stride(Int<BK + kPadK>{}, _1{}, Int<X * (BK + kPadK)>{}));
+  } else {                   // (X, BK, STAGES), x contiguous, k-rows padded to X + 8
+    return make_layout(make_shape(Int<X>{}, Int<BK>{}, Int<STAGES>{}),
+                       make_stride(_1{}, Int<X + kPadX>{}, Int<BK * (X + kPadX)>{}));
+  }
+}
+CUTE_HOST_DEVICE constexpr auto smem_layout_a() { return smem_layout<kAKMajor, BM>(); }
+CUTE_HOST_DEVICE constexpr auto smem_layout_b() { return smem_layout<kBKMajor, BN>(); }
+// Epilogue / split-K partial tile: (BM, BN) row-major, rows padded to BN + 8.
+CUTE_HOST_DEVICE constexpr auto red_layout() {
+  return make_layout(make_shape(Int<BM>{}, Int<BN>{}), make_stride(Int<kRedStride>{}, _1{}));
+}
+// WARPS_M x WARPS_N warps, each repeating the m16n8k8 TF32 atom over its share of (BM, BN).
+CUTE_HOST_DEVICE auto make_mma() {
+  return make_tiled_mma(MMA_Atom<SM80_16x8x8_F32TF32TF32F32_TN>{},
+                        Layout<Shape<Int<WARPS_M>, Int<WARPS_N>, _1>>{});
+}
+
+// Global views of one batch: A as (M, K), B as (N, K), static unit stride on the contiguous mode.
+CUTE_DEVICE auto view_a(const Params& p, const float* a) {
+  if constexpr (kAKMajor) return make_tensor(make_gmem_ptr(a), make_shape(p.M, p.K), make_stride(p.lda, _1{}));
+  else return make_tensor(make_gmem_ptr(a), make_shape(p.M, p.K), make_stride(_1{}, p.lda));
+}
+CUTE_DEVICE auto view_b(const Params& p, const float* b) {
+  if constexpr (kBKMajor) return make_tensor(make_gmem_ptr(b), make_shape(p.N, p.K), make_stride(p.ldb, _1{}));
+  else return make_tensor(make_gmem_ptr(b), make_shape(p.N, p.K), make_stride(_1{}, p.ldb));
+}
+
+// True when every element of the tile at (m0, n0) is in the zeroed triangle of the epilogue.
+CUTE_DEVICE bool tile_is_zero(int m0, int n0) {
+  if constexpr (EPILOGUE == 1) return n0 + BN - 1 < m0;   // triu: all n < m
+  if constexpr (EPILOGUE == 2) return n0 > m0 + BM - 1;   // tril: all n > m
+  return false;
+}
+CUTE_DEVICE bool keep(int m, int n) {
+  if constexpr (EPILOGUE == 1) return n >= m;
+  if constexpr (EPILOGUE == 2) return n <= m;
+  return true;
+}
+
+// 16 bytes of CTA `rank`'s shared memory at the address `local` has in this CTA.
+CUTE_DEVICE float4 dsmem_load4(const float* local, uint32_t rank) {
+  const uint32_t laddr = cute::cast_smem_ptr_to_uint(local);
+  uint32_t raddr;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(raddr) : "r"(laddr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(raddr) : "memory");
+  return v;
+}
+
+// Store 4 consecutive columns (m, n .. n+3) of C, masked by the epilogue and the matrix.
+CUTE_DEVICE void store4(const Params& p, float* crow, int m, int n, float4 v) {
+  if constexpr (EPILOGUE != 0) {
+    if (!keep(m, n)) v.x = 0.f;
+    if (!keep(m, n + 1)) v.y = 0.f;
+    if (!keep(m, n + 2)) v.z = 0.f;
+    if (!keep(m, n + 3)) v.w = 0.f;
+  }
+  if (p.c_vec4 && n + 3 < p.N) {
+    *reinterpret_cast<float4*>(crow + n) = v;
+  } else {
+    if (n < p.N) crow[n] = v.x;
+    if (n + 1 < p.N) crow[n + 1] = v.y;
+    if (n + 2 < p.N) crow[n + 2] = v.z;
+    if (n + 3 < p.N) crow[n + 3] = v.w;
+  }
+}
+
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Params p) {
+  extern __shared__ __align__(128) float smem[];
+  const int tid = threadIdx.x;
+  const int l = blockIdx.y;
+  const int tile = blockIdx.x / SPLIT_K;
+  const int krank = blockIdx.x % SPLIT_K;   // == rank in the (SPLIT_K, 1, 1) cluster
+
+  // Grouped rasterisation: GROUP_M tile rows sweep the N tiles together (L2 reuse).
+  const int group_size = GROUP_M * p.tiles_n;
+  const int first_m = (tile / group_size) * GROUP_M;
+  const int gm = min(p.tiles_m - first_m, GROUP_M);
+  const int m_blk = first_m + (tile % group_size) % gm;
+  const int n_blk = (tile % group_size) / gm;
+  const int m0 = m_blk * BM, n0 = n_blk * BN;
+  float* const Cl = p.C + l * p.c_l;
+
+  if (tile_is_zero(m0, n0)) {            // same branch for every CTA of a cluster
+    if (krank == 0) {
+      for (int i = tid; i < BM * (BN / 4); i += kThreads) {
+        const int r = i / (BN / 4), c = (i % (BN / 4)) * 4;
+        if (m0 + r < p.M) store4(p, Cl + int64_t(m0 + r) * p.N, m0 + r, n0 + c, make_float4(0.f, 0.f, 0.f, 0.f));
+      }
+    }
+    return;
+  }
+
+  // ---- global views -------------------------------------------------------------------
+  Tensor mA = view_a(p, p.A + l * p.a_l);   // (M, K)
+  Tensor mB = view_b(p, p.B + l * p.b_l);   // (N, K)
+  Tensor mC = make_tensor(make_gmem_ptr(Cl), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+  auto tileA = make_shape(Int<BM>{}, Int<BK>{});
+  auto tileB = make_shape(Int<BN>{}, Int<BK>{});
+  Tensor gA = local_tile(mA, tileA, make_coord(m_blk, _));   // (BM, BK, k)
+  Tensor gB = local_tile(mB, tileB, make_coord(n_blk, _));   // (BN, BK, k)
+  Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(m_blk, n_blk));
+  Tensor cA = local_tile(make_identity_tensor(make_shape(p.M, p.K)), tileA, make_coord(m_blk, _));
+  Tensor cB = local_tile(make_identity_tensor(make_shape(p.N, p.K)), tileB, make_coord(n_blk, _));
+  Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                         make_coord(m_blk, n_blk));
+
+  // ---- shared memory: raw fp32 stages ---------------------------------------------------
+  Tensor sA = make_tensor(make_smem_ptr(smem), smem_layout_a());
+  Tensor sB = make_tensor(make_smem_ptr(smem + STAGES * kSmemA), smem_layout_b());
+
+  auto copyA = Copies<kVec>::copy_a();
+  auto copyB = Copies<kVec>::copy_b();
+  auto thr_cA = copyA.get_slice(tid);
+  auto thr_cB = copyB.get_slice(tid);
+  Tensor tAgA = thr_cA.partition_S(gA);   // (CPY, CPY_M, CPY_K, k)
+  Tensor tAcA = thr_cA.partition_S(cA);
+  Tensor tAsA = thr_cA.partition_D(sA);   // (CPY, CPY_M, CPY_K, PIPE)
+  Tensor tBgB = thr_cB.partition_S(gB);
+  Tensor tBcB = thr_cB.partition_S(cB);
+  Tensor tBsB = thr_cB.partition_D(sB);
+  using CpAtom = Copy_Atom<typename Copies<kVec>::Atom, float>;
+
+  // In vector mode a 4-float chunk starts at a multiple of 4 along its contiguous mode and
+  // that extent is a multiple of 4, so checking the chunk's first element covers all four.
+  auto load_tile = [&](int kt, int stage) {
+    CUTE_UNROLL
+    for (int i = 0; i < size<1>(tAsA); ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<2>(tAsA); ++j) {
+        const bool ok = elem_less(tAcA(0, i, j, kt), make_coord(p.M, p.K));
+        copy(CpAtom{}.with(ok), tAgA(_, i, j, kt), tAsA(_, i, j, stage));
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size<1>(tBsB); ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<2>(tBsB); ++j) {
+        const bool ok = elem_less(tBcB(0, i, j, kt), make_coord(p.N, p.K));
+        copy(CpAtom{}.with(ok), tBgB(_, i, j, kt), tBsB(_, i, j, stage));
+      }
+    }
+  };
+
+  // ---- tensor-core MMA: WARPS_M x WARPS_N warps of m16n8k8 TF32 atoms ---------------------
+  auto mma = make_mma();
+  auto thr_mma = mma.get_slice(tid);
+  Tensor tCsA = thr_mma.partition_A(sA);   // (MMA, MMA_M, MMA_K, PIPE) fp32 in smem
+  Tensor tCsB = thr_mma.partition_B(sB);   // (MMA, MMA_N, MMA_K, PIPE)
+  Tensor tCgC = thr_mma.partition_C(gC);   // (MMA, MMA_M, MMA_N)
+  Tensor tCcC = thr_mma.partition_C(cC);
+  Tensor acc = thr_mma.make_fragment_C(tCgC);
+  clear(acc);
+
+  // One k-block (8) of operands: fp32 staging, then tf32 big/small fragments.
+  Tensor fA = make_tensor<float>(shape(tCsA(_, _, 0, 0)));   // (MMA, MMA_M)
+  Tensor fB = make_tensor<float>(shape(tCsB(_, _, 0, 0)));   // (MMA, MMA_N)
+  Tensor aBig = make_tensor<cutlass::tfloat32_t>(shape(fA));
+  Tensor aSmall = make_tensor<cutlass::tfloat32_t>(shape(fA));
+  Tensor bBig = make_tensor<cutlass::tfloat32_t>(shape(fB));
+  Tensor bSmall = make_tensor<cutlass::tfloat32_t>(shape(fB));
+  constexpr int kBlocks = BK / 8;
+  static_assert(decltype(size<2>(tCsA))::value == kBlocks, "MMA_K must be BK / 8");
+
+  // ---- K range of this CTA (split-K rank) -----------------------------------------------
+  const int k_tiles = (p.K + BK - 1) / BK;
+  const int per = (k_tiles + SPLIT_K - 1) / SPLIT_K;
+  const int kt_begin = min(krank * per, k_tiles);
+  const int nk = min(kt_begin + per, k_tiles) - kt_begin;
+
+  // ---- main loop: STAGES-deep cp.async pipeline ------------------------------------------
+  CUTE_UNROLL
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) load_tile(kt_begin + s, s);
+    cp_async_fence();
+  }
+  CUTE_NO_UNROLL
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();   // stage kt landed for every thread; stage kt-1 is free to overwrite
+    const int nxt = kt + STAGES - 1;
+    if (nxt < nk) load_tile(kt_begin + nxt, nxt % STAGES);
+    cp_async_fence();
+    const int stage = kt % STAGES;
+    CUTE_UNROLL
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      copy(tCsA(_, _, kb, stage), fA);
+      copy(tCsB(_, _, kb, stage), fB);
+      split_fragment(fA, aBig, aSmall);
+      split_fragment(fB, bBig, bSmall);
+      gemm(mma, aSmall, bBig, acc);   // small cross terms first ...
+      gemm(mma, aBig, bSmall, acc);
+      gemm(mma, aBig, bBig, acc);     // ... then the dominant product
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue ---------------------------------------------------------------------------
+  // Accumulator values (v0, v1) of an atom are columns (n, n + 1) of one row (SM80_16x8_Row).
+  if constexpr (!kStaged) {
+    if (p.c_vec2 && m0 + BM <= p.M && n0 + BN <= p.N) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<1>(acc); ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<2>(acc); ++ni) {
+          CUTE_UNROLL
+          for (int v = 0; v < 4; v += 2) {
+            float x0 = acc(v, mi, ni), x1 = acc(v + 1, mi, ni);
+            if constexpr (EPILOGUE != 0) {
+              const auto c0 = tCcC(v, mi, ni);
+              if (!keep(get<0>(c0), get<1>(c0))) x0 = 0.f;
+              if (!keep(get<0>(c0), get<1>(c0) + 1)) x1 = 0.f;
+            }
+            *reinterpret_cast<float2*>(&tCgC(v, mi, ni)) = make_float2(x0, x1);
+          }
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const auto c = tCcC(i);
+        if (elem_less(c, make_coord(p.M, p.N))) tCgC(i) = keep(get<0>(c), get<1>(c)) ? acc(i) : 0.f;
+      }
+    }
+  } else {
+    // Tile -> own shared memory (the pipeline stages are dead: every cp.async group is done and
+    // the barrier below orders the last fragment reads before the overwrite).
+    __syncthreads();
+    Tensor red = make_tensor(make_smem_ptr(smem), red_layout());
+    Tensor tCred = thr_mma.partition_C(red);
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<1>(acc); ++mi) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<2>(acc); ++ni) {
+        CUTE_UNROLL
+        for (int v = 0; v < 4; v += 2)
+          *reinterpret_cast<float2*>(&tCred(v, mi, ni)) = make_float2(acc(v, mi, ni), acc(v + 1, mi, ni));
+      }
+    }
+    constexpr int kRows = BM / SPLIT_K;   // rows this CTA reduces and stores
+    constexpr int kChunks = kRows * (BN / 4);
+    if constexpr (SPLIT_K == 1) {
+      __syncthreads();
+    } else {
+      cute::cluster_sync();   // every partial tile of the cluster is in shared memory
+    }
+    CUTE_NO_UNROLL
+    for (int i = tid; i < kChunks; i += kThreads) {
+      const int r = krank * kRows + i / (BN / 4), c = (i % (BN / 4)) * 4;
+      float4 s;
+      if constexpr (SPLIT_K == 1) {
+        s = *reinterpret_cast<const float4*>(&red(r, c));
+      } else {
+        s = dsmem_load4(&red(r, c), 0);
+        CUTE_UNROLL
+        for (int q = 1; q < SPLIT_K; ++q) {   // fixed rank order: deterministic
+          const float4 v = dsmem_load4(&red(r, c), q);
+          s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+      }
+      const int m = m0 + r;
+      if (m < p.M) store4(p, Cl + int64_t(m) * p.N, m, n0 + c, s);
+    }
+    if constexpr (SPLIT_K > 1) cute::cluster_sync();   // keep our smem alive for the peers
+  }
+}
+
+inline bool row_major_contiguous(const EvoTensor& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+template <bool kVec>
+cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
+  const size_t smem = size_t(kSmemFloats) * sizeof(float);
+  cudaError_t err = cudaFuncSetAttribute(gemm_3xtf32_kernel<kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem));
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(L), 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = SPLIT_K;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, gemm_3xtf32_kernel<kVec>, p);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+}  // namespace evo_3xtf32
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) {
+  using namespace evo_3xtf32;
+  (void)scalars;
+  (void)n_scalars;
+  if (in == nullptr || out == nullptr || n_in != 2 || n_out != 1) return cudaErrorInvalidValue;
+  const EvoTensor& a = in[0];
+  const EvoTensor& b = in[1];
+  const EvoTensor& c = out[0];
+  if (a.dtype != EVO_F32 || b.dtype != EVO_F32 || c.dtype != EVO_F32) return cudaErrorInvalidValue;
+  if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3 || c.ndim < 2) return cudaErrorInvalidValue;
+  if (!row_major_contiguous(a) || !row_major_contiguous(b) || !row_major_contiguous(c))
+    return cudaErrorInvalidValue;
+  const uintptr_t pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data),
+                  pc = reinterpret_cast<uintptr_t>(c.data);
+  if ((pa | pb | pc) & 3) return cudaErrorInvalidValue;
+
+  int64_t L = 1, M, K, N, Kb;
+  if (b.ndim == 3) {                      // bmm: A [L, ., .], B [L, ., .]
+    if (a.ndim != 3 || a.shape[0] != b.shape[0]) return cudaErrorInvalidValue;
+    L = a.shape[0];
+  } else if (a.ndim > 2 && TRANS_A) {
+    return cudaErrorInvalidValue;         // folding leading dims needs M-rows of A
+  }
+  const int64_t a0 = a.shape[a.ndim - 2], a1 = a.shape[a.ndim - 1];
+  if (TRANS_A) { K = a0; M = a1; }
+  else {
+    K = a1;
+    M = a0;
+    if (b.ndim == 2)                      // fold the leading dims of A into M
+      for (int i = 0; i < a.ndim - 2; ++i) M *= a.shape[i];
+  }
+  const int64_t b0 = b.shape[b.ndim - 2], b1 = b.shape[b.ndim - 1];
+  if (TRANS_B) { N = b0; Kb = b1; } else { Kb = b0; N = b1; }
+  if (Kb != K) return cudaErrorInvalidValue;
+  if (c.shape[c.ndim - 1] != N || evo_numel(c) != L * M * N) return cudaErrorInvalidValue;
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || L > 65535) return cudaErrorInvalidValue;
+  if (M == 0 || N == 0 || L == 0) return cudaSuccess;   // K == 0 runs: the epilogue writes zeros
+
+  Params p;
+  p.A = static_cast<const float*>(a.data);
+  p.B = static_cast<const float*>(b.data);
+  p.C = static_cast<float*>(c.data);
+  p.M = int(M); p.N = int(N); p.K = int(K);
+  p.lda = TRANS_A ? M : K;
+  p.ldb = TRANS_B ? K : N;
+  p.a_l = M * K;
+  p.b_l = K * N;
+  p.c_l = M * N;
+  p.tiles_m = int((M + BM - 1) / BM);
+  p.tiles_n = int((N + BN - 1) / BN);
+  p.c_vec2 = (N % 2 == 0) && ((pc & 7) == 0);
+  p.c_vec4 = (N % 4 == 0) && ((pc & 15) == 0);
+  if (int64_t(p.tiles_m) * p.tiles_n * SPLIT_K > INT32_MAX) return cudaErrorInvalidValue;
+
+  // 16-byte copies need each operand's contiguous extent to be a multiple of 4 floats (rows,
+  // and batch strides, stay 16-byte aligned) and 16-byte aligned bases.
+  const int64_t a_contig = TRANS_A ? M : K;
+  const int64_t b_contig = TRANS_B ? K : N;
+  const bool vec = (a_contig % 4 == 0) && (b_contig % 4 == 0) && ((pa & 15) == 0) && ((pb & 15) == 0);
+  return vec ? launch<true>(p, L, stream) : launch<false>(p, L, stream);
+}
