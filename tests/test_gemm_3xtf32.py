@@ -1,9 +1,9 @@
 """3xTF32 fp32 GEMM template (evo/tasks/kernels/gemm_f32_3xtf32.cu), CPU-side checks only.
 
-The template is NOT yet validated on a GPU (written in sessions without device time). Its seeds
-are :data:`evo.tasks.gemm_seeds.F32_3XTF32_SEEDS`, one per strict-fp32 GEMM task (same
-task-config defines as ``gemm_f32``: ``TRANS_A``, ``TRANS_B``, ``EPILOGUE``); they are not in
-``GEMM_SEEDS`` yet. What this module verifies:
+Its seeds are :data:`evo.tasks.gemm_seeds.F32_3XTF32_SEEDS`, one per strict-fp32 GEMM task
+(same task-config defines as ``gemm_f32``: ``TRANS_A``, ``TRANS_B``, ``EPILOGUE``), and they are
+the registry's strict-fp32 seeds (validated on an H200 by benchmarks/probes/f32_3xtf32.json;
+GPU checks run in every search and ``evo bench``). What this module verifies on the CPU:
 
 * every seed's rendered source passes ``evaluators.policy.check_policy``, its tunables parse,
   each ``#ifndef`` default matches its annotation and the defaults satisfy every
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS, FP32_GEMM_TASKS, GEMM_F32_3XTF32_TEMPLATE, GEMM_SEEDS
+from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS, F32_FFMA_SEEDS, FP32_GEMM_TASKS, GEMM_F32_3XTF32_TEMPLATE
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
 from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
 
@@ -86,7 +86,7 @@ def test_seed_table_mirrors_the_fp32_gemm_seeds():
     for task, spec in F32_3XTF32_SEEDS.items():
         assert spec.template == TEMPLATE
         # same task config as the FFMA seed: same tensors, same layouts, same epilogue
-        assert dict(spec.defines) == dict(GEMM_SEEDS[task].defines), task
+        assert dict(spec.defines) == dict(F32_FFMA_SEEDS[task].defines), task
     assert dict(F32_3XTF32_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_K"] == "8"
     assert dict(F32_3XTF32_SEEDS["kb09_tall_skinny"].tunable_defaults)["EPI_SMEM"] == "1"
 

@@ -25,8 +25,12 @@ from evo.tasks.gemm_seeds import (
     GEMM_BF16_TEMPLATE,
     GEMM_F32_TEMPLATE,
     GEMM_SEEDS,
+    F32_FFMA_SEEDS,
     gemm_seed,
 )
+
+#: Every seed table of this module: the registry's seeds plus the FFMA alternatives.
+ALL_SPECS = {**{f"{k}@ffma": v for k, v in F32_FFMA_SEEDS.items()}, **GEMM_SEEDS}
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
 
 KERNELS = Path(__file__).resolve().parents[1] / "evo" / "tasks" / "kernels"
@@ -44,6 +48,8 @@ def test_seed_table_covers_exactly_the_gemm_tasks():
     assert set(FP32_GEMM_TASKS) == FP32_TASKS
     assert set(BF16_GEMM_TASKS) == BF16_TASKS
     assert all(isinstance(s, SeedSpec) for s in GEMM_SEEDS.values())
+    assert set(F32_FFMA_SEEDS) == FP32_TASKS
+    assert {GEMM_SEEDS[t].template for t in FP32_TASKS} == {"gemm_f32_3xtf32"}
 
 
 def test_unknown_task_lists_valid_names():
@@ -59,10 +65,10 @@ def test_template_has_one_marker_and_one_entry_point(template):
     assert '#include "evo_abi.h"' in src
 
 
-@pytest.mark.parametrize("task", sorted(GEMM_SEEDS))
+@pytest.mark.parametrize("task", sorted(ALL_SPECS))
 def test_seed_renders_with_its_defines_and_consistent_tunables(task):
     tunables = pytest.importorskip("evo.tunables")
-    spec = GEMM_SEEDS[task]
+    spec = ALL_SPECS[task]
     src = render(spec)
     lines = src.splitlines()
     marker = next(i for i, line in enumerate(lines) if line.strip() == TASK_CONFIG_MARKER)
@@ -79,6 +85,7 @@ def test_seed_renders_with_its_defines_and_consistent_tunables(task):
 
 def test_task_config_matches_the_task():
     d = {k: dict(v.defines) for k, v in GEMM_SEEDS.items()}
+    assert all(dict(F32_FFMA_SEEDS[k].defines) == d[k] for k in F32_FFMA_SEEDS)
     assert d["kb16_trans_a"] == {"TRANS_A": "1", "TRANS_B": "0", "EPILOGUE": "0"}
     assert d["kb17_trans_b"] == {"TRANS_A": "0", "TRANS_B": "1", "EPILOGUE": "0"}
     assert d["kb18_trans_both"] == {"TRANS_A": "1", "TRANS_B": "1", "EPILOGUE": "0"}
@@ -89,7 +96,7 @@ def test_task_config_matches_the_task():
 
 def test_constraints_reject_oversized_configs():
     tunables = pytest.importorskip("evo.tunables")
-    f32 = render(GEMM_SEEDS["kb01_square"])
+    f32 = render(F32_FFMA_SEEDS["kb01_square"])
     assert tunables.violated_constraints(f32, {"BM": "256", "BN": "256", "THR_M": "4", "THR_N": "16"})
     assert tunables.violated_constraints(f32, {"BK": "32", "STAGES": "6", "BM": "256", "BN": "256"})
     bf16 = render(GEMM_SEEDS["gemm_silu_mul_bf16"])
@@ -124,7 +131,7 @@ def _toolchain():
 
 def _compile_cached(task: str) -> dict:
     nvcc, include, version = _toolchain()
-    src = render(GEMM_SEEDS[task])
+    src = render(F32_FFMA_SEEDS[task] if task in F32_FFMA_SEEDS else GEMM_SEEDS[task])
     abi = (KERNELS / "evo_abi.h").read_text()
     key = hashlib.sha256("\0".join([src, abi, " ".join(FLAGS), version, str(include)]).encode()).hexdigest()[:24]
     cache = Path(tempfile.gettempdir()) / "evo-test-cache" / "gemm_seeds"
@@ -160,7 +167,7 @@ _BF16_BUILDS = sorted(BF16_TASKS) if _ALL else ["gemm_bf16"]
 
 
 @pytest.mark.parametrize("task", _F32_BUILDS)
-def test_fp32_seed_compiles_for_sm90a(task):
+def test_fp32_ffma_seed_compiles_for_sm90a(task):
     log = _check_build(task)
     assert "gemm_f32_kernel" in log
 

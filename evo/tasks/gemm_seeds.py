@@ -19,9 +19,9 @@ Templates (``evo/tasks/kernels/``):
 
 ``gemm_f32_3xtf32`` -- strict fp32 by error-compensated TF32 tensor-core maths (3xTF32:
   big/small split, three ``mma.sync.m16n8k8`` per k-block), same task-config defines and tensor
-  handling as ``gemm_f32`` plus ``SPLIT_K`` / ``EPI_SMEM`` / ``TF32_CVT`` tunables. Its seeds are
-  :data:`F32_3XTF32_SEEDS`, NOT yet in ``GEMM_SEEDS``: they have not run on a GPU
-  (``benchmarks/probes/f32_3xtf32.json`` checks and times them).
+  handling as ``gemm_f32`` plus ``SPLIT_K`` / ``EPI_SMEM`` / ``TF32_CVT`` / ``PROMOTE`` tunables.
+  Its seeds :data:`F32_3XTF32_SEEDS` are the strict-fp32 seeds (validated on an H200 with
+  ``benchmarks/probes/f32_3xtf32.json``); the FFMA ones stay available as :data:`F32_FFMA_SEEDS`.
 
 All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
 dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
@@ -39,6 +39,8 @@ __all__ = [
     "GEMM_SEEDS",
     "GEMM_F32_3XTF32_TEMPLATE",
     "F32_3XTF32_SEEDS",
+    "F32_FFMA_SEEDS",
+    "BF16_GEMM_SEEDS",
     "FP32_GEMM_TASKS",
     "BF16_GEMM_TASKS",
     "gemm_seed",
@@ -79,8 +81,9 @@ def _bf16(description: str, *, epilogue: str = "none", tunables: tuple[tuple[str
 #: outputs per thread) measured 17.6 TFLOP/s on an H200 against 15.0 for 16x16.
 _LARGE_K = (("BM", "64"), ("BN", "64"), ("BK", "16"), ("SPLIT_K", "8"), ("THR_M", "8"), ("THR_N", "16"))
 
-GEMM_SEEDS: dict[str, SeedSpec] = {
-    # ---- strict fp32 (kernelbench level 1) -------------------------------------------------
+#: The plain-FFMA strict-fp32 seeds (the seeds until 2026-11-30; 0.35-0.91x cuBLAS on an H200,
+#: superseded by F32_3XTF32_SEEDS). Kept as a template the search and tests can still use.
+F32_FFMA_SEEDS: dict[str, SeedSpec] = {
     "kb01_square": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
     "kb02_standard": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
     "kb03_bmm": _f32("C[l] = A[l] @ B[l] (batch on gridDim.y), fp32 FFMA"),
@@ -96,7 +99,9 @@ GEMM_SEEDS: dict[str, SeedSpec] = {
     "kb16_trans_a": _f32("C = A.T @ B with A stored [K, M]", trans_a=True),
     "kb17_trans_b": _f32("C = A @ B.T with B stored [N, K]", trans_b=True),
     "kb18_trans_both": _f32("C = A.T @ B.T with A [K, M], B [N, K]", trans_a=True, trans_b=True),
-    # ---- bf16 (modern) ---------------------------------------------------------------------
+}
+
+BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages"),
     "gemm_bf16_irregular": _bf16(
         "C = A @ B with unaligned K/N: predicated ld.global producer into swizzled smem + wgmma"
@@ -111,13 +116,12 @@ GEMM_SEEDS: dict[str, SeedSpec] = {
 }
 
 
-# ---- 3xTF32 candidates for the strict-fp32 tasks (issue 8) -----------------------------------
+# ---- 3xTF32 seeds of the strict-fp32 tasks (issue 8) ---------------------------------------
 # Same task-config defines and host-side tensor handling as gemm_f32 (TRANS_A, TRANS_B,
 # EPILOGUE; batch from a 3-D B, leading dims of A folded into M), but error-compensated TF32
-# tensor-core maths (mma.sync m16n8k8, three MMAs per k-block). NOT YET VALIDATED ON A GPU:
-# kept apart from GEMM_SEEDS until benchmarks/probes/f32_3xtf32.json has passed (correctness and
-# >= 1.8x torch fp32) on an H200; tests/test_gemm_3xtf32.py compile-checks every entry.
-
+# tensor-core maths (mma.sync m16n8k8, three MMAs per k-block, per-k-tile promotion). On an
+# H200 (benchmarks/probes/f32_3xtf32.json, 2026-11-30) every one passed the strict fp32 checks
+# on every shape and ran 0.50-2.36x torch fp32 (the FFMA seeds: 0.35-1.48x).
 
 def _f32_3xtf32(
     description: str,
@@ -141,32 +145,37 @@ _3X_LARGE_K = (("BM", "64"), ("BN", "64"), ("WARPS_M", "2"), ("WARPS_N", "2"), (
 #: K = 64 / 32 with a 32768 x 32768 output: store-bound. The tile leaves through shared memory
 #: as full 128-byte row segments (EPI_SMEM); K fits in one or two stages.
 _3X_SMALL_K = (("STAGES", "2"), ("EPI_SMEM", "1"))
+#: 128 x 128 x 32 tiles: 4 stages measured 1.215x torch on kb01 against 1.163x for 3.
+_3X = (("STAGES", "4"),)
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
-    "kb01_square": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline"),
-    "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline"),
-    "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32"),
+    "kb01_square": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline", tunables=_3X),
+    "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline", tunables=_3X),
+    "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32", tunables=_3X),
     "kb06_large_k": _f32_3xtf32(
         "C = A @ B, 3xTF32, K split over an 8-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
     ),
     "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32: store-bound, tile staged for 16-byte stores",
                                 tunables=_3X_SMALL_K),
-    "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32: zero-filled 4-byte cp.async"),
+    "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32: zero-filled 4-byte cp.async", tunables=_3X),
     "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32: store-bound, tile staged for 16-byte stores",
                                     tunables=_3X_SMALL_K),
-    "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M"),
-    "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M"),
-    "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)"),
+    "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X),
+    "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M", tunables=_3X),
+    "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)", tunables=_3X),
     "kb14_upper": _f32_3xtf32("C = triu(A @ B), 3xTF32; tiles below the diagonal only write zeros",
-                              epilogue="triu"),
+                              epilogue="triu", tunables=_3X),
     "kb15_lower": _f32_3xtf32("C = tril(A @ B), 3xTF32; tiles above the diagonal only write zeros",
-                              epilogue="tril"),
-    "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True),
-    "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True),
-    "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True),
+                              epilogue="tril", tunables=_3X),
+    "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True, tunables=_3X),
+    "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True, tunables=_3X),
+    "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True, tunables=_3X),
 }
 
-FP32_GEMM_TASKS: tuple[str, ...] = tuple(k for k, v in GEMM_SEEDS.items() if v.template == GEMM_F32_TEMPLATE)
+#: The seeds: 3xTF32 for the strict-fp32 tasks, the wgmma template for bf16.
+GEMM_SEEDS: dict[str, SeedSpec] = {**F32_3XTF32_SEEDS, **BF16_GEMM_SEEDS}
+
+FP32_GEMM_TASKS: tuple[str, ...] = tuple(F32_3XTF32_SEEDS)
 BF16_GEMM_TASKS: tuple[str, ...] = tuple(k for k, v in GEMM_SEEDS.items() if v.template == GEMM_BF16_TEMPLATE)
 
 
