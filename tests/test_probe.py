@@ -1,0 +1,57 @@
+"""benchmarks/probe.py: spec parsing and source resolution (the GPU part runs on the device)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _probe():
+    spec = importlib.util.spec_from_file_location("probe", ROOT / "benchmarks" / "probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_spec_entries_get_defaults_and_missing_fields_are_named(tmp_path):
+    probe = _probe()
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps([{"task": "kb19_relu", "source": "seed"}]))
+    (e,) = probe._load(f)
+    assert e["mode"] == "check+time" and e["params"] == {} and e["label"].startswith("kb19_relu")
+    f.write_text(json.dumps([{"task": "kb19_relu"}]))
+    with pytest.raises(SystemExit, match="entry 0 lacks 'source'"):
+        probe._load(f)
+    f.write_text(json.dumps({"task": "kb19_relu"}))
+    with pytest.raises(SystemExit, match="JSON list"):
+        probe._load(f)
+
+
+def test_sources_seed_render_and_path_resolve_to_kernel_text():
+    from evo.tasks.gemm_seeds import F32_FFMA_SEEDS
+    from evo.tasks.seeds import render, seed_source
+
+    probe = _probe()
+    assert probe._source("kb19_relu", "seed") == seed_source("kb19_relu")
+    assert probe._source("kb01_square", "render:evo.tasks.gemm_seeds:F32_FFMA_SEEDS") == render(
+        F32_FFMA_SEEDS["kb01_square"])
+    assert "evo_launch" in probe._source("kb01_square", "evo/tasks/kernels/gemm_f32_3xtf32_sm90.cu")
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "benchmarks" / "probes").glob("*.json")), ids=lambda p: p.name)
+def test_committed_probe_specs_resolve(spec):
+    """Every committed sweep names real tasks, resolvable sources and declared tunables."""
+    from evo.tasks import get_task
+    from evo.tunables import parse_tunables
+
+    probe = _probe()
+    for e in probe._load(spec):
+        get_task(e["task"])
+        declared = {t.name for t in parse_tunables(probe._source(e["task"], e["source"]))}
+        assert set(e["params"]) <= declared, (e["label"], set(e["params"]) - declared)
+        assert e["mode"] in ("check+time", "time-only", "check")
