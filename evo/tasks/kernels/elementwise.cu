@@ -286,19 +286,6 @@ __global__ void __launch_bounds__(BLOCK) rowscale_kernel(const T* __restrict__ s
 }
 
 // ---------------------------------------------------------------- host side
-static bool is_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
-static bool aligned_for(const void* p, int bytes) {
-  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
-}
-
 static int64_t grid_for(int64_t work_tiles) {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -322,20 +309,20 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
                           const double* scalars, int n_scalars, cudaStream_t stream) {
   using namespace evo_seed;
   constexpr int kVecBytes = VEC * int(sizeof(T));
-  if (n_out != 1 || out[0].dtype != EVO_DTYPE_CODE || !is_contiguous(out[0])) return cudaErrorInvalidValue;
+  if (n_out != 1 || out[0].dtype != EVO_DTYPE_CODE || !evo_is_contiguous(out[0])) return cudaErrorInvalidValue;
 #if EVO_ROWSCALE
   if (n_in != 2) return cudaErrorInvalidValue;
   const EvoTensor& s = in[0];
   const EvoTensor& b = in[1];
   if (s.dtype != EVO_DTYPE_CODE || b.dtype != EVO_DTYPE_CODE || s.ndim != 1 || b.ndim != 2 ||
-      out[0].ndim != 2 || !is_contiguous(s) || !is_contiguous(b) || s.shape[0] != b.shape[0] ||
+      out[0].ndim != 2 || !evo_is_contiguous(s) || !evo_is_contiguous(b) || s.shape[0] != b.shape[0] ||
       out[0].shape[0] != b.shape[0] || out[0].shape[1] != b.shape[1]) {
     return cudaErrorInvalidValue;
   }
   const int64_t rows = b.shape[0], cols = b.shape[1];
   if (rows == 0 || cols == 0) return cudaSuccess;
-  const bool vec_ok = VEC > 1 && cols % VEC == 0 && aligned_for(b.data, kVecBytes) &&
-                      aligned_for(out[0].data, kVecBytes);
+  const bool vec_ok = VEC > 1 && cols % VEC == 0 && evo_is_aligned(b.data, kVecBytes) &&
+                      evo_is_aligned(out[0].data, kVecBytes);
   const int v = vec_ok ? VEC : 1;
   const int64_t tiles = rows * ((cols / v + BLOCK * ITEMS - 1) / (BLOCK * ITEMS));
   const int64_t grid = grid_for(tiles);
@@ -349,7 +336,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
 #else
   if (n_in != 1) return cudaErrorInvalidValue;
   const EvoTensor& x = in[0];
-  if (x.dtype != EVO_DTYPE_CODE || !is_contiguous(x) || x.ndim != out[0].ndim) return cudaErrorInvalidValue;
+  if (x.dtype != EVO_DTYPE_CODE || !evo_is_contiguous(x) || x.ndim != out[0].ndim) return cudaErrorInvalidValue;
   for (int i = 0; i < x.ndim; ++i)
     if (x.shape[i] != out[0].shape[i]) return cudaErrorInvalidValue;
   const int64_t n = evo_numel(x);
@@ -358,7 +345,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   a.d0 = scalar_or(scalars, n_scalars, 0, EVO_S0_DEFAULT);
   a.s0 = float(a.d0);
   a.s1 = float(scalar_or(scalars, n_scalars, 1, EVO_S1_DEFAULT));
-  const bool vec_ok = VEC > 1 && aligned_for(x.data, kVecBytes) && aligned_for(out[0].data, kVecBytes);
+  const bool vec_ok = VEC > 1 && evo_is_aligned(x.data, kVecBytes) && evo_is_aligned(out[0].data, kVecBytes);
   const int v = vec_ok ? VEC : 1;
   const int64_t tiles = (n / v + BLOCK * ITEMS - 1) / (BLOCK * ITEMS);
   const int64_t grid = grid_for(tiles);

@@ -48,3 +48,19 @@ static inline int64_t evo_numel(const EvoTensor& t) {
   for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
   return n;
 }
+
+// Convenience for candidates: dense row-major (C-contiguous) in torch's sense, i.e. size-1
+// dimensions may carry any stride.
+static inline bool evo_is_contiguous(const EvoTensor& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+// Convenience for candidates: `p` is a multiple of `bytes` (e.g. 16 for 128-bit accesses).
+static inline bool evo_is_aligned(const void* p, int bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
+}

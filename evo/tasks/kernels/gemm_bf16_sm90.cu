@@ -370,15 +370,6 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   }
 }
 
-inline bool row_major_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
 cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
   using Cfg = Config<BM, BN, NSTAGE>;
@@ -419,11 +410,11 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const int want_in = (EPILOGUE == 0) ? 2 : 3;
   if (n_in != want_in || n_out != 1) return cudaErrorInvalidValue;
   for (int i = 0; i < n_in; ++i)
-    if (in[i].dtype != EVO_BF16 || !row_major_contiguous(in[i])) return cudaErrorInvalidValue;
+    if (in[i].dtype != EVO_BF16 || !evo_is_contiguous(in[i])) return cudaErrorInvalidValue;
   const EvoTensor& a = in[0];
   const EvoTensor& b = in[1];
   const EvoTensor& c = out[0];
-  if (c.dtype != EVO_BF16 || !row_major_contiguous(c)) return cudaErrorInvalidValue;
+  if (c.dtype != EVO_BF16 || !evo_is_contiguous(c)) return cudaErrorInvalidValue;
   if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3) return cudaErrorInvalidValue;
 
   int64_t L = 1, M, K = a.shape[a.ndim - 1];

@@ -308,15 +308,6 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_f32_kernel(Params p
   }
 }
 
-inline bool row_major_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 }  // namespace evo_f32
 
 EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
@@ -330,7 +321,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const EvoTensor& c = out[0];
   if (a.dtype != EVO_F32 || b.dtype != EVO_F32 || c.dtype != EVO_F32) return cudaErrorInvalidValue;
   if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3 || c.ndim < 2) return cudaErrorInvalidValue;
-  if (!row_major_contiguous(a) || !row_major_contiguous(b) || !row_major_contiguous(c))
+  if (!evo_is_contiguous(a) || !evo_is_contiguous(b) || !evo_is_contiguous(c))
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.data) | reinterpret_cast<uintptr_t>(b.data) |
        reinterpret_cast<uintptr_t>(c.data)) & 3)

@@ -524,15 +524,6 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
   }
 }
 
-inline bool row_major_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 template <bool kVec>
 cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
   const size_t smem = size_t(kSmemFloats) * sizeof(float);
@@ -569,7 +560,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const EvoTensor& c = out[0];
   if (a.dtype != EVO_F32 || b.dtype != EVO_F32 || c.dtype != EVO_F32) return cudaErrorInvalidValue;
   if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3 || c.ndim < 2) return cudaErrorInvalidValue;
-  if (!row_major_contiguous(a) || !row_major_contiguous(b) || !row_major_contiguous(c))
+  if (!evo_is_contiguous(a) || !evo_is_contiguous(b) || !evo_is_contiguous(c))
     return cudaErrorInvalidValue;
   const uintptr_t pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data),
                   pc = reinterpret_cast<uintptr_t>(c.data);

@@ -378,15 +378,6 @@ gemm_3xtf32_sm90_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID
   }
 }
 
-inline bool row_major_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 cudaError_t launch(const float* A, const float* B, Params p, cudaStream_t stream) {
   Tensor mA = make_tensor(make_gmem_ptr(A), make_shape(p.M, p.K), make_stride(int64_t(p.K), _1{}));
   auto tma_a = make_tma_atom(SM90_TMA_LOAD{}, mA, SmemLayoutA{}(_, _, 0), make_shape(Int<BM>{}, Int<BK>{}));
@@ -413,7 +404,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const EvoTensor& c = out[0];
   if (a.dtype != EVO_F32 || b.dtype != EVO_F32 || c.dtype != EVO_F32) return cudaErrorInvalidValue;
   if (a.ndim != 2 || b.ndim != 2 || c.ndim != 2) return cudaErrorInvalidValue;
-  if (!row_major_contiguous(a) || !row_major_contiguous(b) || !row_major_contiguous(c)) return cudaErrorInvalidValue;
+  if (!evo_is_contiguous(a) || !evo_is_contiguous(b) || !evo_is_contiguous(c)) return cudaErrorInvalidValue;
   const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[1];
   if (b.shape[0] != K || c.shape[0] != M || c.shape[1] != N) return cudaErrorInvalidValue;
   if (M == 0 || N == 0) return cudaSuccess;

@@ -135,19 +135,6 @@ __global__ void __launch_bounds__(BLOCK) matvec_kernel(const T* __restrict__ a, 
   }
 }
 
-static bool is_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
-static bool aligned_for(const void* p, int bytes) {
-  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
-}
-
 }  // namespace evo_seed
 
 EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
@@ -163,7 +150,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const int64_t m = at.shape[0], k = at.shape[1];
   const bool b_ok = (bt.ndim == 1 && bt.shape[0] == k) || (bt.ndim == 2 && bt.shape[0] == k && bt.shape[1] == 1);
   const bool y_ok = (yt.ndim == 1 && yt.shape[0] == m) || (yt.ndim == 2 && yt.shape[0] == m && yt.shape[1] == 1);
-  if (!b_ok || !y_ok || !is_contiguous(at) || !is_contiguous(bt) || !is_contiguous(yt)) return cudaErrorInvalidValue;
+  if (!b_ok || !y_ok || !evo_is_contiguous(at) || !evo_is_contiguous(bt) || !evo_is_contiguous(yt)) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
   const T* a = static_cast<const T*>(at.data);
   const T* b = static_cast<const T*>(bt.data);
@@ -171,7 +158,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const int64_t grid = (m + ROWS - 1) / ROWS;
   if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
   constexpr int kVecBytes = VEC * int(sizeof(T));
-  const bool vec_ok = VEC > 1 && k % VEC == 0 && aligned_for(a, kVecBytes) && aligned_for(b, kVecBytes);
+  const bool vec_ok = VEC > 1 && k % VEC == 0 && evo_is_aligned(a, kVecBytes) && evo_is_aligned(b, kVecBytes);
   if (vec_ok) {
     matvec_kernel<VEC><<<dim3(unsigned(grid)), dim3(BLOCK), 0, stream>>>(a, b, y, m, k);
   } else {

@@ -276,19 +276,6 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
 }
 
 // ---------------------------------------------------------------- host side
-static bool is_contiguous(const EvoTensor& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
-static bool aligned_for(const void* p, int bytes) {
-  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
-}
-
 template <int V, int MODE>
 static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, float eps,
                           size_t smem_bytes, cudaStream_t stream) {
@@ -353,7 +340,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const EvoTensor& xt = in[0];
   const EvoTensor& yt = out[0];
   if (xt.dtype != EVO_DTYPE_CODE || yt.dtype != EVO_DTYPE_CODE || xt.ndim < 1 || xt.ndim != yt.ndim ||
-      !is_contiguous(xt) || !is_contiguous(yt)) {
+      !evo_is_contiguous(xt) || !evo_is_contiguous(yt)) {
     return cudaErrorInvalidValue;
   }
   for (int i = 0; i < xt.ndim; ++i)
@@ -366,7 +353,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   float eps = 0.f;
 #if defined(EVO_OP_RMSNORM)
   const EvoTensor& wt = in[1];
-  if (wt.dtype != EVO_DTYPE_CODE || wt.ndim != 1 || wt.shape[0] != cols || !is_contiguous(wt))
+  if (wt.dtype != EVO_DTYPE_CODE || wt.ndim != 1 || wt.shape[0] != cols || !evo_is_contiguous(wt))
     return cudaErrorInvalidValue;
   w = static_cast<const T*>(wt.data);
   eps = float((scalars != nullptr && n_scalars > 0) ? scalars[0] : EVO_S0_DEFAULT);
@@ -377,8 +364,8 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const T* x = static_cast<const T*>(xt.data);
   T* y = static_cast<T*>(yt.data);
   constexpr int kVecBytes = VEC * int(sizeof(T));
-  const bool vec_ok = VEC > 1 && cols % VEC == 0 && aligned_for(x, kVecBytes) && aligned_for(y, kVecBytes) &&
-                      (w == nullptr || aligned_for(w, kVecBytes));
+  const bool vec_ok = VEC > 1 && cols % VEC == 0 && evo_is_aligned(x, kVecBytes) && evo_is_aligned(y, kVecBytes) &&
+                      (w == nullptr || evo_is_aligned(w, kVecBytes));
   cudaError_t e = vec_ok ? dispatch<VEC>(x, w, y, rows, cols, eps, stream)
                          : dispatch<1>(x, w, y, rows, cols, eps, stream);
   if (e != cudaSuccess) return static_cast<int>(e);
