@@ -172,16 +172,7 @@ def test_integer_tf32_rounding_matches_cvt_rna():
 # ------------------------------------------------------------------------------------------
 
 
-def _toolchain():
-    compile_mod = pytest.importorskip("evaluators.compile")
-    from evaluators.base import CompileSettings
-
-    try:
-        nvcc = compile_mod.find_nvcc(CompileSettings())
-        include = compile_mod.cutlass_include_dir()
-    except (compile_mod.NvccNotFound, compile_mod.CutlassNotFound) as exc:
-        pytest.skip(f"no toolchain: {exc}")
-    return compile_mod, nvcc, include
+from toolchain import toolchain as _toolchain  # noqa: E402  (tests/ is on sys.path)
 
 
 def _build(request, task: str, src: str, params: dict[str, str]):

@@ -84,16 +84,7 @@ def test_policy_tunables_and_constraints():
         assert violated_constraints(src, {**_defaults(src), **variant}) == []
 
 
-def _toolchain():
-    compile_mod = pytest.importorskip("evaluators.compile")
-    from evaluators.base import CompileSettings
-
-    try:
-        nvcc = compile_mod.find_nvcc(CompileSettings())
-        include = compile_mod.cutlass_include_dir()
-    except (compile_mod.NvccNotFound, compile_mod.CutlassNotFound) as exc:
-        pytest.skip(f"no toolchain: {exc}")
-    return compile_mod, nvcc, include
+from toolchain import toolchain as _toolchain  # noqa: E402  (tests/ is on sys.path)
 
 
 def _build(request, params: dict[str, str]):

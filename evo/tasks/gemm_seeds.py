@@ -31,6 +31,8 @@ description; ``benchmarks/gemm_smoke.py`` checks and times every seed on a GPU.
 
 from __future__ import annotations
 
+import functools
+
 from evo.tasks.seedspec import SeedSpec
 
 __all__ = [
@@ -62,13 +64,15 @@ def _f32(
     trans_b: bool = False,
     epilogue: str = "none",
     tunables: tuple[tuple[str, str], ...] = (),
+    template: str = GEMM_F32_TEMPLATE,
 ) -> SeedSpec:
+    """A strict-fp32 seed: both fp32 templates take the same task-config defines."""
     defines = (
         ("TRANS_A", str(int(trans_a))),
         ("TRANS_B", str(int(trans_b))),
         ("EPILOGUE", str(F32_EPILOGUES[epilogue])),
     )
-    return SeedSpec(GEMM_F32_TEMPLATE, defines, description, tunable_defaults=tunables)
+    return SeedSpec(template, defines, description, tunable_defaults=tunables)
 
 
 def _bf16(description: str, *, epilogue: str = "none", tunables: tuple[tuple[str, str], ...] = ()) -> SeedSpec:
@@ -123,20 +127,7 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
 # H200 (benchmarks/probes/f32_3xtf32.json, 2026-11-30) every one passed the strict fp32 checks
 # on every shape and ran 0.50-2.36x torch fp32 (the FFMA seeds: 0.35-1.48x).
 
-def _f32_3xtf32(
-    description: str,
-    *,
-    trans_a: bool = False,
-    trans_b: bool = False,
-    epilogue: str = "none",
-    tunables: tuple[tuple[str, str], ...] = (),
-) -> SeedSpec:
-    defines = (
-        ("TRANS_A", str(int(trans_a))),
-        ("TRANS_B", str(int(trans_b))),
-        ("EPILOGUE", str(F32_EPILOGUES[epilogue])),
-    )
-    return SeedSpec(GEMM_F32_3XTF32_TEMPLATE, defines, description, tunable_defaults=tunables)
+_f32_3xtf32 = functools.partial(_f32, template=GEMM_F32_3XTF32_TEMPLATE)
 
 
 #: 256 x 524288 x 256: 64 x 64 tiles (2 x 2 warps of 32 x 32) and an 8-CTA split-K cluster
