@@ -4,10 +4,12 @@
 #   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
 #   tests  the gpu-marked tests (harness, self-test, exploits, export, profile) -> $OUT/gpu_tests.txt
+#   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
+#          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
 set -uo pipefail
 out=${1:?output folder}; shift
-steps=${*:-seeds demo gemm tests}
+steps=${*:-seeds demo gemm tests}   # bench is never implied: it needs a call of its own
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 for step in $steps; do
@@ -46,7 +48,11 @@ PY
     tests)
       python -m pytest -m gpu -q -rs tests/gpu > "$out/gpu_tests.txt" 2>&1
       tail -n 15 "$out/gpu_tests.txt" ;;
-    *) echo "unknown step $step (seeds demo gemm tests)"; exit 2 ;;
+    bench)
+      timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
+        --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
+      sed -n '/## Families/,/^$/p' "$out/RESULTS.md" ;;
+    *) echo "unknown step $step (seeds demo gemm tests bench)"; exit 2 ;;
   esac
   echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
 done
