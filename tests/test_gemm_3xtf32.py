@@ -23,6 +23,14 @@ GPU checks run in every search and ``evo bench``). What this module verifies on 
 
 Not verified: numerical correctness, determinism and speed on a GPU; that is
 ``benchmarks/probes/f32_3xtf32.json`` (see docs/kernels.md, "3xTF32 fp32 GEMM template").
+
+``WGMMA = 1`` (the Hopper TMA + RS-wgmma kernel, NOT yet run on a GPU; formerly
+``gemm_f32_3xtf32_sm90.cu``): the template keeps all of it in ``#if WGMMA`` blocks; every seed's
+defaults admit ``WGMMA = 1`` and pass the policy; two builds (kb01, and kb18 with BN = 64, 5
+stages, PTX cvt) have no spills and no wgmma serialisation; the SASS holds 12 HGMMA per k-tile
+(skipped without cuobjdump); a host-only program checks the hand-coded fragment, B-transform and
+accumulator mappings (coverage, k-slot permutation, 16-byte contiguity, bank conflicts) for both
+slot orders and both B stage kinds. GPU check: ``benchmarks/probes/f32_3xtf32_sm90.json``.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE"]
+            "TF32_CVT", "PROMOTE", "WGMMA"]
 
 
 def _src(task: str = "kb01_square") -> str:
@@ -75,7 +83,14 @@ def test_template_shape():
     assert sum(line.strip() == TASK_CONFIG_MARKER for line in raw.splitlines()) == 1
     assert len(re.findall(r"\bevo_launch\s*\(", raw)) == 1
     assert '#include "evo_abi.h"' in raw
-    assert "NOT YET VALIDATED ON A GPU" in raw
+    assert "WGMMA = 1 is NOT YET RUN ON A GPU" in raw
+    # everything of the Hopper path is compiled only with WGMMA = 1: without the #if WGMMA
+    # blocks no code line mentions it (WGMMA = 0 builds exactly the validated mma.sync kernel)
+    blocks = re.findall(r"^#if WGMMA\n.*?^#endif", raw, re.S | re.M)
+    assert len(blocks) == 3 and not any(re.search(r"^#if", b[3:], re.M) for b in blocks)
+    rest = re.sub(r"^#if WGMMA\n.*?^#endif", "", raw, flags=re.S | re.M)
+    code = "\n".join(line.split("//")[0] for line in rest.splitlines())
+    assert not re.search(r"wgmma|wg::|tma|WGMMA", code.replace("#ifndef WGMMA\n#define WGMMA 0", ""), re.I)
     assert "atomic" not in raw.replace("no atomics", "")
     for banned in ("cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaEventCreate"):
         assert banned not in raw
@@ -175,7 +190,7 @@ def test_integer_tf32_rounding_matches_cvt_rna():
 from toolchain import toolchain as _toolchain  # noqa: E402  (tests/ is on sys.path)
 
 
-def _build(request, task: str, src: str, params: dict[str, str]):
+def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int = 2):
     compile_mod, _, _ = _toolchain()
     from evaluators.base import CompileSettings
     from evo.records import Candidate
@@ -187,11 +202,13 @@ def _build(request, task: str, src: str, params: dict[str, str]):
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     m = outcome.result.metrics
-    assert len(m["kernels"]) == 2, m["kernels"]   # 16-byte and 4-byte cp.async instantiations
+    # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel with WGMMA = 1)
+    assert len(m["kernels"]) == n_kernels, m["kernels"]
+    assert not m.get("wgmma_serialized", False), outcome.result.artifacts.get("wgmma_serialization")
     assert m["spill_stores"] == 0 and m["spill_loads"] == 0, m
     assert m["stack_frame"] == 0, m
     assert 0 < m["registers"] <= 255
-    return m
+    return outcome
 
 
 def _distinct_seeds() -> list[str]:
@@ -206,7 +223,7 @@ def _distinct_seeds() -> list[str]:
 @pytest.mark.parametrize("task", _distinct_seeds())
 def test_seed_compiles_for_sm90a_without_spills(request, task):
     src = _src(task)
-    m = _build(request, task, src, _defaults(src))
+    m = _build(request, task, src, _defaults(src)).result.metrics
     print(task, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
 
 
@@ -402,4 +419,284 @@ def test_host_layout_check(request, name):
     args = ["-arch=sm_90a", *[f"-D{k}={v}" for k, v in params.items()]]
     exe = _nvcc_cached(request, f"host-{name}", args, program, "")
     proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
+
+
+# ------------------------------------------------------------------------------------------
+# WGMMA = 1: the Hopper kernel (TMA + RS tf32 wgmma). NOT yet run on a GPU; these are its
+# CPU-side checks (benchmarks/probes/f32_3xtf32_sm90.json checks and times it on an H200).
+# ------------------------------------------------------------------------------------------
+
+#: WGMMA = 1 builds checked for no spills / no wgmma serialisation: the kb01 seed (the one the
+#: seeds would switch to) and the other extreme: both operands transposed (M-major A with
+#: scalar fragment loads, K-major B), BN = 64, 5 stages, PTX cvt.
+WGMMA_BUILDS = {
+    "kb01": ("kb01_square", {}),
+    "kb18_bn64_s5_cvt": ("kb18_trans_both", {"BN": "64", "STAGES": "5", "TF32_CVT": "1"}),
+}
+
+
+def _wgmma_build(request, name: str):
+    task, params = WGMMA_BUILDS[name]
+    src = _src(task)
+    full = {**_defaults(src), "WGMMA": "1", **params}
+    assert violated_constraints(src, full) == [], violated_constraints(src, full)
+    return _build(request, task, src, full, n_kernels=3)
+
+
+def test_wgmma_constraint():
+    src = _src()
+    ok = lambda **kw: violated_constraints(src, {k: str(v) for k, v in kw.items()}) == []  # noqa: E731
+    assert ok(WGMMA=1) and ok(WGMMA=1, STAGES=5) and ok(WGMMA=1, BM=64, BN=64, WARPS_N=2)
+    assert not ok(WGMMA=1, BK=16) and not ok(WGMMA=1, BM=256, WARPS_M=4)
+    assert not ok(WGMMA=1, BN=256, BM=64, WARPS_M=2, WARPS_N=4)
+    assert ok(BK=16)                                                          # WGMMA = 0: unchanged
+    for task, spec in F32_3XTF32_SEEDS.items():                               # every seed can flip
+        s = _src(task)
+        assert violated_constraints(s, {**_defaults(s), "WGMMA": "1"}) == [], task
+    policy = pytest.importorskip("evaluators.policy")
+    for task in ("kb01_square", "kb16_trans_a", "kb17_trans_b", "kb18_trans_both", "kb06_large_k"):
+        s = _src(task)
+        result = policy.check_policy(s, {**_defaults(s), "WGMMA": "1"})
+        assert result.status.value == "ok", (task, result.reason)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WGMMA_BUILDS))
+def test_wgmma_builds_without_spills_or_serialisation(request, name):
+    outcome = _wgmma_build(request, name)
+    m = outcome.result.metrics
+    assert "wgmma_serialization" not in outcome.result.artifacts
+    wg = [k for k in m["kernels"] if "wgmma_kernel" in k]
+    assert len(wg) == 1, m["kernels"]
+    print(name, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (which needs
+    nvdisasm beside it: nvidia-cuda-nvdisasm)."""
+    import os
+    import shutil
+
+    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import nvidia  # type: ignore
+
+        for base in nvidia.__path__:
+            cands += [str(p) for p in Path(base).glob("cu*/bin/cuobjdump")]
+    except ImportError:
+        pass
+    for c in cands:
+        if c and os.path.isfile(c) and (shutil.which("nvdisasm") or (Path(c).parent / "nvdisasm").is_file()):
+            return c
+    return None
+
+
+@pytest.mark.slow
+def test_wgmma_sass_has_hgmma_tf32(request, tmp_path):
+    import os
+
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    outcome = _wgmma_build(request, "kb01")
+    so = tmp_path / "k.so"
+    so.write_bytes(outcome.so_bytes)
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run([tool, "-sass", str(so)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    sass = proc.stdout
+    hgmma = re.findall(r"HGMMA\.64x(\d+)x8\.F32\.TF32", sass)
+    d = {k: int(v) for k, v in _defaults(_src()).items()}
+    assert hgmma and all(int(n) == d["BN"] for n in hgmma), hgmma[:4]
+    assert len(hgmma) == 3 * d["BK"] // 8, len(hgmma)          # one k-tile's worth, in the loop
+    assert "USETMAXREG" in sass                                # producer/consumer register split
+
+
+HOST_CHECK_WGMMA = r"""
+// Host-only checks of the hand-coded WGMMA = 1 mappings (kernel included with the same defines).
+#include "KERNEL_FILE"
+#include <cstdio>
+#include <set>
+#include <vector>
+
+using namespace cute;
+namespace W = evo_3xtf32::wg;
+static int fails = 0;
+#define CHECK(c, ...) do { if (!(c)) { if (fails++ < 20) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } } while (0)
+
+// Accesses of one warp: each shared-memory wavefront serves 128 bytes; returns the number of
+// wavefronts of a 4-byte (width 1) or 16-byte (width 4, 8 lanes per phase) access.
+static int wavefronts(const std::vector<long>& word_offsets, int width_words) {
+  int lanes_per_phase = 32 / width_words, total = 0;
+  for (int p0 = 0; p0 < 32; p0 += lanes_per_phase) {
+    std::vector<std::set<long>> bank(32);
+    for (int l = p0; l < p0 + lanes_per_phase; ++l)
+      for (int w = 0; w < width_words; ++w) bank[(word_offsets[l] + w) % 32].insert(word_offsets[l] + w);
+    int worst = 1;
+    for (auto& b : bank) worst = b.size() > size_t(worst) ? int(b.size()) : worst;
+    total += worst;
+  }
+  return total;
+}
+
+int main() {
+  constexpr bool kAK = evo_3xtf32::kAKMajor, kBK = evo_3xtf32::kBKMajor;
+  W::TiledMma mma;
+  auto idA = make_identity_tensor(make_shape(Int<BM>{}, Int<BK>{}));
+  auto idC = make_identity_tensor(make_shape(Int<BM>{}, Int<BN>{}));
+  // Swizzled layouts apply their swizzle to the smem address: evaluate through real tensors on
+  // fake 1024-byte-aligned bases (host only; never dereferenced).
+  float* baseA = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  float* baseS = reinterpret_cast<float*>(uintptr_t(1) << 22);
+  W::tf32* baseB = reinterpret_cast<W::tf32*>(uintptr_t(1) << 21);
+  auto tAs = make_tensor(make_smem_ptr(baseA), W::SmemLayoutA{});
+  auto tBs = make_tensor(make_smem_ptr(baseS), W::SmemLayoutBst{});
+  auto tBo = make_tensor(make_smem_ptr(baseB), W::SmemLayoutBop{});
+  auto la = [&](int m, int k, int s) { return long(&tAs(m, k, s) - baseA); };
+  auto ls = [&](int n, int k, int s) { return long(&tBs(n, k, s) - baseS); };
+  auto lb = [&](int n, int k, int s) { return long(reinterpret_cast<W::tf32*>(&tBo(n, k, s)) - baseB); };
+  // every stage element has its own word (the layouts are bijective onto their cosize)
+  { std::set<long> a, b; for (int s = 0; s < STAGES; ++s) for (int k = 0; k < BK; ++k) {
+      for (int m = 0; m < BM; ++m) a.insert(la(m, k, s));
+      for (int n = 0; n < BN; ++n) b.insert(ls(n, k, s)); }
+    CHECK(int(a.size()) == BM * BK * STAGES && int(b.size()) == BN * BK * STAGES, "stage layouts"); }
+  // 1. RS A fragment: value (v, 0, j) of consumer ct is (r0 + 8 (v & 1), slot 8 j + 4 (v >> 1) + t)
+  std::set<std::pair<int,int>> seenA;
+  for (int ct = 0; ct < W::kConsumers; ++ct) {
+    auto tA = mma.get_thread_slice(ct).partition_A(idA);
+    CHECK(size<0>(tA) == 4 && size<1>(tA) == 1 && size<2>(tA) == BK / 8, "A partition shape");
+    const int lane = ct % 32, t = lane % 4;
+    const int r0 = 64 * (ct / 128) + 16 * ((ct % 128) / 32) + lane / 4;
+    for (int v = 0; v < 4; ++v)
+      for (int j = 0; j < BK / 8; ++j) {
+        auto c = tA(v, 0, j);
+        CHECK(int(get<0>(c)) == r0 + 8 * (v & 1) && int(get<1>(c)) == 8 * j + 4 * (v >> 1) + t,
+              "A frag ct=%d v=%d j=%d -> (%d,%d)", ct, v, j, int(get<0>(c)), int(get<1>(c)));
+        seenA.insert({int(get<0>(c)), int(get<1>(c))});
+      }
+  }
+  CHECK(int(seenA.size()) == BM * BK, "A fragments cover the tile once");
+  // 2. the slot -> k permutation is a bijection; K-major A: a fragment row's 4 k are consecutive
+  std::set<int> ks;
+  for (int s = 0; s < BK; ++s) ks.insert(W::phys_k(s));
+  CHECK(int(ks.size()) == BK && *ks.begin() == 0 && *ks.rbegin() == BK - 1, "permutation");
+  for (int v = 0; v < 4; ++v) for (int t = 0; t < 4; ++t) for (int j = 0; j < 4; ++j) {
+    CHECK(W::a_frag_k(v, t, j) == W::phys_k(8 * j + 4 * (v >> 1) + t), "a_frag_k");
+    if (kAK) CHECK(W::a_frag_k(v, t, j) == W::a_frag_k(v, t, 0) + j && W::a_frag_k(v, t, 0) % 4 == 0, "A float4");
+  }
+  // 3. A stage loads: K-major one aligned float4 per v, conflict-free; M-major at most 2-way
+  int waveA = 0;
+  for (int st = 0; st < STAGES; ++st)
+    for (int v = 0; v < 4; ++v)
+      for (int w = 0; w < W::kConsumers / 32; ++w)
+        for (int j = 0; j < (kAK ? 1 : 4); ++j) {
+          std::vector<long> off(32);
+          for (int lane = 0; lane < 32; ++lane) {
+            int ct = 32 * w + lane, t = lane % 4;
+            int m = 64 * (ct / 128) + 16 * ((ct % 128) / 32) + lane / 4 + 8 * (v & 1);
+            long o = la(m, W::a_frag_k(v, t, j), st);
+            if (kAK) {
+              CHECK(o % 4 == 0, "A float4 alignment");
+              for (int i = 1; i < 4; ++i) CHECK(la(m, W::a_frag_k(v, t, i), st) == o + i, "A float4 contiguity");
+            }
+            off[lane] = o;
+          }
+          int wf = wavefronts(off, kAK ? 4 : 1);
+          waveA = wf > waveA ? wf : waveA;
+          CHECK(wf <= (kAK ? 4 : 2), "A load wavefronts %d", wf);
+        }
+  // 4. B transform: covers every (n, slot chunk) once with the right physical k; loads and stores
+  //    of each warp conflict-free
+  std::set<std::pair<int,int>> seenB;
+  int waveB = 0;
+  auto note = [&](int wf, int best, const char* what) { waveB = wf > waveB ? wf : waveB; CHECK(wf == best, "%s: %d wavefronts", what, wf); };
+  if (!kBK) {
+    constexpr int kNB = BN / 32, kTasks = kNB * (BK / 4), kWarps = W::kConsumers / 32;
+    for (int w = 0; w < kWarps; ++w)
+      for (int r = 0; r < kTasks / kWarps; ++r) {
+        int q = w + kWarps * r, c = q / kNB;
+        std::vector<long> offS(32);
+        for (int i = 0; i < 4; ++i) {
+          std::vector<long> offL(32);
+          for (int lane = 0; lane < 32; ++lane) offL[lane] = ls(32 * (q % kNB) + lane, W::phys_k(4 * c + i), 1);
+          note(wavefronts(offL, 1), 1, "B lds32");
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          int n = 32 * (q % kNB) + lane;
+          seenB.insert({n, c});
+          offS[lane] = lb(n, 4 * c, 1);
+        }
+        note(wavefronts(offS, 4), 4, "B sts128");
+      }
+  } else {
+    constexpr int kTasks = 2 * BN;
+    for (int h = 0; h < 2; ++h) for (int e = 0; e < 4; ++e) for (int i = 0; i < 4; ++i)
+      CHECK(4 * W::bk_src_chunk(h, W::bk_src_reg(e, i)) + W::bk_src_elem(e, i) == W::phys_k(4 * W::bk_dst_chunk(h, e) + i),
+            "TRANS_B source of slot chunk h=%d e=%d i=%d", h, e, i);
+    for (int w = 0; w < (kTasks + 31) / 32; ++w) {
+      for (int i = 0; i < 4; ++i) {
+        std::vector<long> offL(32), offS(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          int q = 32 * w + lane, n = q % BN, h = q / BN;
+          offL[lane] = ls(n, 4 * W::bk_src_chunk(h, i), 1);
+          CHECK(offL[lane] % 4 == 0, "B float4 alignment");
+          for (int x = 1; x < 4; ++x) CHECK(ls(n, 4 * W::bk_src_chunk(h, i) + x, 1) == offL[lane] + x, "B float4");
+          offS[lane] = lb(n, 4 * W::bk_dst_chunk(h, i), 1);
+          seenB.insert({n, W::bk_dst_chunk(h, i)});
+        }
+        note(wavefronts(offL, 4), 4, "B lds128");
+        note(wavefronts(offS, 4), 4, "B sts128");
+      }
+    }
+  }
+  CHECK(int(seenB.size()) == BN * (BK / 4), "B tasks cover the tile once (%d)", int(seenB.size()));
+  for (int n = 0; n < BN; ++n) for (int c = 0; c < BK / 4; ++c) for (int buf = 0; buf < 2; ++buf) {
+    long o = lb(n, 4 * c, buf);
+    CHECK(o % 4 == 0, "B_big chunk alignment");
+    for (int i = 1; i < 4; ++i) CHECK(lb(n, 4 * c + i, buf) == o + i, "B_big chunk contiguity");
+  }
+  // 5. accumulators: pairs (i, i+1) are (m, n), (m, n+1), n even; cover C once
+  std::set<std::pair<int,int>> seenC;
+  for (int ct = 0; ct < W::kConsumers; ++ct) {
+    auto tC = mma.get_thread_slice(ct).partition_C(idC);
+    for (int i = 0; i < size(tC); i += 2) {
+      auto a = tC(i), b = tC(i + 1);
+      CHECK(get<0>(a) == get<0>(b) && get<1>(b) == get<1>(a) + 1 && get<1>(a) % 2 == 0, "C pair");
+      seenC.insert({int(get<0>(a)), int(get<1>(a))});
+      seenC.insert({int(get<0>(b)), int(get<1>(b))});
+    }
+  }
+  CHECK(int(seenC.size()) == BM * BN, "C covered once");
+  printf("%s TRANS_A=%d TRANS_B=%d BM=%d BN=%d STAGES=%d smem=%d A-wavefronts=%d B-wavefronts=%d\n",
+         fails ? "FAILED" : "OK", TRANS_A, TRANS_B, BM, BN, STAGES, W::kSmemBytes, waveA, waveB);
+  return fails ? 1 : 0;
+}
+"""
+
+#: Two builds cover both slot orders (K-major A: permuted; M-major A: identity), both B stage
+#: kinds (N-contiguous: transpose; K-major: register transpose or copy) and 1 or 2 consumer
+#: warpgroups.
+WGMMA_LAYOUT_CONFIGS = {
+    "ta0tb1-128x128": {"TRANS_A": "0", "TRANS_B": "1", "BM": "128", "BN": "128", "STAGES": "4"},
+    "ta1tb0-64x64": {"TRANS_A": "1", "TRANS_B": "0", "BM": "64", "BN": "64", "STAGES": "2", "WARPS_N": "2"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WGMMA_LAYOUT_CONFIGS))
+def test_wgmma_host_layout_check(request, name):
+    params = {**WGMMA_LAYOUT_CONFIGS[name], "WGMMA": "1"}
+    ta, tb = int(params["TRANS_A"]), int(params["TRANS_B"])
+    tunables = {k: v for k, v in params.items() if not k.startswith("TRANS_")}
+    assert violated_constraints(_config_src(ta, tb), tunables) == []
+    src = render(SeedSpec(TEMPLATE, (), "wgmma layout check"))
+    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
+    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
+    kernel.write_text(src)
+    program = HOST_CHECK_WGMMA.replace("KERNEL_FILE", str(kernel))
+    args = ["-arch=sm_90a", "-O1", *[f"-D{k}={v}" for k, v in params.items()]]
+    exe = _nvcc_cached(request, f"wgmma-host-{name}", args, program, "")
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)

@@ -40,7 +40,7 @@ def test_sources_seed_render_and_path_resolve_to_kernel_text():
     assert probe._source("kb19_relu", "seed") == seed_source("kb19_relu")
     assert probe._source("kb01_square", "render:evo.tasks.gemm_seeds:F32_FFMA_SEEDS") == render(
         F32_FFMA_SEEDS["kb01_square"])
-    assert "evo_launch" in probe._source("kb01_square", "evo/tasks/kernels/gemm_f32_3xtf32_sm90.cu")
+    assert "evo_launch" in probe._source("kb01_square", "evo/tasks/kernels/gemm_f32_3xtf32.cu")
 
 
 @pytest.mark.parametrize("spec", sorted((ROOT / "benchmarks" / "probes").glob("*.json")), ids=lambda p: p.name)

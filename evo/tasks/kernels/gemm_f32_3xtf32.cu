@@ -1,17 +1,41 @@
 // gemm_f32_3xtf32.cu -- strict-fp32 GEMM by error-compensated TF32 tensor-core maths (3xTF32).
 //
-// STATUS: NOT YET VALIDATED ON A GPU. Written in sessions without device time. What has been
-// verified (tests/test_gemm_3xtf32.py, CPU only): for every seed of
-// evo.tasks.gemm_seeds.F32_3XTF32_SEEDS (the 15 strict-fp32 GEMM tasks) the rendered source
-// passes the static policy, its tunable defaults satisfy every @constraint, and a real nvcc
-// 13.0 build for sm_90a succeeds with ptxas reporting no spills and no stack frame; a set of
-// extreme tunable combinations (largest warp tiles, MIN_BLOCKS = 2, SPLIT_K = 8, every
-// transpose) builds without spills too; the PTX holds `mma.sync.aligned.m16n8k8.row.col.f32.
-// tf32.tf32.f32` (3 per atom per k-block) and `cvt.rna.tf32.f32` (2 per operand value); a
-// host-only program checks the CuTe layouts for all four transpose combinations (copy
-// partitions tile each smem stage once with 16-byte chunks, accumulators cover C once in even
-// column pairs, every fragment load of every warp hits 32 distinct banks). NOT verified:
-// correctness, determinism and speed on a GPU (benchmarks/probes/f32_3xtf32.json does that).
+// STATUS. The mma.sync path (WGMMA = 0, the default) is VALIDATED on an H200
+// (benchmarks/probes/f32_3xtf32.json: every strict-fp32 task passed its checks on every shape,
+// kb01 ~1.18x cuBLAS fp32). WGMMA = 1 is NOT YET RUN ON A GPU: it builds for sm_90a without
+// spills or wgmma serialisation and its hand-coded mappings pass the host-side layout checks
+// (tests/test_gemm_3xtf32.py), nothing more. Validate with
+//   python benchmarks/probe.py benchmarks/probes/f32_3xtf32_sm90.json
+// before switching any seed's default to WGMMA = 1.
+//
+// WGMMA = 1 (tunable; all of its device code sits in `#if WGMMA`): a second kernel, picked on
+// the host per call. Eligible calls (EPILOGUE = 0, SPLIT_K = 1, K >= 1, A and B 16-byte
+// aligned, contiguous extents K or M of A and N or K of B multiples of 4 floats: what TMA
+// needs) go to the Hopper kernel; any other call (K = 0, odd strides, misaligned pointers,
+// triu/tril, split-K) runs the mma.sync kernel below. Any M, N >= 1 and K % 4 == 0: TMA
+// zero-fills boxes past M, N and K, the epilogue stores only rows < M, columns < N. Batch
+// (bmm, gridDim.y) and folded leading dims use a rank-3 TMA view (M, K, L); all four transpose
+// combinations are handled. Constraint: BK = 32, BM, BN in {64, 128}, its shared memory fits.
+// Hopper kernel: warp-specialised CTA of 1 + BM / 64 warpgroups; one producer thread issues
+// TMA loads of raw fp32 A and B tiles into a STAGES-deep ring (full/empty mbarriers). A goes
+// through registers (RS wgmma): each consumer thread loads its raw fragment (K-major A: four
+// 16-byte loads from the SW128 stage; M-major A: sixteen 4-byte loads) and splits it into tf32
+// big/small fragments; B is split (and, for an N-contiguous B, transposed) by the consumers
+// into double-buffered K-major SW128 tf32 tiles B_big / B_small. Per k-block of 8 three tf32
+// wgmmas (small*big, big*small, big*big) into a fresh per-k-tile accumulator, promoted into the
+// fp32 total with FADDs after each k-tile (as PROMOTE = 1 does). With a K-major A the k-slots
+// of a tile are permuted (slot 8 j + 4 h + t holds k = 8 t + 4 h + j, the same for A and B) so
+// a thread's four k-blocks of a fragment row are one float4; with an M-major A the slots are
+// the identity. Epilogue: 8-byte column-pair stores straight from the accumulator (scalar at
+// the N edge or for odd N / 4-byte aligned C). EPI_SMEM, WARPS_M/N, MIN_BLOCKS and PROMOTE only
+// affect the mma.sync kernel. No allocation, no atomics, one launch: deterministic.
+//
+// Verified on the CPU for both paths (tests/test_gemm_3xtf32.py): for every seed of
+// evo.tasks.gemm_seeds.F32_3XTF32_SEEDS the rendered source passes the static policy, its
+// tunable defaults satisfy every @constraint, and a real nvcc 13.0 build for sm_90a succeeds
+// with ptxas reporting no spills and no stack frame; extreme tunable combinations build without
+// spills too; the PTX holds `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32` (3 per atom
+// per k-block); host-only programs check the CuTe layouts of both kernels.
 //
 // Computes, per batch l:  C[l] = epilogue(op(A[l]) @ op(B[l])), all fp32, with the same
 // task-config defines and host-side tensor handling as gemm_f32.cu:
@@ -89,6 +113,7 @@
 // @tunable MIN_BLOCKS = 1 in {1, 2}
 // @tunable TF32_CVT = 0 in {0, 1}
 // @tunable PROMOTE = 1 in {0, 1}
+// @tunable WGMMA = 0 in {0, 1}
 // @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
 // @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
 // @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
@@ -97,6 +122,7 @@
 // @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
 // @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0)
+// @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
 #endif
@@ -132,6 +158,13 @@
 #endif
 #ifndef PROMOTE
 #define PROMOTE 1
+#endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 #endif
 
 namespace evo_3xtf32 {
@@ -547,6 +580,413 @@ cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+#if WGMMA
+// =========================================================================================
+// Hopper path (WGMMA = 1): TMA producer + RS tf32 wgmma, 3xTF32 with per-k-tile promotion.
+// NOT YET RUN ON A GPU (see the header). Everything below exists only when WGMMA = 1.
+// =========================================================================================
+namespace wg {
+using tf32 = cutlass::tfloat32_t;
+
+static_assert(BK == 32, "WGMMA = 1 needs BK = 32 (one 128-byte swizzle row of fp32)");
+static_assert(BM == 64 || BM == 128, "WGMMA = 1: BM is 64 per consumer warpgroup (1 or 2 of them)");
+static_assert(BN == 64 || BN == 128, "WGMMA = 1: BN in {64, 128} (tile + total accumulators in registers)");
+
+constexpr int kNWG = BM / 64;                 // consumer warpgroups
+constexpr int kConsumers = 128 * kNWG;
+constexpr int kThreads = 128 + kConsumers;    // + one producer warpgroup
+
+// A stage (m, k, stage) as TMA writes it: K-major SW128 (TRANS_A = 0) or M-major SW128 (TRANS_A = 1).
+using SmemLayoutA = decltype(tile_to_shape(
+    cute::conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<float>, GMMA::Layout_MN_SW128_Atom<float>>{},
+    make_shape(Int<BM>{}, Int<BK>{}, Int<STAGES>{})));
+// B stage (n, k, stage): plain n-contiguous rows (TRANS_B = 0, from a row-major [K, N]) or
+// K-major SW128 (TRANS_B = 1, from [N, K]).
+using SmemLayoutBstN = Layout<Shape<Int<BN>, Int<BK>, Int<STAGES>>, Stride<_1, Int<BN>, Int<BN * BK>>>;
+using SmemLayoutBstK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                              make_shape(Int<BN>{}, Int<BK>{}, Int<STAGES>{})));
+using SmemLayoutBst = cute::conditional_t<kBKMajor, SmemLayoutBstK, SmemLayoutBstN>;
+// B_big / B_small: (n, k-slot, buffer), canonical GMMA K-major SW128 tf32 (what wgmma reads).
+using SmemLayoutBop = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<tf32>{},
+                                             make_shape(Int<BN>{}, Int<BK>{}, _2{})));
+
+constexpr int kABytes = int(cosize_v<SmemLayoutA>) * 4;
+constexpr int kBstBytes = int(cosize_v<SmemLayoutBst>) * 4;
+constexpr int kBopBytes = int(cosize_v<SmemLayoutBop>) * 4;
+constexpr int kStageTx = (BM + BN) * BK * 4;  // TMA bytes per stage (full boxes, OOB zero-filled)
+constexpr int kSmemBytes = kABytes + kBstBytes + 2 * kBopBytes + 2 * STAGES * 8 + 1024;
+static_assert(kSmemBytes <= 232448, "WGMMA = 1: shared memory above 227 KB");
+static_assert(kABytes % 1024 == 0 && kBstBytes % 1024 == 0 && kBopBytes % 1024 == 0,
+              "swizzled tiles must stay 1024-byte aligned");
+
+using MmaOp = cute::conditional_t<BN == 128, SM90_64x128x8_F32TF32TF32_RS_TN<>, SM90_64x64x8_F32TF32TF32_RS_TN<>>;
+using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kNWG>, _1, _1>>{}));
+
+// Logical k-slot s = 8 j + 4 h + t of a k-tile (k-block j, half h, lane % 4 = t: what the RS
+// wgmma A fragment pairs with B) -> physical k within the tile. K-major A (TRANS_A = 0): the
+// permutation k = 8 t + 4 h + j makes a thread's four k-blocks of one fragment row 4
+// consecutive floats (one 16-byte load from the swizzled A stage). M-major A: identity.
+CUTE_HOST_DEVICE constexpr int phys_k(int s) {
+  return kAKMajor ? 8 * (s % 4) + 4 * ((s / 4) % 2) + s / 8 : s;
+}
+
+// TRANS_B = 1 transform of row n, half h: registers x[i] = physical chunk bk_src_chunk(h, i)
+// (16-byte loads); output e (slot chunk bk_dst_chunk(h, e)) element i = x[bk_src_reg(e, i)]
+// element bk_src_elem(e, i). Permuted slots: a 4 x 4 register transpose; identity: a copy.
+CUTE_HOST_DEVICE constexpr int bk_src_chunk(int h, int i) { return kAKMajor ? 2 * i + h : 4 * h + i; }
+CUTE_HOST_DEVICE constexpr int bk_dst_chunk(int h, int e) { return kAKMajor ? 2 * e + h : 4 * h + e; }
+CUTE_HOST_DEVICE constexpr int bk_src_reg(int e, int i) { return kAKMajor ? i : e; }
+CUTE_HOST_DEVICE constexpr int bk_src_elem(int e, int i) { return kAKMajor ? e : i; }
+
+struct Params {
+  float* C;
+  int M, N, K, L;
+  int64_t c_l;      // batch stride of C (elements)
+  int tiles_m, tiles_n;
+  int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
+};
+
+CUTE_DEVICE void split(float x, uint32_t& big, uint32_t& small) {
+  big = to_tf32(x);
+  small = to_tf32(x - __uint_as_float(big));
+}
+
+// Shared-memory accesses in the shared state space (CuTe's smem pointers dereference as generic
+// addresses). volatile keeps them in program order with the mbarrier waits and arrives.
+CUTE_DEVICE float lds32(const void* p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(cast_smem_ptr_to_uint(p)) : "memory");
+  return v;
+}
+CUTE_DEVICE float4 lds128(const void* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cast_smem_ptr_to_uint(p)) : "memory");
+  return v;
+}
+CUTE_DEVICE void sts128(void* p, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(cast_smem_ptr_to_uint(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+CUTE_DEVICE float lane_of(float4 const& q, int j) { return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w; }
+
+// Raw A fragment of one k-tile: q[v] lane j = fragment value (v, 0, j) of the RS wgmma, i.e.
+// row r0 + 8 (v & 1), logical slot 8 j + 4 (v >> 1) + t. K-major A: one float4 per v (physical
+// k = 8 t + 4 (v >> 1) + j, j = 0..3); M-major A: four scalar loads per v.
+// Physical k (within the k-tile) of fragment value (v, 0, j) of lane t: logical slot
+// 8 j + 4 (v >> 1) + t. K-major A: a_frag_k(v, t, j) = a_frag_k(v, t, 0) + j.
+CUTE_HOST_DEVICE constexpr int a_frag_k(int v, int t, int j) { return phys_k(8 * j + 4 * (v >> 1) + t); }
+
+template <class SA>
+CUTE_DEVICE void load_a(SA const& sA, int st, int r0, int t, float4 (&q)[4]) {
+  CUTE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    const int m = r0 + 8 * (v & 1);
+    if constexpr (kAKMajor) {
+      q[v] = lds128(&sA(m, a_frag_k(v, t, 0), st));
+    } else {
+      q[v] = make_float4(lds32(&sA(m, a_frag_k(v, t, 0), st)), lds32(&sA(m, a_frag_k(v, t, 1), st)),
+                         lds32(&sA(m, a_frag_k(v, t, 2), st)), lds32(&sA(m, a_frag_k(v, t, 3), st)));
+    }
+  }
+}
+
+// Splits k-blocks [J0, J1) of the raw fragment into rA(v, 0, j, 0) = big, rA(v, 0, j, 1) = small.
+template <int J0, int J1, class RA>
+CUTE_DEVICE void split_a(float4 const (&q)[4], RA& rA) {
+  CUTE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    CUTE_UNROLL
+    for (int j = J0; j < J1; ++j) {
+      uint32_t b, s;
+      split(lane_of(q[v], j), b, s);
+      rA(v, 0, j, 0) = tf32::bitcast(b);
+      rA(v, 0, j, 1) = tf32::bitcast(s);
+    }
+  }
+}
+
+template <int J0, int J1, class RA>
+CUTE_DEVICE void fence_a(RA& rA) {
+  CUTE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    CUTE_UNROLL
+    for (int j = J0; j < J1; ++j) {
+      warpgroup_fence_operand(reinterpret_cast<uint32_t&>(rA(v, 0, j, 0)));
+      warpgroup_fence_operand(reinterpret_cast<uint32_t&>(rA(v, 0, j, 1)));
+    }
+  }
+}
+
+// The three wgmmas of k-blocks [J0, J1) of the current k-tile (B buffer `buf`); the first
+// k-block of the tile starts the tile accumulator afresh (scale-D = 0).
+template <int J0, int J1, class Mma, class RA, class DB, class Acc>
+CUTE_DEVICE void mma_kblocks(Mma& mma, RA& rA, DB const& dBig, DB const& dSmall, int buf, Acc& acc) {
+  CUTE_UNROLL
+  for (int j = J0; j < J1; ++j) {
+    mma.accumulate_ = (j == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    gemm(mma, rA(_, _, j, 1), dBig(_, _, j, buf), acc);      // small * big
+    mma.accumulate_ = GMMA::ScaleOut::One;
+    gemm(mma, rA(_, _, j, 0), dSmall(_, _, j, buf), acc);    // big * small
+    gemm(mma, rA(_, _, j, 0), dBig(_, _, j, buf), acc);      // big * big
+  }
+}
+
+// Splits the B stage `st` into buffer `buf` of B_big / B_small (slot order, K-major SW128 tf32).
+// Slot chunk c (slots 4c .. 4c+3) of row n holds physical k = phys_k(4c + i), i = 0..3.
+template <class SBst, class SBop>
+CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall, int buf, int ct) {
+  if constexpr (!kBKMajor) {
+    // n-contiguous stage: task q = (n-block nb of 32 columns, chunk c); lane = n within the block
+    // (conflict-free 4-byte loads; 16-byte stores into 8 distinct swizzled chunks per 8 lanes).
+    const int warp = ct / 32, lane = ct % 32;
+    constexpr int kNB = BN / 32;
+    constexpr int kTasks = kNB * (BK / 4);
+    constexpr int kWarps = kConsumers / 32;
+    static_assert(kTasks % kWarps == 0, "transform tasks must divide among the consumer warps");
+    constexpr int kPer = kTasks / kWarps;
+    float x[kPer][4];
+    CUTE_UNROLL
+    for (int r = 0; r < kPer; ++r) {
+      const int q = warp + kWarps * r;
+      const int n = 32 * (q % kNB) + lane, c = q / kNB;
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) x[r][i] = lds32(&sBst(n, phys_k(4 * c + i), st));
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kPer; ++r) {
+      const int q = warp + kWarps * r;
+      const int n = 32 * (q % kNB) + lane, c = q / kNB;
+      uint4 b, s;
+      split(x[r][0], b.x, s.x);
+      split(x[r][1], b.y, s.y);
+      split(x[r][2], b.z, s.z);
+      split(x[r][3], b.w, s.w);
+      sts128(&sBig(n, 4 * c, buf), b);
+      sts128(&sSmall(n, 4 * c, buf), s);
+    }
+  } else {
+    // K-major stage (TRANS_B = 1): task q = (row n, half h); consecutive threads take
+    // consecutive rows (8 distinct swizzled chunks per 8 lanes for the 16-byte loads and stores).
+    constexpr int kTasks = 2 * BN;
+    constexpr int kPer = (kTasks + kConsumers - 1) / kConsumers;
+    CUTE_UNROLL
+    for (int r = 0; r < kPer; ++r) {
+      const int q = ct + kConsumers * r;
+      if (kTasks % kConsumers == 0 || q < kTasks) {
+        const int n = q % BN, h = q / BN;
+        float4 x[4];
+        CUTE_UNROLL
+        for (int i = 0; i < 4; ++i) x[i] = lds128(&sBst(n, 4 * bk_src_chunk(h, i), st));
+        CUTE_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          uint4 b, s;
+          split(lane_of(x[bk_src_reg(e, 0)], bk_src_elem(e, 0)), b.x, s.x);
+          split(lane_of(x[bk_src_reg(e, 1)], bk_src_elem(e, 1)), b.y, s.y);
+          split(lane_of(x[bk_src_reg(e, 2)], bk_src_elem(e, 2)), b.z, s.z);
+          split(lane_of(x[bk_src_reg(e, 3)], bk_src_elem(e, 3)), b.w, s.w);
+          sts128(&sBig(n, 4 * bk_dst_chunk(h, e), buf), b);
+          sts128(&sSmall(n, 4 * bk_dst_chunk(h, e), buf), s);
+        }
+      }
+    }
+  }
+}
+
+template <class TmaA, class TmaB>
+__global__ void __launch_bounds__(kThreads, 1)
+gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b) {
+  extern __shared__ char smem_raw[];
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  float* smemA = reinterpret_cast<float*>(base);
+  float* smemBst = reinterpret_cast<float*>(base + kABytes);
+  tf32* smemBig = reinterpret_cast<tf32*>(base + kABytes + kBstBytes);
+  tf32* smemSmall = reinterpret_cast<tf32*>(base + kABytes + kBstBytes + kBopBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kABytes + kBstBytes + 2 * kBopBytes);
+  uint64_t* empty = full + STAGES;
+
+  Tensor sA = make_tensor(make_smem_ptr(smemA), SmemLayoutA{});        // (BM, BK, STAGES)
+  Tensor sBst = make_tensor(make_smem_ptr(smemBst), SmemLayoutBst{});  // (BN, BK, STAGES)
+  Tensor sBig = make_tensor(make_smem_ptr(smemBig), SmemLayoutBop{});  // (BN, BK, 2)
+  Tensor sSmall = make_tensor(make_smem_ptr(smemSmall), SmemLayoutBop{});
+
+  const int wg = threadIdx.x / 128;
+  const int l = blockIdx.y;
+  const int tile = blockIdx.x;
+  const int group_size = GROUP_M * p.tiles_n;
+  const int first_m = (tile / group_size) * GROUP_M;
+  const int gm = min(p.tiles_m - first_m, GROUP_M);
+  const int m_blk = first_m + (tile % group_size) % gm;
+  const int n_blk = (tile % group_size) / gm;
+  const int k_tiles = (p.K + BK - 1) / BK;   // >= 1 (the host sends K = 0 to the mma.sync kernel)
+
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int s = 0; s < STAGES; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], kConsumers);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------- producer ------------------------------------------
+    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x / 32 == 0 && elect_one_sync()) {
+      Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
+      Tensor mB = tma_b.get_tma_tensor(make_shape(p.N, p.K, p.L));
+      Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
+      Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
+      auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+      auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBst), group_modes<0, 2>(gB));
+      int stage = 0, phase = 0;
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageTx);
+        copy(tma_a.with(full[stage]), tAgA(_, kt), tAsA(_, stage));
+        copy(tma_b.with(full[stage]), tBgB(_, kt), tBsB(_, stage));
+        if (++stage == STAGES) { stage = 0; phase ^= 1; }
+      }
+    }
+  } else {
+    // ------------------------------- consumers -----------------------------------------
+    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    const int ct = threadIdx.x - 128;          // 0 .. kConsumers - 1
+    const int lane = ct % 32;
+    const int t = lane % 4;
+    const int r0 = 64 * (ct / 128) + 16 * ((ct % 128) / 32) + lane / 4;   // fragment row (v even)
+
+    TiledMma mma;
+    auto thr = mma.get_thread_slice(ct);
+    Tensor tCsBig = thr.partition_B(sBig);        // (MMA, MMA_N, MMA_K, 2)
+    Tensor tCsSmall = thr.partition_B(sSmall);
+    Tensor tCrBig = thr.make_fragment_B(tCsBig);  // GMMA descriptors
+    Tensor tCrSmall = thr.make_fragment_B(tCsSmall);
+    // Register A fragment of the current k-tile: (MMA = 4, MMA_M = 1, MMA_K = BK / 8, big/small).
+    Tensor sAview = make_tensor(make_smem_ptr(smemBig), make_layout(make_shape(Int<BM>{}, Int<BK>{})));
+    using FragA = decltype(thr.partition_fragment_A(sAview));
+    static_assert(decltype(size<0>(FragA{}))::value == 4 && decltype(size<1>(FragA{}))::value == 1 &&
+                  decltype(size<2>(FragA{}))::value == BK / 8, "unexpected A fragment shape");
+    Tensor rA = make_tensor<tf32>(Shape<_4, _1, Int<BK / 8>, _2>{});
+    float4 qA[4];                                 // raw A fragment of the next k-tile
+    constexpr int kJ = BK / 8, kJh = kJ / 2;
+
+    float* const Cl = p.C + l * p.c_l;
+    Tensor mC = make_tensor(make_gmem_ptr(Cl), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+    Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(m_blk, n_blk));
+    Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                           make_coord(m_blk, n_blk));
+    Tensor tCgC = thr.partition_C(gC);
+    Tensor tCcC = thr.partition_C(cC);
+    Tensor accT = thr.partition_fragment_C(gC);   // per-k-tile tensor-core accumulator
+    Tensor accS = thr.partition_fragment_C(gC);   // fp32 total (promotion target)
+    clear(accS);
+
+    // prologue: stage 0 -> B buffer 0 and the A fragment
+    cutlass::arch::ClusterBarrier::wait(&full[0], 0);
+    transform_b(sBst, 0, sBig, sSmall, 0, ct);
+    load_a(sA, 0, r0, t, qA);
+    cutlass::arch::ClusterBarrier::arrive(&empty[0]);
+    split_a<0, kJ>(qA, rA);
+    cutlass::arch::fence_view_async_shared();     // generic-proxy B writes -> wgmma (async proxy)
+    cutlass::arch::NamedBarrier::sync(kConsumers, 0);
+
+    // Per k-tile: the wgmmas go out in two commit groups (k-blocks [0, kJh), [kJh, kJ)). While
+    // they run: wait for the next stage, transform its B into the other buffer, load its raw A
+    // fragment, release the stage. When the first group retires its fragment registers take the
+    // next tile's first half; when the second retires, the second half; then promotion.
+    int stage = 0, phase = 0;                     // stage / phase of tile kt
+#pragma unroll 1
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int buf = kt & 1;
+      const bool next = kt + 1 < k_tiles;
+      warpgroup_fence_operand(accT);
+      fence_a<0, kJ>(rA);
+      warpgroup_arrive();
+      mma_kblocks<0, kJh>(mma, rA, tCrBig, tCrSmall, buf, accT);
+      warpgroup_commit_batch();
+      mma_kblocks<kJh, kJ>(mma, rA, tCrBig, tCrSmall, buf, accT);
+      warpgroup_commit_batch();
+      if (next) {
+        if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
+        transform_b(sBst, stage, sBig, sSmall, buf ^ 1, ct);
+        load_a(sA, stage, r0, t, qA);
+        cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+        cutlass::arch::fence_view_async_shared();
+      }
+      warpgroup_wait<1>();
+      fence_a<0, kJh>(rA);
+      if (next) split_a<0, kJh>(qA, rA);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accT);
+      fence_a<kJh, kJ>(rA);
+      if (next) split_a<kJh, kJ>(qA, rA);
+      CUTE_UNROLL
+      for (int i = 0; i < size(accS); ++i) accS(i) += accT(i);
+      // B buffer buf ^ 1 is complete from every consumer; no wgmma reads buffer buf any more.
+      cutlass::arch::NamedBarrier::sync(kConsumers, 0);
+    }
+
+    // ------------------------------- epilogue ------------------------------------------
+    // Accumulator values i, i+1 (i even) are columns n, n + 1 (n even) of one row m. Rows and
+    // columns outside C (the TMA zero-filled them) are not stored.
+    const bool full_tile = (m_blk + 1) * BM <= p.M && (n_blk + 1) * BN <= p.N;
+    CUTE_UNROLL
+    for (int i = 0; i < size(accS); i += 2) {
+      const int m = get<0>(tCcC(i)), n = get<1>(tCcC(i));
+      if (full_tile && p.c_vec2) {
+        *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
+      } else if (m < p.M) {
+        if (p.c_vec2 && n + 1 < p.N) {
+          *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
+        } else {
+          if (n < p.N) tCgC(i) = accS(i);
+          if (n + 1 < p.N) tCgC(i + 1) = accS(i + 1);
+        }
+      }
+    }
+  }
+}
+
+// TMA descriptors over the 3-D views (M, K, L) of A and (N, K, L) of B (batch strides a_l, b_l;
+// L = 1 for a plain or folded GEMM), then one launch: grid (tiles_m * tiles_n, L).
+inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t ldb, int64_t a_l, int64_t b_l,
+                          Params p, cudaStream_t stream) {
+  auto tileA = make_shape(Int<BM>{}, Int<BK>{});
+  auto tileB = make_shape(Int<BN>{}, Int<BK>{});
+  auto shA = make_shape(p.M, p.K, p.L);
+  auto shB = make_shape(p.N, p.K, p.L);
+  auto make_a = [&]() {
+    if constexpr (kAKMajor)
+      return make_tma_atom(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(A), shA, make_stride(lda, _1{}, a_l)),
+                           SmemLayoutA{}(_, _, 0), tileA);
+    else
+      return make_tma_atom(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(A), shA, make_stride(_1{}, lda, a_l)),
+                           SmemLayoutA{}(_, _, 0), tileA);
+  };
+  auto make_b = [&]() {
+    if constexpr (kBKMajor)
+      return make_tma_atom(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(B), shB, make_stride(ldb, _1{}, b_l)),
+                           SmemLayoutBst{}(_, _, 0), tileB);
+    else
+      return make_tma_atom(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(B), shB, make_stride(_1{}, ldb, b_l)),
+                           SmemLayoutBst{}(_, _, 0), tileB);
+  };
+  auto tma_a = make_a();
+  auto tma_b = make_b();
+  auto kernel = gemm_3xtf32_wgmma_kernel<decltype(tma_a), decltype(tma_b)>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  dim3 grid(unsigned(int64_t(p.tiles_m) * p.tiles_n), unsigned(p.L), 1);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, tma_a, tma_b);
+  return cudaGetLastError();
+}
+
+}  // namespace wg
+#endif  // WGMMA
+
 }  // namespace evo_3xtf32
 
 EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
@@ -609,5 +1049,22 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   const int64_t a_contig = TRANS_A ? M : K;
   const int64_t b_contig = TRANS_B ? K : N;
   const bool vec = (a_contig % 4 == 0) && (b_contig % 4 == 0) && ((pa & 15) == 0) && ((pb & 15) == 0);
+#if WGMMA
+  // Hopper path: TMA needs 16-byte aligned bases and row strides (== `vec`); K = 0 stays on
+  // the mma.sync kernel (it writes the zeros); M, N edges and a K tail are TMA zero fill plus
+  // the predicated epilogue. Triangular epilogues and split-K are mma.sync only.
+  if (EPILOGUE == 0 && SPLIT_K == 1 && vec && K > 0 && L * M * K < (int64_t(1) << 37) &&
+      L * K * N < (int64_t(1) << 37)) {
+    wg::Params q;
+    q.C = p.C;
+    q.M = p.M; q.N = p.N; q.K = p.K; q.L = int(L);
+    q.c_l = p.c_l;
+    q.tiles_m = int((M + BM - 1) / BM);
+    q.tiles_n = int((N + BN - 1) / BN);
+    q.c_vec2 = p.c_vec2;
+    if (int64_t(q.tiles_m) * q.tiles_n > INT32_MAX) return cudaErrorInvalidValue;
+    return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
+  }
+#endif
   return vec ? launch<true>(p, L, stream) : launch<false>(p, L, stream);
 }
