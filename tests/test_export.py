@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from _inspect_run import BAD_TASK, TASK, build_run
+from standalone import ENGINE_IMPORT_BLOCKER  # tests/ is on sys.path
 from typer.testing import CliRunner
 
-from _inspect_run import BAD_TASK, TASK, build_run
 from evaluators.base import CompileSettings
 from evo.cli_inspect import register
 from evo.export import (
@@ -35,28 +36,24 @@ from evo.store import Store, UnknownIdError
 
 
 def _nvcc_missing() -> str | None:
-    try:
-        from evaluators.compile import cutlass_include_dir, find_nvcc
+    from evaluators.compile import (
+        CutlassNotFound,
+        NvccNotFound,
+        cutlass_include_dir,
+        find_nvcc,
+    )
 
+    try:
         find_nvcc(CompileSettings())
         cutlass_include_dir()
-    except Exception as e:  # noqa: BLE001
+    except (NvccNotFound, CutlassNotFound) as e:
         return f"needs nvcc and the CUTLASS headers: {e}"
     return None
 
 
 NO_NVCC = _nvcc_missing()
 
-# A fresh interpreter that refuses to import the engine: proves op.py / test_op.py are standalone.
-BLOCKER = textwrap.dedent("""
-    import sys
-    class _Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split('.')[0] in ('evo', 'evaluators', 'mutators', 'populations'):
-                raise ImportError('blocked engine import: ' + name)
-            return None
-    sys.meta_path.insert(0, _Block())
-""")
+BLOCKER = ENGINE_IMPORT_BLOCKER
 
 
 @pytest.fixture(scope="module")

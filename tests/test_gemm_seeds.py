@@ -3,7 +3,7 @@
 The compile tests run nvcc for real (one fp32 and one bf16 seed; set EVO_GEMM_COMPILE_ALL=1 to
 build every distinct seed) and cache the outcome by content hash under the system temp dir,
 so a rerun on an unchanged tree costs nothing. They skip when nvcc or the CUTLASS wheel is
-missing. Correctness and speed need a GPU: benchmarks/gemm_smoke.py.
+missing. Correctness and speed need a GPU: benchmarks/probe.py and `evo bench`.
 """
 
 from __future__ import annotations

@@ -15,11 +15,9 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import pytest
 from evaluators import sandbox as sb
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
+from fakes.listener import TcpListener  # noqa: E402  (tests/ is on sys.path)
 from evo.records import Status
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
@@ -91,42 +90,9 @@ def fresh_probe():
     sb.reset_probe()
 
 
-class _Server:
-    """A TCP listener on the host's loopback that records whatever a child sends."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.got: list[bytes] = []
-        self._stop = False
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self) -> None:
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            c.settimeout(2)
-            try:
-                self.got.append(c.recv(1000))
-            except OSError:
-                pass
-            c.close()
-
-    def close(self) -> None:
-        self._stop = True
-        self.t.join(2)
-        self.sock.close()
-
-
 @pytest.fixture()
 def server():
-    s = _Server()
+    s = TcpListener()
     yield s
     s.close()
 

@@ -26,7 +26,7 @@ Templates (``evo/tasks/kernels/``):
 All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
 dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
 outside their contract. ``docs/kernels.md`` ("GEMM seed templates") is the user-facing
-description; ``benchmarks/gemm_smoke.py`` checks and times every seed on a GPU.
+description; ``benchmarks/probe.py`` and ``evo bench`` check and time them on a GPU.
 """
 
 from __future__ import annotations

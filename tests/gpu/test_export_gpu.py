@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from standalone import ENGINE_IMPORT_BLOCKER  # tests/ is on sys.path
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.records import Candidate, Operator
@@ -27,15 +28,7 @@ pytestmark = pytest.mark.gpu
 TASK = "kb19_relu"
 TOLERANCE = 0.05  # the op must be within 5% of the recorded median
 
-BLOCKER = textwrap.dedent("""
-    import sys
-    class _Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split('.')[0] in ('evo', 'evaluators', 'mutators', 'populations'):
-                raise ImportError('blocked engine import: ' + name)
-            return None
-    sys.meta_path.insert(0, _Block())
-""")
+BLOCKER = ENGINE_IMPORT_BLOCKER
 
 
 @pytest.fixture(scope="module")
