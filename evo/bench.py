@@ -51,6 +51,7 @@ class BenchRow:
     status: str
     note: str = ""
     candidate: str = ""
+    dims: tuple[tuple[str, int], ...] = ()   # the shape itself; ``shape`` is its printed form
 
 
 class TargetsError(ValueError):
@@ -162,7 +163,7 @@ def _rows_for(cand: Candidate, report: Any) -> list[BenchRow]:
             rate = f"{nbytes / (t.median_ms * 1e-3) / 1e9:.0f} GB/s"
         pct = 100.0 * t.sol_ms / t.median_ms if t.sol_ms else None
         rows.append(BenchRow(cand.task, _fmt_shape(t.shape), task.dtype, t.ref_median_ms, t.median_ms,
-                             t.speedup, rate, pct, "ok", "", cand.id))
+                             t.speedup, rate, pct, "ok", "", cand.id, tuple(t.shape.items())))
     return rows or [BenchRow(cand.task, "", task.dtype, None, None, None, "-", None, "ok", "no timing", cand.id)]
 
 
@@ -345,10 +346,11 @@ def _profile_misses(rows: list[BenchRow], cands: dict[str, Candidate], sos: dict
     done: set[str] = set()
     for r in rows:
         t = targets.for_row(r.task, r.shape)
-        if t is None or r.speedup is None or r.speedup >= t or r.task in done or r.candidate not in sos:
+        if t is None or r.speedup is None or r.speedup >= t or r.task in done or r.candidate not in sos \
+                or not r.dims:
             continue
         done.add(r.task)
-        shape = {k: int(v) for k, v in (p.split("=") for p in r.shape.split(" x "))}
+        shape = dict(r.dims)
         log.info("profiling %s on %s (missed its target %.2fx)", r.task, r.shape, t)
         try:
             res = profile_candidate(cands[r.candidate], sos[r.candidate], r.task, shape, settings=settings)

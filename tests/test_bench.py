@@ -64,8 +64,9 @@ def test_cli_bench_without_gpu_says_so(monkeypatch):
 def _row(task, shape, speedup, status="ok"):
     from evo.bench import BenchRow
 
+    dims = tuple((k, int(v)) for k, v in (p.split("=") for p in shape.split(" x "))) if shape else ()
     return BenchRow(task, shape, "float32", 1.0, None if speedup is None else 1.0 / speedup, speedup,
-                    "-", None, status)
+                    "-", None, status, dims=dims)
 
 
 def test_targets_file_parses_and_rejects_bad_fields(tmp_path):
