@@ -135,14 +135,19 @@ _f32_3xtf32 = functools.partial(_f32, template=GEMM_F32_3XTF32_TEMPLATE)
 _3X_LARGE_K = (("BM", "64"), ("BN", "64"), ("WARPS_M", "2"), ("WARPS_N", "2"), ("STAGES", "4"), ("SPLIT_K", "8"))
 #: K = 64 / 32 with a 32768 x 32768 output: store-bound. The tile leaves through shared memory
 #: as full 128-byte row segments (EPI_SMEM); K fits in one or two stages.
-_3X_SMALL_K = (("STAGES", "2"), ("EPI_SMEM", "1"))
+_3X_SMALL_K = (("STAGES", "4"), ("EPI_SMEM", "1"), ("WGMMA", "1"))
 #: 128 x 128 x 32 tiles: 4 stages measured 1.215x torch on kb01 against 1.163x for 3.
 _3X = (("STAGES", "4"),)
+#: The Hopper kernel (TMA + RS tf32 wgmma, warp-specialised), 128 x 128 x 32, 4 stages: 1.46-1.75x
+#: torch fp32 on an H200 (benchmarks/probes/f32_3xtf32_sm90.json, 2026-11-30) for the tasks that
+#: use it; the others keep the mma.sync kernel (split-K, triangular epilogues, store-bound small
+#: K, unaligned shapes and the unprobed 4-D fold).
+_3X_WG = (("STAGES", "4"), ("WGMMA", "1"))
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
-    "kb01_square": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline", tunables=_3X),
-    "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32 mma.sync m16n8k8, cp.async pipeline", tunables=_3X),
-    "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32", tunables=_3X),
+    "kb01_square": _f32_3xtf32("C = A @ B, 3xTF32: TMA + RS tf32 wgmma, warp-specialised, 4-stage mbarrier ring", tunables=_3X_WG),
+    "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32: TMA + RS tf32 wgmma, warp-specialised, 4-stage mbarrier ring", tunables=_3X_WG),
+    "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32", tunables=_3X_WG),
     "kb06_large_k": _f32_3xtf32(
         "C = A @ B, 3xTF32, K split over an 8-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
     ),
@@ -151,16 +156,16 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32: zero-filled 4-byte cp.async", tunables=_3X),
     "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32: store-bound, tile staged for 16-byte stores",
                                     tunables=_3X_SMALL_K),
-    "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X),
-    "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M", tunables=_3X),
-    "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)", tunables=_3X),
+    "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
+    "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
+    "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)", tunables=_3X_WG),
     "kb14_upper": _f32_3xtf32("C = triu(A @ B), 3xTF32; tiles below the diagonal only write zeros",
                               epilogue="triu", tunables=_3X),
     "kb15_lower": _f32_3xtf32("C = tril(A @ B), 3xTF32; tiles above the diagonal only write zeros",
                               epilogue="tril", tunables=_3X),
-    "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True, tunables=_3X),
-    "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True, tunables=_3X),
-    "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True, tunables=_3X),
+    "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True, tunables=_3X_WG),
+    "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True, tunables=_3X_WG),
+    "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True, tunables=_3X_WG),
 }
 
 #: The seeds: 3xTF32 for the strict-fp32 tasks, the wgmma template for bf16.

@@ -1,12 +1,16 @@
 // gemm_f32_3xtf32.cu -- strict-fp32 GEMM by error-compensated TF32 tensor-core maths (3xTF32).
 //
-// STATUS. The mma.sync path (WGMMA = 0, the default) is VALIDATED on an H200
-// (benchmarks/probes/f32_3xtf32.json: every strict-fp32 task passed its checks on every shape,
-// kb01 ~1.18x cuBLAS fp32). WGMMA = 1 is NOT YET RUN ON A GPU: it builds for sm_90a without
-// spills or wgmma serialisation and its hand-coded mappings pass the host-side layout checks
-// (tests/test_gemm_3xtf32.py), nothing more. Validate with
-//   python benchmarks/probe.py benchmarks/probes/f32_3xtf32_sm90.json
-// before switching any seed's default to WGMMA = 1.
+// STATUS. Both paths are VALIDATED on an H200. mma.sync (WGMMA = 0): every strict-fp32 task
+// passed its checks on every shape (benchmarks/probes/f32_3xtf32.json, kb01 ~1.2x cuBLAS fp32).
+// WGMMA = 1 (benchmarks/probes/f32_3xtf32_sm90.json, 2026-11-30): kb01/02/03/10/13/16/17/18
+// pass every check at 1.46-1.75x cuBLAS fp32 with BM = BN = 128, STAGES = 3 or 4.
+// KNOWN RACE, constrained out: with BN = 64 (any BM), and with STAGES = 5 and a K-major A, the
+// output differs between calls on the same inputs: single rows of C wrong in one or a few
+// tiles per call (benchmarks/repeat.py --where reproduces it; compute-sanitizer racecheck /
+// synccheck report nothing on small shapes, where it does not reproduce). Moving the stage
+// release after the A split did not cure it; the cause is not found. The @constraint below
+// admits WGMMA = 1 only with BN = 128 and STAGES <= 4; the harness's nondeterminism checks
+// (two calls per trial, a re-check after timing) stay the guard for anything else.
 //
 // WGMMA = 1 (tunable; all of its device code sits in `#if WGMMA`): a second kernel, picked on
 // the host per call. Eligible calls (EPILOGUE = 0, SPLIT_K = 1, K >= 1, A and B 16-byte
@@ -122,7 +126,7 @@
 // @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
 // @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0)
-// @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
+// @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN == 128 && STAGES <= 4 && STAGES * (BM + BN) * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
 #endif
@@ -583,7 +587,8 @@ cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
 #if WGMMA
 // =========================================================================================
 // Hopper path (WGMMA = 1): TMA producer + RS tf32 wgmma, 3xTF32 with per-k-tile promotion.
-// NOT YET RUN ON A GPU (see the header). Everything below exists only when WGMMA = 1.
+// Validated on an H200 with BN = 128, STAGES <= 4 (see the header's STATUS and KNOWN RACE).
+// Everything below exists only when WGMMA = 1.
 // =========================================================================================
 namespace wg {
 using tf32 = cutlass::tfloat32_t;
