@@ -694,7 +694,7 @@ int main() {
 #: warpgroups.
 WGMMA_LAYOUT_CONFIGS = {
     "ta0tb1-128x128": {"TRANS_A": "0", "TRANS_B": "1", "BM": "128", "BN": "128", "STAGES": "4"},
-    "ta1tb0-64x64": {"TRANS_A": "1", "TRANS_B": "0", "BM": "64", "BN": "64", "STAGES": "2", "WARPS_N": "2"},
+    "ta1tb0-64x128": {"TRANS_A": "1", "TRANS_B": "0", "BM": "64", "BN": "128", "STAGES": "2", "WARPS_M": "2"},
 }
 
 
