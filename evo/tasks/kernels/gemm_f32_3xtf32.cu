@@ -8,11 +8,13 @@
 // output differs between calls on the same inputs: single rows of C wrong in one or a few
 // tiles per call (benchmarks/repeat.py --where reproduces it; compute-sanitizer racecheck /
 // synccheck report nothing on small shapes, where it does not reproduce). Moving the stage
-// release after the A split did not cure it; the cause is not found. Lead for the next GPU
-// session: in the SASS (sm_90a, ptxas 13.0) the consumers' SYNCS.ARRIVE on the empty barrier
-// waits on no scoreboard, i.e. it issues while the four LDS.128 of the A fragment are still
-// outstanding, in every configuration (STAGES = 4 too); with the release moved after the split
-// ptxas still hoists the prologue's arrive right behind the loads. The @constraint below
+// release after the A split did not cure it; the cause is not found. Ruled out on the SASS
+// (sm_90a, ptxas 13.0): the consumers' SYNCS.ARRIVE on the empty barrier issues while the A
+// fragment's LDS.128 are outstanding, but the prologue's BAR.SYNC does the same (ptxas relies
+// on the hardware's ordering of shared-memory operations, and mbarrier.arrive is .release by
+// default), so that is not a bug; the HGMMA A-operand registers are rewritten only after the
+// matching WARPGROUP.DEPBAR. The pattern (whole rows of a tile: one thread's A fragment for one
+// k-tile) still points at the A stage or its registers. The @constraint below
 // admits WGMMA = 1 only with BN = 128 and STAGES <= 4; the harness's nondeterminism checks
 // (two calls per trial, a re-check after timing) stay the guard for anything else.
 //
