@@ -487,40 +487,16 @@ def test_wgmma_builds_without_spills_or_serialisation(request, name):
     print(name, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
 
 
-def _cuobjdump() -> str | None:
-    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (which needs
-    nvdisasm beside it: nvidia-cuda-nvdisasm)."""
-    import os
-    import shutil
-
-    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
-    try:
-        import nvidia  # type: ignore
-
-        for base in nvidia.__path__:
-            cands += [str(p) for p in Path(base).glob("cu*/bin/cuobjdump")]
-    except ImportError:
-        pass
-    for c in cands:
-        if c and os.path.isfile(c) and (shutil.which("nvdisasm") or (Path(c).parent / "nvdisasm").is_file()):
-            return c
-    return None
-
-
 @pytest.mark.slow
 def test_wgmma_sass_has_hgmma_tf32(request, tmp_path):
-    import os
+    from toolchain import cuobjdump, sass as _sass
 
-    tool = _cuobjdump()
-    if tool is None:
+    if cuobjdump() is None:
         pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     outcome = _wgmma_build(request, "kb01")
     so = tmp_path / "k.so"
     so.write_bytes(outcome.so_bytes)
-    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([tool, "-sass", str(so)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr
-    sass = proc.stdout
+    sass = _sass(so)
     hgmma = re.findall(r"HGMMA\.64x(\d+)x8\.F32\.TF32", sass)
     d = {k: int(v) for k, v in _defaults(_src()).items()}
     assert hgmma and all(int(n) == d["BN"] for n in hgmma), hgmma[:4]

@@ -178,3 +178,37 @@ def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(task):
     kernels = re.findall(r"Compiling entry function '(_ZN8evo_bf16\w+)'", log)
     # one TMA instantiation (template flag true: "Lb1E") and one fallback ("Lb0E")
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), kernels
+
+
+@pytest.mark.slow
+def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
+    """Issue 8's SASS check for the bf16 seed: both instantiations (TMA producer and the
+    predicated ld.global fallback) run their maths on HGMMA bf16 -> fp32, the TMA one loads with
+    UTMALDG, and neither touches local memory (no spills, no stack arrays)."""
+    from toolchain import cuobjdump, sass, toolchain
+
+    if cuobjdump() is None:
+        pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    compile_mod, _, _ = toolchain()
+    from evaluators.base import CompileSettings
+    from evo.records import Candidate
+    from evo.tunables import parse_tunables
+
+    src = render(GEMM_SEEDS["gemm_bf16"])
+    params = {t.name: t.default for t in parse_tunables(src)}
+    settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=900)
+    outcome = compile_mod.compile_candidate(Candidate.create(task="gemm_bf16", source=src, params=params), settings)
+    assert outcome.ok, outcome.result.reason
+    assert not outcome.result.metrics.get("wgmma_serialized", False)
+    so = tmp_path / "k.so"
+    so.write_bytes(outcome.so_bytes)
+    functions = {}
+    for chunk in sass(so).split("Function : ")[1:]:
+        functions[chunk.split()[0]] = chunk
+    kernels = {name: body for name, body in functions.items() if name.startswith("_ZN8evo_bf16")}
+    assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), list(functions)
+    for name, body in kernels.items():
+        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+        if "Lb1E" in name:
+            assert "UTMALDG" in body, name

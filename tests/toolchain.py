@@ -1,6 +1,11 @@
-"""The CUDA toolchain for compile tests: nvcc and the CUTLASS headers, or a skip naming what is missing."""
+"""The CUDA toolchain for compile tests: nvcc, the CUTLASS headers and cuobjdump, or a skip naming what is missing."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +21,31 @@ def toolchain():
     except (compile_mod.NvccNotFound, compile_mod.CutlassNotFound) as exc:
         pytest.skip(f"no toolchain: {exc}")
     return compile_mod, nvcc, include
+
+
+def cuobjdump() -> str | None:
+    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (which needs
+    nvdisasm beside it: nvidia-cuda-nvdisasm; both are in the project's ``test`` extra)."""
+    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import nvidia  # type: ignore
+
+        for base in nvidia.__path__:
+            cands += [str(p) for p in Path(base).glob("cu*/bin/cuobjdump")]
+    except ImportError:
+        pass
+    for c in cands:
+        if c and os.path.isfile(c) and (shutil.which("nvdisasm") or (Path(c).parent / "nvdisasm").is_file()):
+            return c
+    return None
+
+
+def sass(so_path: Path) -> str:
+    """The SASS of a shared object (``cuobjdump -sass``); skips the test without cuobjdump."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run([tool, "-sass", str(so_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
