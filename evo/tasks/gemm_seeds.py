@@ -18,10 +18,13 @@ Templates (``evo/tasks/kernels/``):
   STAGES GROUP_M`` for the TMA path and ``FB_TILE_N FB_STAGES`` for the fallback path.
 
 ``gemm_f32_3xtf32`` -- strict fp32 by error-compensated TF32 tensor-core maths (3xTF32:
-  big/small split, three ``mma.sync.m16n8k8`` per k-block), same task-config defines and tensor
-  handling as ``gemm_f32`` plus ``SPLIT_K`` / ``EPI_SMEM`` / ``TF32_CVT`` / ``PROMOTE`` tunables.
-  Its seeds :data:`F32_3XTF32_SEEDS` are the strict-fp32 seeds (validated on an H200 with
-  ``benchmarks/probes/f32_3xtf32.json``); the FFMA ones stay available as :data:`F32_FFMA_SEEDS`.
+  big/small split, three MMAs per k-block), same task-config defines and tensor handling as
+  ``gemm_f32`` plus ``SPLIT_K`` / ``EPI_SMEM`` / ``TF32_CVT`` / ``PROMOTE`` / ``WGMMA`` tunables:
+  ``WGMMA = 1`` adds a Hopper kernel (TMA, warp-specialised, RS tf32 wgmma) that the host picks
+  for TMA-eligible calls, the ``mma.sync.m16n8k8`` kernel taking the rest. Its seeds
+  :data:`F32_3XTF32_SEEDS` are the strict-fp32 seeds (validated on an H200 with
+  ``benchmarks/probes/f32_3xtf32.json`` and ``f32_3xtf32_sm90*.json``); the FFMA ones stay
+  available as :data:`F32_FFMA_SEEDS`.
 
 All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
 dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
