@@ -14,7 +14,8 @@
 // on the hardware's ordering of shared-memory operations, and mbarrier.arrive is .release by
 // default), so that is not a bug; the HGMMA A-operand registers are rewritten only after the
 // matching WARPGROUP.DEPBAR. The pattern (whole rows of a tile: one thread's A fragment for one
-// k-tile) still points at the A stage or its registers. The @constraint below
+// k-tile) still points at the A stage or its registers; EVO_DEBUG_A_CHECK (below) tells which
+// (not yet run: it also consumes the loads early, which may hide the race). The @constraint below
 // admits WGMMA = 1 only with BN = 128 and STAGES <= 4; the harness's nondeterminism checks
 // (two calls per trial, a re-check after timing) stay the guard for anything else.
 //
@@ -171,6 +172,12 @@
 #endif
 #ifndef WGMMA
 #define WGMMA 0
+#endif
+// Debugging aid, not a tunable (see KNOWN RACE in the header): -DEVO_DEBUG_A_CHECK=1 makes the
+// Hopper kernel's consumers compare every raw A value they load from a stage with A in global
+// memory and print each thread's first mismatch (benchmarks/repeat.py -D EVO_DEBUG_A_CHECK=1).
+#ifndef EVO_DEBUG_A_CHECK
+#define EVO_DEBUG_A_CHECK 0
 #endif
 #if WGMMA
 #include <cutlass/arch/barrier.h>
@@ -655,6 +662,8 @@ struct Params {
   int64_t c_l;      // batch stride of C (elements)
   int tiles_m, tiles_n;
   int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
+  const float* A;   // read only by the EVO_DEBUG_A_CHECK diagnostic (the kernel reads A by TMA)
+  int64_t lda, a_l;
 };
 
 CUTE_DEVICE void split(float x, uint32_t& big, uint32_t& small) {
@@ -698,6 +707,33 @@ CUTE_DEVICE void load_a(SA const& sA, int st, int r0, int t, float4 (&q)[4]) {
     } else {
       q[v] = make_float4(lds32(&sA(m, a_frag_k(v, t, 0), st)), lds32(&sA(m, a_frag_k(v, t, 1), st)),
                          lds32(&sA(m, a_frag_k(v, t, 2), st)), lds32(&sA(m, a_frag_k(v, t, 3), st)));
+    }
+  }
+}
+
+// EVO_DEBUG_A_CHECK: A(m, k) of batch l as TMA would deliver it (zero outside M x K).
+CUTE_DEVICE float a_global(Params const& p, int l, int m, int k) {
+  if (m < 0 || m >= p.M || k < 0 || k >= p.K) return 0.f;
+  return p.A[l * p.a_l + (kAKMajor ? int64_t(m) * p.lda + k : int64_t(k) * p.lda + m)];
+}
+
+// EVO_DEBUG_A_CHECK: compares the raw fragment q of k-tile kt (read from `stage`) with global A
+// and prints this thread's first mismatch, with A STAGES k-tiles later and earlier at the same
+// place (equal to the first: the stage was refilled too early; to the second: read too early).
+CUTE_DEVICE void check_a(Params const& p, float4 const (&q)[4], int l, int m0, int kt, int stage, int r0,
+                         int t, bool& told) {
+  CUTE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int m = m0 + r0 + 8 * (v & 1), k = kt * BK + a_frag_k(v, t, j);
+      const float got = lane_of(q[v], j), want = a_global(p, l, m, k);
+      if (!told && __float_as_uint(got) != __float_as_uint(want)) {
+        told = true;
+        printf("A-check: block %d kt %d stage %d thread %d v %d j %d m %d k %d: smem %.9g A %.9g "
+               "A(k + STAGES*BK) %.9g A(k - STAGES*BK) %.9g\n", int(blockIdx.x), kt, stage, int(threadIdx.x),
+               v, j, m, k, got, want, a_global(p, l, m, k + STAGES * BK), a_global(p, l, m, k - STAGES * BK));
+      }
     }
   }
 }
@@ -898,6 +934,8 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     cutlass::arch::ClusterBarrier::wait(&full[0], 0);
     transform_b(sBst, 0, sBig, sSmall, 0, ct);
     load_a(sA, 0, r0, t, qA);
+    bool told = false;                            // EVO_DEBUG_A_CHECK: one report per thread
+    if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, 0, 0, r0, t, told);
     cutlass::arch::ClusterBarrier::arrive(&empty[0]);
     split_a<0, kJ>(qA, rA);
     cutlass::arch::fence_view_async_shared();     // generic-proxy B writes -> wgmma (async proxy)
@@ -924,6 +962,7 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
         cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
         transform_b(sBst, stage, sBig, sSmall, buf ^ 1, ct);
         load_a(sA, stage, r0, t, qA);
+        if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt + 1, stage, r0, t, told);
         cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
         cutlass::arch::fence_view_async_shared();
       }
@@ -1073,6 +1112,9 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
     q.tiles_m = int((M + BM - 1) / BM);
     q.tiles_n = int((N + BN - 1) / BN);
     q.c_vec2 = p.c_vec2;
+    q.A = p.A;
+    q.lda = p.lda;
+    q.a_l = p.a_l;
     if (int64_t(q.tiles_m) * q.tiles_n > INT32_MAX) return cudaErrorInvalidValue;
     return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
   }
