@@ -1,13 +1,13 @@
 """Call one kernel variant many times on one shape and report whether its output ever changes.
 
     python benchmarks/repeat.py kb01_square --source render:evo.tasks.gemm_seeds:F32_3XTF32_SEEDS \\
-        -D WGMMA=1 -D STAGES=5 --shape M=256 N=256 K=512 --calls 20 [--serial]
+        -D WGMMA=1 -D STAGES=5 --shape M=256 N=256 K=512 --calls 20 [--where 128 128]
 
 A debugging aid for races (kernel development, not an evaluation): the harness reports
 "output changed after N calls"; this reproduces it on a small shape, small enough to run under
 ``compute-sanitizer --tool racecheck|synccheck|memcheck python benchmarks/repeat.py ...``.
 It prints, per call, the max |diff| against the first call's output and against the float64
-reference; ``--serial`` synchronises after every call. Exit 1 when any output differs from
+reference (each comparison waits for its call, so calls do not overlap). Exit 1 when any output differs from
 the first. The source spec is the one benchmarks/probe.py takes ("seed", "render:MOD:TABLE",
 or a path).
 """
@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-D", dest="defs", action="append", default=[], help="tunable NAME=VALUE")
     ap.add_argument("--shape", nargs="*", default=[], help="NAME=VALUE overrides of the first shape")
     ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--serial", action="store_true")
     ap.add_argument("--where", type=int, nargs=2, metavar=("TM", "TN"), default=None,
                     help="for a 2-D output, summarise where wrong elements sit in TM x TN tiles")
     args = ap.parse_args(argv)
@@ -85,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             if rc != 0:
                 print(f"call {i}: evo_launch returned {rc} ({lib.error_name(rc)})")
                 return 2
-            if args.serial or i == args.calls - 1:
-                torch.cuda.synchronize()
             if first is None:
-                torch.cuda.synchronize()
                 first = [o.clone() for o in outs]
             d_first = max(float((o.double() - f.double()).abs().nan_to_num(float("inf")).max())
                           for o, f in zip(outs, first))

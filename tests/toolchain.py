@@ -23,9 +23,10 @@ def toolchain():
     return compile_mod, nvcc, include
 
 
-def cuobjdump() -> str | None:
+def cuobjdump() -> str:
     """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (which needs
-    nvdisasm beside it: nvidia-cuda-nvdisasm; both are in the project's ``test`` extra)."""
+    nvdisasm beside it: nvidia-cuda-nvdisasm; both are in the project's ``test`` extra). Skips
+    the test without them, so call it before any costly build the test would disassemble."""
     cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
     try:
         import nvidia  # type: ignore
@@ -37,14 +38,12 @@ def cuobjdump() -> str | None:
     for c in cands:
         if c and os.path.isfile(c) and (shutil.which("nvdisasm") or (Path(c).parent / "nvdisasm").is_file()):
             return c
-    return None
+    pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
 def sass(so_path: Path) -> str:
     """The SASS of a shared object (``cuobjdump -sass``); skips the test without cuobjdump."""
     tool = cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     proc = subprocess.run([tool, "-sass", str(so_path)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
