@@ -25,13 +25,14 @@ Not verified: numerical correctness, determinism and speed on a GPU; that is
 ``benchmarks/probes/f32_3xtf32.json`` (see docs/kernels.md, "3xTF32 fp32 GEMM template").
 
 ``WGMMA = 1`` (the Hopper TMA + RS-wgmma kernel; validated on an H200, the default of the
-seeds it serves): the template keeps all of it in ``#if WGMMA`` blocks; the constraint admits it
-only with BN = 128 and STAGES <= 4 (BN = 64 and STAGES = 5 raced on the GPU, see the template's
-KNOWN RACE note); two builds (kb01, and kb18 with BM = 64, 3 stages, PTX cvt) have no spills and
-no wgmma serialisation; the SASS holds 12 HGMMA per k-tile (skipped without cuobjdump); a
-host-only program checks the hand-coded fragment, B-transform and accumulator mappings
-(coverage, k-slot permutation, 16-byte contiguity, bank conflicts) for both slot orders and both
-B stage kinds. GPU check: ``benchmarks/probes/f32_3xtf32_sm90.json``.
+seeds it serves): the template keeps all of it in ``#if WGMMA`` blocks; the constraint admits
+BM, BN in {64, 128} and the stages that fit (an M-major A also keeps a transposed copy); two
+builds (kb01, and kb18 with BM = 64, 3 stages, PTX cvt) have no spills and no wgmma
+serialisation; the SASS holds 12 HGMMA per k-tile (skipped without cuobjdump); a host-only
+program checks the hand-coded fragment, producer-transform and accumulator mappings (coverage,
+k-slot permutation, 16-byte contiguity, the XOR chunk addressing of SW128 rows, bank
+conflicts) for both A kinds and both B stage kinds. GPU check:
+``benchmarks/probes/f32_3xtf32_producer_split.json``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def test_template_shape():
     assert sum(line.strip() == TASK_CONFIG_MARKER for line in raw.splitlines()) == 1
     assert len(re.findall(r"\bevo_launch\s*\(", raw)) == 1
     assert '#include "evo_abi.h"' in raw
-    assert "KNOWN RACE" in raw   # the constrained-out configurations stay documented where they are
+    assert "History:" in raw     # the first Hopper design's race stays documented where it was
     # everything of the Hopper path is compiled only with WGMMA = 1: without the #if WGMMA
     # blocks no code line mentions it (WGMMA = 0 builds exactly the validated mma.sync kernel)
     blocks = re.findall(r"^#if WGMMA\n.*?^#endif", raw, re.S | re.M)
@@ -459,8 +460,12 @@ def test_wgmma_constraint():
     assert ok(WGMMA=1) and ok(WGMMA=1, STAGES=3) and ok(WGMMA=1, BM=64, WARPS_M=2)
     assert not ok(WGMMA=1, BK=16) and not ok(WGMMA=1, BM=256, WARPS_M=4)
     assert not ok(WGMMA=1, BN=256, BM=64, WARPS_M=2, WARPS_N=4)
-    # measured races on an H200 (the template's KNOWN RACE): never proposed to the search
-    assert not ok(WGMMA=1, STAGES=5) and not ok(WGMMA=1, BM=64, BN=64, WARPS_N=2)
+    # 5 stages and BN = 64 (deterministic on an H200 since the producer splits B) fit with a
+    # K-major A; an M-major A also keeps a transposed copy per operand buffer (2 x BM x BK x 4 B)
+    assert ok(WGMMA=1, STAGES=5) and ok(WGMMA=1, BM=64, BN=64, WARPS_N=2)
+    s16 = _src("kb16_trans_a")
+    ok16 = lambda **kw: violated_constraints(s16, {**_defaults(s16), **{k: str(v) for k, v in kw.items()}}) == []  # noqa: E731
+    assert ok16(WGMMA=1, STAGES=4) and not ok16(WGMMA=1, STAGES=5)
     assert ok(BK=16) and ok(STAGES=5)                                         # WGMMA = 0: unchanged
     wg_seeds = [t for t, spec in F32_3XTF32_SEEDS.items() if ("WGMMA", "1") in spec.tunable_defaults]
     assert len(wg_seeds) == 11
@@ -576,73 +581,100 @@ int main() {
     CHECK(W::a_frag_k(v, t, j) == W::phys_k(8 * j + 4 * (v >> 1) + t), "a_frag_k");
     if (kAK) CHECK(W::a_frag_k(v, t, j) == W::a_frag_k(v, t, 0) + j && W::a_frag_k(v, t, 0) % 4 == 0, "A float4");
   }
-  // 3. A stage loads: K-major one aligned float4 per v, conflict-free; M-major at most 2-way
+  // 3. A fragment loads: one aligned float4 per v, conflict-free, from the K-major A stage or,
+  //    for an M-major A (kATrans), from the producer's transposed K-major copy (physical k)
+  float* baseK = reinterpret_cast<float*>(uintptr_t(1) << 23);
+  auto tAk = make_tensor(make_smem_ptr(baseK), W::SmemLayoutAkm{});
+  auto lk = [&](int m, int k, int b) { return long(&tAk(m, k, b) - baseK); };
+  auto lread = [&](int m, int k, int s) { return W::kATrans ? lk(m, k, s % W::kNBop) : la(m, k, s); };
+  CHECK(W::kSlotPerm == (kAK || W::kATrans) && W::kATrans == !kAK, "slot order / A transpose");
   int waveA = 0;
   for (int st = 0; st < STAGES; ++st)
     for (int v = 0; v < 4; ++v)
-      for (int w = 0; w < W::kConsumers / 32; ++w)
-        for (int j = 0; j < (kAK ? 1 : 4); ++j) {
-          std::vector<long> off(32);
-          for (int lane = 0; lane < 32; ++lane) {
-            int ct = 32 * w + lane, t = lane % 4;
-            int m = 64 * (ct / 128) + 16 * ((ct % 128) / 32) + lane / 4 + 8 * (v & 1);
-            long o = la(m, W::a_frag_k(v, t, j), st);
-            if (kAK) {
-              CHECK(o % 4 == 0, "A float4 alignment");
-              for (int i = 1; i < 4; ++i) CHECK(la(m, W::a_frag_k(v, t, i), st) == o + i, "A float4 contiguity");
-            }
-            off[lane] = o;
-          }
-          int wf = wavefronts(off, kAK ? 4 : 1);
-          waveA = wf > waveA ? wf : waveA;
-          CHECK(wf <= (kAK ? 4 : 2), "A load wavefronts %d", wf);
+      for (int w = 0; w < W::kConsumers / 32; ++w) {
+        std::vector<long> off(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          int ct = 32 * w + lane, t = lane % 4;
+          int m = 64 * (ct / 128) + 16 * ((ct % 128) / 32) + lane / 4 + 8 * (v & 1);
+          long o = lread(m, W::a_frag_k(v, t, 0), st);
+          CHECK(W::a_frag_k(v, t, 0) % 4 == 0 && o % 4 == 0, "A float4 alignment");
+          for (int i = 1; i < 4; ++i) CHECK(lread(m, W::a_frag_k(v, t, i), st) == o + i, "A float4 contiguity");
+          off[lane] = o;
         }
-  // 4. B transform: covers every (n, slot chunk) once with the right physical k; loads and stores
-  //    of each warp conflict-free
+        int wf = wavefronts(off, 4);
+        waveA = wf > waveA ? wf : waveA;
+        CHECK(wf == 4, "A load wavefronts %d", wf);
+      }
+  // 4. the 128 producer threads' transforms (mirrors transform_rows / transform_b): every
+  //    (row, slot chunk) written once with the right physical k; loads and stores of each warp
+  //    conflict-free; chunk c of a K-major SW128 row is chunk 0's address XOR 16 c (sw128_chunk)
+  auto xor_ok = [&](auto addr, int rows, int bufs, const char* what) {
+    for (int x = 0; x < rows; ++x) for (int b = 0; b < bufs; ++b) for (int c = 0; c < BK / 4; ++c)
+      CHECK((addr(x, 0, b) * 4 ^ (16 * c)) == addr(x, 4 * c, b) * 4, "%s: sw128_chunk x=%d c=%d", what, x, c);
+  };
+  xor_ok(lb, BN, W::kNBop, "B operand");
+  if (W::kATrans) xor_ok(lk, BM, W::kNBop, "A transposed");
+  if (kBK) xor_ok(ls, BN, STAGES, "K-major B stage");
+  if (kAK) xor_ok(la, BM, STAGES, "K-major A stage");
   std::set<std::pair<int,int>> seenB;
   int waveB = 0;
   auto note = [&](int wf, int best, const char* what) { waveB = wf > waveB ? wf : waveB; CHECK(wf == best, "%s: %d wavefronts", what, wf); };
-  if (!kBK) {
-    constexpr int kNB = BN / 32, kTasks = kNB * (BK / 4), kWarps = W::kConsumers / 32;
+  // rows-contiguous stage (x, k) of kRows rows: warp w takes x-block w % kNB, chunks c0 + kStep r
+  auto rows_check = [&](int kRows, bool permute, auto lsrc, auto ldst, std::set<std::pair<int,int>>& seen, const char* what) {
+    const int kNB = kRows / 32, kWarps = 4, kStep = kWarps / kNB, kPer = (BK / 4) / kStep;
+    CHECK(kWarps % kNB == 0 && (BK / 4) % kStep == 0, "%s: task split", what);
     for (int w = 0; w < kWarps; ++w)
-      for (int r = 0; r < kTasks / kWarps; ++r) {
-        int q = w + kWarps * r, c = q / kNB;
+      for (int r = 0; r < kPer; ++r) {
+        const int c = (kStep == 1 ? 0 : w / kNB) + kStep * r;
         std::vector<long> offS(32);
         for (int i = 0; i < 4; ++i) {
           std::vector<long> offL(32);
-          for (int lane = 0; lane < 32; ++lane) offL[lane] = ls(32 * (q % kNB) + lane, W::phys_k(4 * c + i), 1);
-          note(wavefronts(offL, 1), 1, "B lds32");
+          for (int lane = 0; lane < 32; ++lane)
+            offL[lane] = lsrc(32 * (w % kNB) + lane, permute ? W::phys_k(4 * c + i) : 4 * c + i, 1);
+          note(wavefronts(offL, 1), 1, what);
         }
         for (int lane = 0; lane < 32; ++lane) {
-          int n = 32 * (q % kNB) + lane;
-          seenB.insert({n, c});
-          offS[lane] = lb(n, 4 * c, 1);
+          const int x = 32 * (w % kNB) + lane;
+          seen.insert({x, c});
+          offS[lane] = ldst(x, 4 * c, 1);
         }
-        note(wavefronts(offS, 4), 4, "B sts128");
+        note(wavefronts(offS, 4), 4, what);
       }
+  };
+  if (!kBK) {
+    rows_check(BN, true, ls, lb, seenB, "B rows");
   } else {
     constexpr int kTasks = 2 * BN;
     for (int h = 0; h < 2; ++h) for (int e = 0; e < 4; ++e) for (int i = 0; i < 4; ++i)
       CHECK(4 * W::bk_src_chunk(h, W::bk_src_reg(e, i)) + W::bk_src_elem(e, i) == W::phys_k(4 * W::bk_dst_chunk(h, e) + i),
             "TRANS_B source of slot chunk h=%d e=%d i=%d", h, e, i);
-    for (int w = 0; w < (kTasks + 31) / 32; ++w) {
-      for (int i = 0; i < 4; ++i) {
-        std::vector<long> offL(32), offS(32);
-        for (int lane = 0; lane < 32; ++lane) {
-          int q = 32 * w + lane, n = q % BN, h = q / BN;
-          offL[lane] = ls(n, 4 * W::bk_src_chunk(h, i), 1);
-          CHECK(offL[lane] % 4 == 0, "B float4 alignment");
-          for (int x = 1; x < 4; ++x) CHECK(ls(n, 4 * W::bk_src_chunk(h, i) + x, 1) == offL[lane] + x, "B float4");
-          offS[lane] = lb(n, 4 * W::bk_dst_chunk(h, i), 1);
-          seenB.insert({n, W::bk_dst_chunk(h, i)});
+    for (int r = 0; r < (kTasks + 127) / 128; ++r)
+      for (int w = 0; w < 4; ++w)
+        for (int i = 0; i < 4; ++i) {
+          std::vector<long> offL(32), offS(32);
+          for (int lane = 0; lane < 32; ++lane) {
+            const int tid = 32 * w + lane, q = tid + 128 * r;
+            if (q >= kTasks) { offL[lane] = offL[0]; offS[lane] = offS[0]; continue; }
+            const int n = 128 % BN == 0 ? tid % BN : q % BN;
+            const int h = 128 % BN == 0 ? tid / BN + (128 / BN) * r : q / BN;
+            CHECK(n == q % BN && h == q / BN, "K-major B task mapping");
+            offL[lane] = ls(n, 4 * W::bk_src_chunk(h, i), 1);
+            CHECK(offL[lane] % 4 == 0, "B float4 alignment");
+            for (int x = 1; x < 4; ++x) CHECK(ls(n, 4 * W::bk_src_chunk(h, i) + x, 1) == offL[lane] + x, "B float4");
+            offS[lane] = lb(n, 4 * W::bk_dst_chunk(h, i), 1);
+            seenB.insert({n, W::bk_dst_chunk(h, i)});
+          }
+          note(wavefronts(offL, 4), 4, "B lds128");
+          note(wavefronts(offS, 4), 4, "B sts128");
         }
-        note(wavefronts(offL, 4), 4, "B lds128");
-        note(wavefronts(offS, 4), 4, "B sts128");
-      }
-    }
   }
   CHECK(int(seenB.size()) == BN * (BK / 4), "B tasks cover the tile once (%d)", int(seenB.size()));
-  for (int n = 0; n < BN; ++n) for (int c = 0; c < BK / 4; ++c) for (int buf = 0; buf < 2; ++buf) {
+  if (W::kATrans) {
+    std::set<std::pair<int,int>> seenAt;
+    rows_check(BM, false, la, lk, seenAt, "A transpose");
+    CHECK(int(seenAt.size()) == BM * (BK / 4), "A transpose tasks cover the tile once (%d)", int(seenAt.size()));
+  }
+  for (int n = 0; n < BN; ++n) for (int c = 0; c < BK / 4; ++c) for (int buf = 0; buf < W::kNBop; ++buf) {
     long o = lb(n, 4 * c, buf);
     CHECK(o % 4 == 0, "B_big chunk alignment");
     for (int i = 1; i < 4; ++i) CHECK(lb(n, 4 * c + i, buf) == o + i, "B_big chunk contiguity");
@@ -665,8 +697,8 @@ int main() {
 }
 """
 
-#: Two builds cover both slot orders (K-major A: permuted; M-major A: identity), both B stage
-#: kinds (N-contiguous: transpose; K-major: register transpose or copy) and 1 or 2 consumer
+#: Two builds cover both A kinds (K-major stage; M-major stage transposed by the producer),
+#: both B stage kinds (N-contiguous: transpose; K-major: register transpose) and 1 or 2 consumer
 #: warpgroups.
 WGMMA_LAYOUT_CONFIGS = {
     "ta0tb1-128x128": {"TRANS_A": "0", "TRANS_B": "1", "BM": "128", "BN": "128", "STAGES": "4"},

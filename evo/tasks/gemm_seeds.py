@@ -23,7 +23,8 @@ Templates (``evo/tasks/kernels/``):
   ``WGMMA = 1`` adds a Hopper kernel (TMA, warp-specialised, RS tf32 wgmma) that the host picks
   for TMA-eligible calls, the ``mma.sync.m16n8k8`` kernel taking the rest. Its seeds
   :data:`F32_3XTF32_SEEDS` are the strict-fp32 seeds (validated on an H200 with
-  ``benchmarks/probes/f32_3xtf32.json`` and ``f32_3xtf32_sm90*.json``); the FFMA ones stay
+  ``benchmarks/probes/f32_3xtf32.json``, ``f32_3xtf32_sm90*.json`` and
+  ``f32_3xtf32_producer_split.json``); the FFMA ones stay
   available as :data:`F32_FFMA_SEEDS`.
 
 All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
@@ -141,10 +142,10 @@ _3X_LARGE_K = (("BM", "64"), ("BN", "64"), ("WARPS_M", "2"), ("WARPS_N", "2"), (
 _3X_SMALL_K = (("STAGES", "4"), ("EPI_SMEM", "1"), ("WGMMA", "1"))
 #: 128 x 128 x 32 tiles: 4 stages measured 1.215x torch on kb01 against 1.163x for 3.
 _3X = (("STAGES", "4"),)
-#: The Hopper kernel (TMA + RS tf32 wgmma, warp-specialised), 128 x 128 x 32, 4 stages: 1.46-1.75x
-#: torch fp32 on an H200 (benchmarks/probes/f32_3xtf32_sm90.json, 2026-11-30) for the tasks that
-#: use it; the others keep the mma.sync kernel (split-K, triangular epilogues, store-bound small
-#: K, unaligned shapes and the unprobed 4-D fold).
+#: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised),
+#: 128 x 128 x 32, 4 stages: 2.07-2.35x torch fp32 on the dense shapes on an H200
+#: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01); the others keep the mma.sync
+#: kernel (split-K, triangular epilogues, unaligned shapes).
 _3X_WG = (("STAGES", "4"), ("WGMMA", "1"))
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {

@@ -2,22 +2,15 @@
 //
 // STATUS. Both paths are VALIDATED on an H200. mma.sync (WGMMA = 0): every strict-fp32 task
 // passed its checks on every shape (benchmarks/probes/f32_3xtf32.json, kb01 ~1.2x cuBLAS fp32).
-// WGMMA = 1 (benchmarks/probes/f32_3xtf32_sm90.json, 2026-11-30): kb01/02/03/10/13/16/17/18
-// pass every check at 1.46-1.75x cuBLAS fp32 with BM = BN = 128, STAGES = 3 or 4.
-// KNOWN RACE, constrained out: with BN = 64 (any BM), and with STAGES = 5 and a K-major A, the
-// output differs between calls on the same inputs: single rows of C wrong in one or a few
-// tiles per call (benchmarks/repeat.py --where reproduces it; compute-sanitizer racecheck /
-// synccheck report nothing on small shapes, where it does not reproduce). Moving the stage
-// release after the A split did not cure it; the cause is not found. Ruled out on the SASS
-// (sm_90a, ptxas 13.0): the consumers' SYNCS.ARRIVE on the empty barrier issues while the A
-// fragment's LDS.128 are outstanding, but the prologue's BAR.SYNC does the same (ptxas relies
-// on the hardware's ordering of shared-memory operations, and mbarrier.arrive is .release by
-// default), so that is not a bug; the HGMMA A-operand registers are rewritten only after the
-// matching WARPGROUP.DEPBAR. The pattern (whole rows of a tile: one thread's A fragment for one
-// k-tile) still points at the A stage or its registers; EVO_DEBUG_A_CHECK (below) tells which
-// (not yet run: it also consumes the loads early, which may hide the race). The @constraint below
-// admits WGMMA = 1 only with BN = 128 and STAGES <= 4; the harness's nondeterminism checks
-// (two calls per trial, a re-check after timing) stay the guard for anything else.
+// WGMMA = 1 (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01): kb01/02/10/13
+// 2.30-2.35x, kb16/18 (M-major A) 2.07-2.13x, kb07 (K = 64) 1.38x, kb09 (K = 32) 1.02x torch
+// fp32, every strict-fp32 check passed, with BM = BN = 128 and 4 stages.
+// History: the first Hopper design (2026-11-30) had the consumers split B themselves and meet
+// at a named barrier every k-tile (1.46-1.79x); with BN = 64 or 5 stages its output changed
+// between calls (single wrong rows of C; cause not found, SASS checks ruled out register
+// hazards). The current design (the producer warpgroup splits B, mbarrier hand-off) ran
+// deterministically in those configurations too (benchmarks/repeat.py, 0 of 16 calls differ),
+// so the constraint admits them again; the harness's nondeterminism checks stay the guard.
 //
 // WGMMA = 1 (tunable; all of its device code sits in `#if WGMMA`): a second kernel, picked on
 // the host per call. Eligible calls (EPILOGUE = 0, SPLIT_K = 1, K >= 1, A and B 16-byte
@@ -27,19 +20,22 @@
 // zero-fills boxes past M, N and K, the epilogue stores only rows < M, columns < N. Batch
 // (bmm, gridDim.y) and folded leading dims use a rank-3 TMA view (M, K, L); all four transpose
 // combinations are handled. Constraint: BK = 32, BM, BN in {64, 128}, its shared memory fits.
-// Hopper kernel: warp-specialised CTA of 1 + BM / 64 warpgroups; one producer thread issues
-// TMA loads of raw fp32 A and B tiles into a STAGES-deep ring (full/empty mbarriers). A goes
-// through registers (RS wgmma): each consumer thread loads its raw fragment (K-major A: four
-// 16-byte loads from the SW128 stage; M-major A: sixteen 4-byte loads) and splits it into tf32
-// big/small fragments; B is split (and, for an N-contiguous B, transposed) by the consumers
-// into double-buffered K-major SW128 tf32 tiles B_big / B_small. Per k-block of 8 three tf32
-// wgmmas (small*big, big*small, big*big) into a fresh per-k-tile accumulator, promoted into the
-// fp32 total with FADDs after each k-tile (as PROMOTE = 1 does). With a K-major A the k-slots
-// of a tile are permuted (slot 8 j + 4 h + t holds k = 8 t + 4 h + j, the same for A and B) so
-// a thread's four k-blocks of a fragment row are one float4; with an M-major A the slots are
-// the identity. Epilogue: 8-byte column-pair stores straight from the accumulator (scalar at
-// the N edge or for odd N / 4-byte aligned C). EPI_SMEM, WARPS_M/N, MIN_BLOCKS and PROMOTE only
-// affect the mma.sync kernel. No allocation, no atomics, one launch: deterministic.
+// Hopper kernel: warp-specialised CTA of 1 + BM / 64 warpgroups. Producer warpgroup: one
+// elected thread issues TMA loads of raw fp32 A and B tiles into a STAGES-deep ring
+// (full/empty mbarriers); all 128 threads split each B stage (and, for an N-contiguous B,
+// transpose it) into double-buffered K-major SW128 tf32 tiles B_big / B_small, and for an
+// M-major A transpose the A stage into a K-major copy; bfull/bempty mbarriers hand the
+// buffers to the consumers, so the consumer warpgroups never wait for each other (one's split
+// and promotion overlap the other's wgmmas). A goes through registers (RS wgmma): each
+// consumer thread loads its raw fragment (four 16-byte loads from the K-major SW128 stage or
+// copy) and splits it into tf32 big/small fragments. Per k-block of 8 three tf32 wgmmas
+// (small*big, big*small, big*big) into a fresh per-k-tile accumulator, promoted into the fp32
+// total with FADDs after each k-tile (as PROMOTE = 1 does). The k-slots of a tile are permuted
+// (slot 8 j + 4 h + t holds k = 8 t + 4 h + j, the same for A and B) so a thread's four
+// k-blocks of a fragment row are one float4. Epilogue: 8-byte column-pair stores straight from
+// the accumulator (scalar at the N edge or for odd N / 4-byte aligned C). EPI_SMEM, WARPS_M/N,
+// MIN_BLOCKS and PROMOTE only affect the mma.sync kernel. No allocation, no atomics, one
+// launch: deterministic.
 //
 // Verified on the CPU for both paths (tests/test_gemm_3xtf32.py): for every seed of
 // evo.tasks.gemm_seeds.F32_3XTF32_SEEDS the rendered source passes the static policy, its
@@ -133,7 +129,7 @@
 // @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
 // @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0)
-// @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN == 128 && STAGES <= 4 && STAGES * (BM + BN) * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
+// @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + TRANS_A * 2 * BM * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
 #endif
@@ -173,7 +169,7 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-// Debugging aid, not a tunable (see KNOWN RACE in the header): -DEVO_DEBUG_A_CHECK=1 makes the
+// Debugging aid, not a tunable (written for the first design's race, see History above): -DEVO_DEBUG_A_CHECK=1 makes the
 // Hopper kernel's consumers compare every raw A value they load from a stage with A in global
 // memory and print each thread's first mismatch (benchmarks/repeat.py -D EVO_DEBUG_A_CHECK=1).
 #ifndef EVO_DEBUG_A_CHECK
@@ -599,8 +595,8 @@ cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
 
 #if WGMMA
 // =========================================================================================
-// Hopper path (WGMMA = 1): TMA producer + RS tf32 wgmma, 3xTF32 with per-k-tile promotion.
-// Validated on an H200 with BN = 128, STAGES <= 4 (see the header's STATUS and KNOWN RACE).
+// Hopper path (WGMMA = 1): TMA + B split in the producer warpgroup, RS tf32 wgmma consumers,
+// 3xTF32 with per-k-tile promotion (see the header's STATUS).
 // Everything below exists only when WGMMA = 1.
 // =========================================================================================
 namespace wg {
@@ -613,11 +609,29 @@ static_assert(BN == 64 || BN == 128, "WGMMA = 1: BN in {64, 128} (tile + total a
 constexpr int kNWG = BM / 64;                 // consumer warpgroups
 constexpr int kConsumers = 128 * kNWG;
 constexpr int kThreads = 128 + kConsumers;    // + one producer warpgroup
+constexpr int kNBop = 2;                      // operand buffers (B big/small, transposed A)
+// M-major A (TRANS_A = 1): the producer transposes each A stage into a K-major tile, so the
+// consumers load their fragments with 16-byte loads as for a K-major A (H200: kb16 1.47x ->
+// 2.07x torch fp32 against sixteen 2-way-conflicted 4-byte loads from the M-major stage).
+constexpr bool kATrans = !kAKMajor;
+// Slot order of a k-tile (see phys_k): permuted whenever the consumers read A K-major.
+constexpr bool kSlotPerm = kAKMajor || kATrans;
+// setmaxnreg budgets with two consumer warpgroups (128 * P + 256 * C <= 65536): the producer
+// warpgroup splits B (and transposes A), so it keeps more than a TMA thread alone would.
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
 
-// A stage (m, k, stage) as TMA writes it: K-major SW128 (TRANS_A = 0) or M-major SW128 (TRANS_A = 1).
-using SmemLayoutA = decltype(tile_to_shape(
-    cute::conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<float>, GMMA::Layout_MN_SW128_Atom<float>>{},
-    make_shape(Int<BM>{}, Int<BK>{}, Int<STAGES>{})));
+// A stage (m, k, stage) as TMA writes it: K-major SW128 (TRANS_A = 0), M-major SW128 (TRANS_A = 1)
+// or, when the producer transposes it (kATrans), plain m-contiguous rows.
+using SmemLayoutAst = cute::conditional_t<
+    kATrans, Layout<Shape<Int<BM>, Int<BK>, Int<STAGES>>, Stride<_1, Int<BM>, Int<BM * BK>>>,
+    decltype(tile_to_shape(
+        cute::conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<float>, GMMA::Layout_MN_SW128_Atom<float>>{},
+        make_shape(Int<BM>{}, Int<BK>{}, Int<STAGES>{})))>;
+using SmemLayoutA = SmemLayoutAst;
+// kATrans: the transposed raw A, (m, k-slot, buffer), K-major SW128 fp32.
+using SmemLayoutAkm = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                             make_shape(Int<BM>{}, Int<BK>{}, Int<kNBop>{})));
 // B stage (n, k, stage): plain n-contiguous rows (TRANS_B = 0, from a row-major [K, N]) or
 // K-major SW128 (TRANS_B = 1, from [N, K]).
 using SmemLayoutBstN = Layout<Shape<Int<BN>, Int<BK>, Int<STAGES>>, Stride<_1, Int<BN>, Int<BN * BK>>>;
@@ -626,15 +640,16 @@ using SmemLayoutBstK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}
 using SmemLayoutBst = cute::conditional_t<kBKMajor, SmemLayoutBstK, SmemLayoutBstN>;
 // B_big / B_small: (n, k-slot, buffer), canonical GMMA K-major SW128 tf32 (what wgmma reads).
 using SmemLayoutBop = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<tf32>{},
-                                             make_shape(Int<BN>{}, Int<BK>{}, _2{})));
+                                             make_shape(Int<BN>{}, Int<BK>{}, Int<kNBop>{})));
 
 constexpr int kABytes = int(cosize_v<SmemLayoutA>) * 4;
+constexpr int kAkmBytes = kATrans ? int(cosize_v<SmemLayoutAkm>) * 4 : 0;
 constexpr int kBstBytes = int(cosize_v<SmemLayoutBst>) * 4;
 constexpr int kBopBytes = int(cosize_v<SmemLayoutBop>) * 4;
 constexpr int kStageTx = (BM + BN) * BK * 4;  // TMA bytes per stage (full boxes, OOB zero-filled)
-constexpr int kSmemBytes = kABytes + kBstBytes + 2 * kBopBytes + 2 * STAGES * 8 + 1024;
+constexpr int kSmemBytes = kABytes + kAkmBytes + kBstBytes + 2 * kBopBytes + 2 * (STAGES + kNBop) * 8 + 1024;
 static_assert(kSmemBytes <= 232448, "WGMMA = 1: shared memory above 227 KB");
-static_assert(kABytes % 1024 == 0 && kBstBytes % 1024 == 0 && kBopBytes % 1024 == 0,
+static_assert(kABytes % 1024 == 0 && kAkmBytes % 1024 == 0 && kBstBytes % 1024 == 0 && kBopBytes % 1024 == 0,
               "swizzled tiles must stay 1024-byte aligned");
 
 using MmaOp = cute::conditional_t<BN == 128, SM90_64x128x8_F32TF32TF32_RS_TN<>, SM90_64x64x8_F32TF32TF32_RS_TN<>>;
@@ -645,16 +660,16 @@ using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kNWG>, _1, _1
 // permutation k = 8 t + 4 h + j makes a thread's four k-blocks of one fragment row 4
 // consecutive floats (one 16-byte load from the swizzled A stage). M-major A: identity.
 CUTE_HOST_DEVICE constexpr int phys_k(int s) {
-  return kAKMajor ? 8 * (s % 4) + 4 * ((s / 4) % 2) + s / 8 : s;
+  return kSlotPerm ? 8 * (s % 4) + 4 * ((s / 4) % 2) + s / 8 : s;
 }
 
 // TRANS_B = 1 transform of row n, half h: registers x[i] = physical chunk bk_src_chunk(h, i)
 // (16-byte loads); output e (slot chunk bk_dst_chunk(h, e)) element i = x[bk_src_reg(e, i)]
 // element bk_src_elem(e, i). Permuted slots: a 4 x 4 register transpose; identity: a copy.
-CUTE_HOST_DEVICE constexpr int bk_src_chunk(int h, int i) { return kAKMajor ? 2 * i + h : 4 * h + i; }
-CUTE_HOST_DEVICE constexpr int bk_dst_chunk(int h, int e) { return kAKMajor ? 2 * e + h : 4 * h + e; }
-CUTE_HOST_DEVICE constexpr int bk_src_reg(int e, int i) { return kAKMajor ? i : e; }
-CUTE_HOST_DEVICE constexpr int bk_src_elem(int e, int i) { return kAKMajor ? e : i; }
+CUTE_HOST_DEVICE constexpr int bk_src_chunk(int h, int i) { return kSlotPerm ? 2 * i + h : 4 * h + i; }
+CUTE_HOST_DEVICE constexpr int bk_dst_chunk(int h, int e) { return kSlotPerm ? 2 * e + h : 4 * h + e; }
+CUTE_HOST_DEVICE constexpr int bk_src_reg(int e, int i) { return kSlotPerm ? i : e; }
+CUTE_HOST_DEVICE constexpr int bk_src_elem(int e, int i) { return kSlotPerm ? e : i; }
 
 struct Params {
   float* C;
@@ -688,6 +703,21 @@ CUTE_DEVICE void sts128(void* p, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
                :: "r"(cast_smem_ptr_to_uint(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
+CUTE_DEVICE void sts128_at(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+CUTE_DEVICE float4 lds128_at(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+// Shared address of 16-byte chunk c of row n in a K-major SW128 fp32/tf32 tile (1024-byte
+// aligned atoms of 8 rows x 128 bytes, Swizzle<3,4,3> on bytes): the chunk index is XORed with
+// n % 8, so chunk c's address is chunk 0's XOR 16 c. Keeps one register per row instead of one
+// per chunk (ptxas otherwise hoists every swizzled address out of the k loop).
+CUTE_DEVICE uint32_t sw128_chunk(uint32_t chunk0, int c) { return chunk0 ^ uint32_t(16 * c); }
 CUTE_DEVICE float lane_of(float4 const& q, int j) { return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w; }
 
 // Raw A fragment of one k-tile: q[v] lane j = fragment value (v, 0, j) of the RS wgmma, i.e.
@@ -702,7 +732,7 @@ CUTE_DEVICE void load_a(SA const& sA, int st, int r0, int t, float4 (&q)[4]) {
   CUTE_UNROLL
   for (int v = 0; v < 4; ++v) {
     const int m = r0 + 8 * (v & 1);
-    if constexpr (kAKMajor) {
+    if constexpr (kSlotPerm) {
       q[v] = lds128(&sA(m, a_frag_k(v, t, 0), st));
     } else {
       q[v] = make_float4(lds32(&sA(m, a_frag_k(v, t, 0), st)), lds32(&sA(m, a_frag_k(v, t, 1), st)),
@@ -779,52 +809,86 @@ CUTE_DEVICE void mma_kblocks(Mma& mma, RA& rA, DB const& dBig, DB const& dSmall,
   }
 }
 
-// Splits the B stage `st` into buffer `buf` of B_big / B_small (slot order, K-major SW128 tf32).
-// Slot chunk c (slots 4c .. 4c+3) of row n holds physical k = phys_k(4c + i), i = 0..3.
-template <class SBst, class SBop>
-CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall, int buf, int ct) {
-  if constexpr (!kBKMajor) {
-    // n-contiguous stage: task q = (n-block nb of 32 columns, chunk c); lane = n within the block
-    // (conflict-free 4-byte loads; 16-byte stores into 8 distinct swizzled chunks per 8 lanes).
-    const int warp = ct / 32, lane = ct % 32;
-    constexpr int kNB = BN / 32;
-    constexpr int kTasks = kNB * (BK / 4);
-    constexpr int kWarps = kConsumers / 32;
-    static_assert(kTasks % kWarps == 0, "transform tasks must divide among the consumer warps");
-    constexpr int kPer = kTasks / kWarps;
-    float x[kPer][4];
+// Rows-contiguous stage (x, k) -> K-major SW128 tile(s) (x, k-slot, buf), x in [0, kRows):
+// kSplit: out0 / out1 = tf32 big / small of the B split, slot chunk c (slots 4c .. 4c+3) of row
+// x holding physical k = phys_k(4c + i); !kSplit: out0 = the raw values, chunk c holding
+// k = 4c + i (a plain transpose: A read back by load_a at physical k). Task (x-block of 32
+// rows, chunk c); lane = x within the block (conflict-free 4-byte loads; 16-byte stores into 8
+// distinct swizzled chunks per 8 lanes). Warp w takes x-block w % kNB and chunks
+// c0 + kStep r (c0 = w / kNB, 0 when there are as many warps as x-blocks, so the k offsets are
+// compile-time constants); batches of kBatch tasks keep their loads in flight together.
+// Run by kWorkers threads (whole warps), w = 0 .. kWorkers - 1.
+template <int kWorkers, int kRows, bool kSplit, class SSt, class SOut>
+CUTE_DEVICE void transform_rows(SSt const& sSt, int st, SOut& out0, SOut& out1, int buf, int w) {
+  static_assert(kWorkers % 32 == 0, "transformers are whole warps");
+  const int warp = w / 32, lane = w % 32;
+  constexpr int kNB = kRows / 32;
+  constexpr int kChunks = BK / 4;
+  constexpr int kWarps = kWorkers / 32;
+  static_assert(kWarps % kNB == 0 && kChunks % (kWarps / kNB) == 0, "transform tasks must divide among the warps");
+  constexpr int kStep = kWarps / kNB;
+  constexpr int kPer = kChunks / kStep;
+  constexpr int kBatch = kPer < 4 ? kPer : 4;
+  static_assert(kPer % kBatch == 0, "transform batches");
+  const int c0 = kStep == 1 ? 0 : warp / kNB;
+  const int x = 32 * (warp % kNB) + lane;
+  const uint32_t o0 = cast_smem_ptr_to_uint(&out0(x, 0, buf));
+  const uint32_t o1 = cast_smem_ptr_to_uint(&out1(x, 0, buf));
+  CUTE_UNROLL
+  for (int r0 = 0; r0 < kPer; r0 += kBatch) {
+    float v[kBatch][4];
     CUTE_UNROLL
-    for (int r = 0; r < kPer; ++r) {
-      const int q = warp + kWarps * r;
-      const int n = 32 * (q % kNB) + lane, c = q / kNB;
+    for (int r = 0; r < kBatch; ++r) {
+      const int c = c0 + kStep * (r0 + r);
       CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) x[r][i] = lds32(&sBst(n, phys_k(4 * c + i), st));
+      for (int i = 0; i < 4; ++i) v[r][i] = lds32(&sSt(x, kSplit ? phys_k(4 * c + i) : 4 * c + i, st));
     }
     CUTE_UNROLL
-    for (int r = 0; r < kPer; ++r) {
-      const int q = warp + kWarps * r;
-      const int n = 32 * (q % kNB) + lane, c = q / kNB;
-      uint4 b, s;
-      split(x[r][0], b.x, s.x);
-      split(x[r][1], b.y, s.y);
-      split(x[r][2], b.z, s.z);
-      split(x[r][3], b.w, s.w);
-      sts128(&sBig(n, 4 * c, buf), b);
-      sts128(&sSmall(n, 4 * c, buf), s);
+    for (int r = 0; r < kBatch; ++r) {
+      const int c = c0 + kStep * (r0 + r);
+      if constexpr (kSplit) {
+        uint4 b, s;
+        split(v[r][0], b.x, s.x);
+        split(v[r][1], b.y, s.y);
+        split(v[r][2], b.z, s.z);
+        split(v[r][3], b.w, s.w);
+        sts128_at(sw128_chunk(o0, c), b);
+        sts128_at(sw128_chunk(o1, c), s);
+      } else {
+        sts128_at(sw128_chunk(o0, c), make_uint4(__float_as_uint(v[r][0]), __float_as_uint(v[r][1]),
+                                                 __float_as_uint(v[r][2]), __float_as_uint(v[r][3])));
+      }
     }
+  }
+}
+
+// Splits the B stage `st` into buffer `buf` of B_big / B_small (slot order, K-major SW128 tf32).
+// Slot chunk c (slots 4c .. 4c+3) of row n holds physical k = phys_k(4c + i), i = 0..3. Run by
+// kWorkers threads (a multiple of 32), w = 0 .. kWorkers - 1.
+template <int kWorkers, class SBst, class SBop>
+CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall, int buf, int w) {
+  static_assert(kWorkers % 32 == 0, "B splitters are whole warps");
+  if constexpr (!kBKMajor) {
+    transform_rows<kWorkers, BN, true>(sBst, st, sBig, sSmall, buf, w);
   } else {
     // K-major stage (TRANS_B = 1): task q = (row n, half h); consecutive threads take
     // consecutive rows (8 distinct swizzled chunks per 8 lanes for the 16-byte loads and stores).
+    // With kWorkers a multiple of BN, row n = w % BN is fixed and half h = w / BN + kStep r
+    // (compile-time when kWorkers == BN).
     constexpr int kTasks = 2 * BN;
-    constexpr int kPer = (kTasks + kConsumers - 1) / kConsumers;
+    constexpr int kPer = (kTasks + kWorkers - 1) / kWorkers;
     CUTE_UNROLL
     for (int r = 0; r < kPer; ++r) {
-      const int q = ct + kConsumers * r;
-      if (kTasks % kConsumers == 0 || q < kTasks) {
-        const int n = q % BN, h = q / BN;
+      const int q = w + kWorkers * r;
+      if (kTasks % kWorkers == 0 || q < kTasks) {
+        const int n = kWorkers % BN == 0 ? (kWorkers == BN ? w : w % BN) : q % BN;
+        const int h = kWorkers % BN == 0 ? (kWorkers == BN ? r : w / BN + (kWorkers / BN) * r) : q / BN;
         float4 x[4];
+        const uint32_t src0 = cast_smem_ptr_to_uint(&sBst(n, 0, st));
+        const uint32_t big0 = cast_smem_ptr_to_uint(&sBig(n, 0, buf));
+        const uint32_t small0 = cast_smem_ptr_to_uint(&sSmall(n, 0, buf));
         CUTE_UNROLL
-        for (int i = 0; i < 4; ++i) x[i] = lds128(&sBst(n, 4 * bk_src_chunk(h, i), st));
+        for (int i = 0; i < 4; ++i) x[i] = lds128_at(sw128_chunk(src0, bk_src_chunk(h, i)));
         CUTE_UNROLL
         for (int e = 0; e < 4; ++e) {
           uint4 b, s;
@@ -832,8 +896,8 @@ CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall,
           split(lane_of(x[bk_src_reg(e, 1)], bk_src_elem(e, 1)), b.y, s.y);
           split(lane_of(x[bk_src_reg(e, 2)], bk_src_elem(e, 2)), b.z, s.z);
           split(lane_of(x[bk_src_reg(e, 3)], bk_src_elem(e, 3)), b.w, s.w);
-          sts128(&sBig(n, 4 * bk_dst_chunk(h, e), buf), b);
-          sts128(&sSmall(n, 4 * bk_dst_chunk(h, e), buf), s);
+          sts128_at(sw128_chunk(big0, bk_dst_chunk(h, e)), b);
+          sts128_at(sw128_chunk(small0, bk_dst_chunk(h, e)), s);
         }
       }
     }
@@ -846,15 +910,19 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
   extern __shared__ char smem_raw[];
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   float* smemA = reinterpret_cast<float*>(base);
-  float* smemBst = reinterpret_cast<float*>(base + kABytes);
-  tf32* smemBig = reinterpret_cast<tf32*>(base + kABytes + kBstBytes);
-  tf32* smemSmall = reinterpret_cast<tf32*>(base + kABytes + kBstBytes + kBopBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kABytes + kBstBytes + 2 * kBopBytes);
-  uint64_t* empty = full + STAGES;
+  float* smemAkm = reinterpret_cast<float*>(base + kABytes);
+  float* smemBst = reinterpret_cast<float*>(base + kABytes + kAkmBytes);
+  tf32* smemBig = reinterpret_cast<tf32*>(base + kABytes + kAkmBytes + kBstBytes);
+  tf32* smemSmall = reinterpret_cast<tf32*>(base + kABytes + kAkmBytes + kBstBytes + kBopBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kABytes + kAkmBytes + kBstBytes + 2 * kBopBytes);
+  uint64_t* empty = full + STAGES;     // stage read: producer (B, kATrans: A) + consumers (A)
+  uint64_t* bfull = empty + STAGES;    // operand buffer written by the producer warpgroup
+  uint64_t* bempty = bfull + kNBop;    // operand buffer read by every consumer and wgmma
 
   Tensor sA = make_tensor(make_smem_ptr(smemA), SmemLayoutA{});        // (BM, BK, STAGES)
+  Tensor sAkm = make_tensor(make_smem_ptr(smemAkm), SmemLayoutAkm{});  // (BM, BK, kNBop), kATrans
   Tensor sBst = make_tensor(make_smem_ptr(smemBst), SmemLayoutBst{});  // (BN, BK, STAGES)
-  Tensor sBig = make_tensor(make_smem_ptr(smemBig), SmemLayoutBop{});  // (BN, BK, 2)
+  Tensor sBig = make_tensor(make_smem_ptr(smemBig), SmemLayoutBop{});  // (BN, BK, kNBop)
   Tensor sSmall = make_tensor(make_smem_ptr(smemSmall), SmemLayoutBop{});
 
   const int wg = threadIdx.x / 128;
@@ -871,7 +939,12 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     CUTE_UNROLL
     for (int s = 0; s < STAGES; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], kConsumers);
+      cutlass::arch::ClusterBarrier::init(&empty[s], kATrans ? 128 : 128 + kConsumers);
+    }
+    CUTE_UNROLL
+    for (int b = 0; b < kNBop; ++b) {
+      cutlass::arch::ClusterBarrier::init(&bfull[b], 128);
+      cutlass::arch::ClusterBarrier::init(&bempty[b], kConsumers);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -879,26 +952,50 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
 
   if (wg == 0) {
     // ------------------------------- producer ------------------------------------------
-    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x / 32 == 0 && elect_one_sync()) {
-      Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
-      Tensor mB = tma_b.get_tma_tensor(make_shape(p.N, p.K, p.L));
-      Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
-      Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
-      auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-      auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBst), group_modes<0, 2>(gB));
-      int stage = 0, phase = 0;
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageTx);
-        copy(tma_a.with(full[stage]), tAgA(_, kt), tAsA(_, stage));
-        copy(tma_b.with(full[stage]), tBgB(_, kt), tBsB(_, stage));
-        if (++stage == STAGES) { stage = 0; phase ^= 1; }
+    // The whole warpgroup splits B (stage kt's raw B -> operand buffer kt % kNBop, once every
+    // wgmma that read that buffer, k-tile kt - kNBop, has retired; kATrans: also transposes A
+    // into it); one elected thread also issues the TMA loads, STAGES k-tiles ahead: after the
+    // split of k-tile kt it refills kt's stage with k-tile kt + STAGES once the consumers have
+    // read kt's A. The consumer warpgroups therefore never wait for each other.
+    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
+    Tensor mB = tma_b.get_tma_tensor(make_shape(p.N, p.K, p.L));
+    Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
+    Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
+    auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+    auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBst), group_modes<0, 2>(gB));
+    const bool leader = threadIdx.x / 32 == 0 && elect_one_sync();
+    if (leader) {
+      for (int kt = 0; kt < STAGES && kt < k_tiles; ++kt) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[kt], kStageTx);
+        copy(tma_a.with(full[kt]), tAgA(_, kt), tAsA(_, kt));
+        copy(tma_b.with(full[kt]), tBgB(_, kt), tBsB(_, kt));
       }
+    }
+    const int w = threadIdx.x;
+    int stage = 0, phase = 0, b = 0, bph = 0;
+#pragma unroll 1
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
+      cutlass::arch::ClusterBarrier::wait(&bempty[b], bph ^ 1);
+      transform_b<128>(sBst, stage, sBig, sSmall, b, w);
+      if constexpr (kATrans) transform_rows<128, BM, false>(sA, stage, sAkm, sAkm, b, w);
+      cutlass::arch::fence_view_async_shared();   // generic-proxy writes -> wgmma (async proxy)
+      cutlass::arch::ClusterBarrier::arrive(&bfull[b]);
+      cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+      if (leader && kt + STAGES < k_tiles) {
+        cutlass::arch::ClusterBarrier::wait(&empty[stage], phase);
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageTx);
+        copy(tma_a.with(full[stage]), tAgA(_, kt + STAGES), tAsA(_, stage));
+        copy(tma_b.with(full[stage]), tBgB(_, kt + STAGES), tBsB(_, stage));
+      }
+      __syncwarp();
+      if (++stage == STAGES) { stage = 0; phase ^= 1; }
+      if (++b == kNBop) { b = 0; bph ^= 1; }
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
-    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int ct = threadIdx.x - 128;          // 0 .. kConsumers - 1
     const int lane = ct % 32;
     const int t = lane % 4;
@@ -906,7 +1003,7 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
 
     TiledMma mma;
     auto thr = mma.get_thread_slice(ct);
-    Tensor tCsBig = thr.partition_B(sBig);        // (MMA, MMA_N, MMA_K, 2)
+    Tensor tCsBig = thr.partition_B(sBig);        // (MMA, MMA_N, MMA_K, kNBop)
     Tensor tCsSmall = thr.partition_B(sSmall);
     Tensor tCrBig = thr.make_fragment_B(tCsBig);  // GMMA descriptors
     Tensor tCrSmall = thr.make_fragment_B(tCsSmall);
@@ -930,53 +1027,58 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     Tensor accS = thr.partition_fragment_C(gC);   // fp32 total (promotion target)
     clear(accS);
 
-    // prologue: stage 0 -> B buffer 0 and the A fragment
-    cutlass::arch::ClusterBarrier::wait(&full[0], 0);
-    transform_b(sBst, 0, sBig, sSmall, 0, ct);
-    load_a(sA, 0, r0, t, qA);
+    // Raw A fragment of k-tile `kt` (its stage, or with kATrans its operand buffer): read, then
+    // the stage is released (kATrans: the producer already did; the buffer's release is bempty).
     bool told = false;                            // EVO_DEBUG_A_CHECK: one report per thread
-    if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, 0, 0, r0, t, told);
-    cutlass::arch::ClusterBarrier::arrive(&empty[0]);
+    auto fetch_a = [&](int kt, int st, int ph, int bf, int bfph) {
+      if constexpr (kATrans) {
+        cutlass::arch::ClusterBarrier::wait(&bfull[bf], bfph);
+        load_a(sAkm, bf, r0, t, qA);
+      } else {
+        cutlass::arch::ClusterBarrier::wait(&full[st], ph);
+        load_a(sA, st, r0, t, qA);
+      }
+      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt, st, r0, t, told);
+      if constexpr (!kATrans) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
+    };
+    fetch_a(0, 0, 0, 0, 0);
     split_a<0, kJ>(qA, rA);
-    cutlass::arch::fence_view_async_shared();     // generic-proxy B writes -> wgmma (async proxy)
-    cutlass::arch::NamedBarrier::sync(kConsumers, 0);
 
-    // Per k-tile: the wgmmas go out in two commit groups (k-blocks [0, kJh), [kJh, kJ)). While
-    // they run: wait for the next stage, transform its B into the other buffer, load its raw A
-    // fragment, release the stage. When the first group retires its fragment registers take the
-    // next tile's first half; when the second retires, the second half; then promotion.
+    // Per k-tile: wait for the B operand buffer, then the wgmmas go out in two commit groups
+    // (k-blocks [0, kJh), [kJh, kJ)). While they run: load the next tile's raw A fragment and
+    // release its stage. When the first group retires its fragment registers take the next
+    // tile's first half; when the second retires the buffer is released (bempty), the second
+    // half is split and the tile accumulator promoted. One warpgroup's split and promotion
+    // overlap the other's wgmmas.
     int stage = 0, phase = 0;                     // stage / phase of tile kt
+    int bb = 0, bph = 0;                          // operand buffer of tile kt and its phase
 #pragma unroll 1
     for (int kt = 0; kt < k_tiles; ++kt) {
-      const int buf = kt & 1;
       const bool next = kt + 1 < k_tiles;
+      cutlass::arch::ClusterBarrier::wait(&bfull[bb], bph);
       warpgroup_fence_operand(accT);
       fence_a<0, kJ>(rA);
       warpgroup_arrive();
-      mma_kblocks<0, kJh>(mma, rA, tCrBig, tCrSmall, buf, accT);
+      mma_kblocks<0, kJh>(mma, rA, tCrBig, tCrSmall, bb, accT);
       warpgroup_commit_batch();
-      mma_kblocks<kJh, kJ>(mma, rA, tCrBig, tCrSmall, buf, accT);
+      mma_kblocks<kJh, kJ>(mma, rA, tCrBig, tCrSmall, bb, accT);
       warpgroup_commit_batch();
-      if (next) {
-        if (++stage == STAGES) { stage = 0; phase ^= 1; }
-        cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
-        transform_b(sBst, stage, sBig, sSmall, buf ^ 1, ct);
-        load_a(sA, stage, r0, t, qA);
-        if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt + 1, stage, r0, t, told);
-        cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
-        cutlass::arch::fence_view_async_shared();
-      }
+      if (++stage == STAGES) { stage = 0; phase ^= 1; }
+      const int nb = bb + 1 == kNBop ? 0 : bb + 1;
+      const int nbph = bb + 1 == kNBop ? bph ^ 1 : bph;
+      if (next) fetch_a(kt + 1, stage, phase, nb, nbph);
       warpgroup_wait<1>();
       fence_a<0, kJh>(rA);
       if (next) split_a<0, kJh>(qA, rA);
       warpgroup_wait<0>();
+      cutlass::arch::ClusterBarrier::arrive(&bempty[bb]);
       warpgroup_fence_operand(accT);
       fence_a<kJh, kJ>(rA);
       if (next) split_a<kJh, kJ>(qA, rA);
       CUTE_UNROLL
       for (int i = 0; i < size(accS); ++i) accS(i) += accT(i);
-      // B buffer buf ^ 1 is complete from every consumer; no wgmma reads buffer buf any more.
-      cutlass::arch::NamedBarrier::sync(kConsumers, 0);
+      bb = nb;
+      bph = nbph;
     }
 
     // ------------------------------- epilogue ------------------------------------------
