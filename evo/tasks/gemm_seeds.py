@@ -134,9 +134,13 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
 _f32_3xtf32 = functools.partial(_f32, template=GEMM_F32_3XTF32_TEMPLATE)
 
 
-#: 256 x 524288 x 256: 64 x 64 tiles (2 x 2 warps of 32 x 32) and an 8-CTA split-K cluster
-#: give 16 x 8 = 128 CTAs; each CTA runs a 65536-deep K slice, so 4 stages hide the latency.
-_3X_LARGE_K = (("BM", "64"), ("BN", "64"), ("WARPS_M", "2"), ("WARPS_N", "2"), ("STAGES", "4"), ("SPLIT_K", "8"))
+#: 256 x 524288 x 256 on the Hopper kernel: 128 x 128 tiles, K split over a 16-CTA cluster
+#: (4 x 16 = 64 CTAs, 32768-deep K slices, DSMEM reduction): 1.13x torch fp32 on an H200
+#: (benchmarks/probes/f32_3xtf32_split_k.json, 2026-12-01) against 0.82x for 128 x 64 tiles
+#: (128 CTAs; 8- or 16-CTA clusters alike), 0.64x for 64 x 64 and 0.50x for the mma.sync kernel.
+#: WARPS 4 x 4 keep its mma.sync fallback (unaligned calls) free of spills.
+_3X_LARGE_K = (("BM", "128"), ("BN", "128"), ("WARPS_M", "4"), ("WARPS_N", "4"), ("STAGES", "4"),
+               ("SPLIT_K", "16"), ("WGMMA", "1"))
 #: K = 64 / 32 with a 32768 x 32768 output: store-bound. The tile leaves through shared memory
 #: as full 128-byte row segments (EPI_SMEM); K fits in one or two stages.
 _3X_SMALL_K = (("STAGES", "4"), ("EPI_SMEM", "1"), ("WGMMA", "1"))
@@ -145,7 +149,7 @@ _3X = (("STAGES", "4"),)
 #: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised),
 #: 128 x 128 x 32, 4 stages: 2.07-2.35x torch fp32 on the dense shapes on an H200
 #: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01); the others keep the mma.sync
-#: kernel (split-K, triangular epilogues, unaligned shapes).
+#: kernel only for unaligned shapes (kb08).
 _3X_WG = (("STAGES", "4"), ("WGMMA", "1"))
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
@@ -153,7 +157,7 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32: TMA + RS tf32 wgmma, warp-specialised, 4-stage mbarrier ring", tunables=_3X_WG),
     "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32", tunables=_3X_WG),
     "kb06_large_k": _f32_3xtf32(
-        "C = A @ B, 3xTF32, K split over an 8-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
+        "C = A @ B, 3xTF32 wgmma, K split over a 16-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
     ),
     "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32: store-bound, tile staged for 16-byte stores",
                                 tunables=_3X_SMALL_K),
@@ -163,10 +167,10 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
     "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
     "kb13_symmetric": _f32_3xtf32("C = A @ B, 3xTF32 (symmetry not exploited)", tunables=_3X_WG),
-    "kb14_upper": _f32_3xtf32("C = triu(A @ B), 3xTF32; tiles below the diagonal only write zeros",
-                              epilogue="triu", tunables=_3X),
-    "kb15_lower": _f32_3xtf32("C = tril(A @ B), 3xTF32; tiles above the diagonal only write zeros",
-                              epilogue="tril", tunables=_3X),
+    "kb14_upper": _f32_3xtf32("C = triu(A @ B), 3xTF32 wgmma; tiles below the diagonal only write zeros",
+                              epilogue="triu", tunables=_3X_WG),
+    "kb15_lower": _f32_3xtf32("C = tril(A @ B), 3xTF32 wgmma; tiles above the diagonal only write zeros",
+                              epilogue="tril", tunables=_3X_WG),
     "kb16_trans_a": _f32_3xtf32("C = A.T @ B with A stored [K, M], 3xTF32 (M-major A tile)", trans_a=True, tunables=_3X_WG),
     "kb17_trans_b": _f32_3xtf32("C = A @ B.T with B stored [N, K], 3xTF32 (K-major B tile)", trans_b=True, tunables=_3X_WG),
     "kb18_trans_both": _f32_3xtf32("C = A.T @ B.T with A [K, M], B [N, K], 3xTF32", trans_a=True, trans_b=True, tunables=_3X_WG),

@@ -13,10 +13,12 @@
 // so the constraint admits them again; the harness's nondeterminism checks stay the guard.
 //
 // WGMMA = 1 (tunable; all of its device code sits in `#if WGMMA`): a second kernel, picked on
-// the host per call. Eligible calls (EPILOGUE = 0, SPLIT_K = 1, K >= 1, A and B 16-byte
-// aligned, contiguous extents K or M of A and N or K of B multiples of 4 floats: what TMA
-// needs) go to the Hopper kernel; any other call (K = 0, odd strides, misaligned pointers,
-// triu/tril, split-K) runs the mma.sync kernel below. Any M, N >= 1 and K % 4 == 0: TMA
+// the host per call. Eligible calls (K >= 1, A and B 16-byte aligned, contiguous extents K or
+// M of A and N or K of B multiples of 4 floats: what TMA needs) go to the Hopper kernel,
+// including triu/tril epilogues (tiles in the zeroed triangle skip the main loop) and split-K
+// (SPLIT_K CTAs per tile in a cluster, DSMEM reduction in rank order; 16 is a non-portable
+// cluster size, Hopper kernel only); any other call (K = 0, odd strides, misaligned pointers)
+// runs the mma.sync kernel below. Any M, N >= 1 and K % 4 == 0: TMA
 // zero-fills boxes past M, N and K, the epilogue stores only rows < M, columns < N. Batch
 // (bmm, gridDim.y) and folded leading dims use a rank-3 TMA view (M, K, L); all four transpose
 // combinations are handled. Constraint: BK = 32, BM, BN in {64, 128}, its shared memory fits.
@@ -115,7 +117,7 @@
 // @tunable WARPS_M = 2 in {1, 2, 4}
 // @tunable WARPS_N = 4 in {1, 2, 4}
 // @tunable GROUP_M = 8 in {1, 4, 8, 16}
-// @tunable SPLIT_K = 1 in {1, 2, 4, 8}
+// @tunable SPLIT_K = 1 in {1, 2, 4, 8, 16}
 // @tunable EPI_SMEM = 0 in {0, 1}
 // @tunable MIN_BLOCKS = 1 in {1, 2}
 // @tunable TF32_CVT = 0 in {0, 1}
@@ -128,7 +130,7 @@
 // @constraint BM * BK / 4 >= 32 * WARPS_M * WARPS_N && BN * BK / 4 >= 32 * WARPS_M * WARPS_N
 // @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
-// @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0)
+// @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0) && (SPLIT_K <= 8 || WGMMA == 1)
 // @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + TRANS_A * 2 * BM * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
@@ -193,7 +195,10 @@ constexpr int kSmemB = kBKMajor ? BN * (BK + kPadK) : BK * (BN + kPadX);
 constexpr int kPipeFloats = STAGES * (kSmemA + kSmemB);
 constexpr int kRedStride = BN + 8;   // epilogue / split-K tile rows: 16B aligned, float2 writes
                                      // of a warp spread over all banks
-constexpr bool kStaged = (SPLIT_K > 1) || (EPI_SMEM != 0);
+// The mma.sync kernel's split: SPLIT_K = 16 is for the Hopper kernel (a non-portable 16-CTA
+// cluster); the mma.sync fallback of such a build splits 8 ways.
+constexpr int kSplitSync = SPLIT_K > 8 ? 8 : SPLIT_K;
+constexpr bool kStaged = (kSplitSync > 1) || (EPI_SMEM != 0);
 constexpr int kRedFloats = kStaged ? BM * kRedStride : 0;
 constexpr int kSmemFloats = kPipeFloats > kRedFloats ? kPipeFloats : kRedFloats;
 
@@ -205,7 +210,9 @@ static_assert(BM * BK / 4 >= kThreads && BN * BK / 4 >= kThreads, "a stage must 
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(kSmemFloats * 4 <= 232448, "shared memory above 227 KB");
 static_assert(BM % SPLIT_K == 0, "BM must be a multiple of SPLIT_K");
-static_assert(SPLIT_K == 1 || SPLIT_K == 2 || SPLIT_K == 4 || SPLIT_K == 8, "SPLIT_K in {1,2,4,8}");
+// (the @constraint admits 16 only for the Hopper kernel; the mma.sync kernel would split 8 ways)
+static_assert(SPLIT_K == 1 || SPLIT_K == 2 || SPLIT_K == 4 || SPLIT_K == 8 || SPLIT_K == 16,
+              "SPLIT_K in {1,2,4,8,16}");
 static_assert(BN % 4 == 0, "staged epilogue moves float4 chunks");
 
 struct Params {
@@ -357,8 +364,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
   extern __shared__ __align__(128) float smem[];
   const int tid = threadIdx.x;
   const int l = blockIdx.y;
-  const int tile = blockIdx.x / SPLIT_K;
-  const int krank = blockIdx.x % SPLIT_K;   // == rank in the (SPLIT_K, 1, 1) cluster
+  const int tile = blockIdx.x / kSplitSync;
+  const int krank = blockIdx.x % kSplitSync;   // == rank in the (kSplitSync, 1, 1) cluster
 
   // Grouped rasterisation: GROUP_M tile rows sweep the N tiles together (L2 reuse).
   const int group_size = GROUP_M * p.tiles_n;
@@ -459,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
 
   // ---- K range of this CTA (split-K rank) -----------------------------------------------
   const int k_tiles = (p.K + BK - 1) / BK;
-  const int per = (k_tiles + SPLIT_K - 1) / SPLIT_K;
+  const int per = (k_tiles + kSplitSync - 1) / kSplitSync;
   const int kt_begin = min(krank * per, k_tiles);
   const int nk = min(kt_begin + per, k_tiles) - kt_begin;
 
@@ -542,9 +549,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
           *reinterpret_cast<float2*>(&tCred(v, mi, ni)) = make_float2(acc(v, mi, ni), acc(v + 1, mi, ni));
       }
     }
-    constexpr int kRows = BM / SPLIT_K;   // rows this CTA reduces and stores
+    constexpr int kRows = BM / kSplitSync;   // rows this CTA reduces and stores
     constexpr int kChunks = kRows * (BN / 4);
-    if constexpr (SPLIT_K == 1) {
+    if constexpr (kSplitSync == 1) {
       __syncthreads();
     } else {
       cute::cluster_sync();   // every partial tile of the cluster is in shared memory
@@ -553,12 +560,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
     for (int i = tid; i < kChunks; i += kThreads) {
       const int r = krank * kRows + i / (BN / 4), c = (i % (BN / 4)) * 4;
       float4 s;
-      if constexpr (SPLIT_K == 1) {
+      if constexpr (kSplitSync == 1) {
         s = *reinterpret_cast<const float4*>(&red(r, c));
       } else {
         s = dsmem_load4(&red(r, c), 0);
         CUTE_UNROLL
-        for (int q = 1; q < SPLIT_K; ++q) {   // fixed rank order: deterministic
+        for (int q = 1; q < kSplitSync; ++q) {   // fixed rank order: deterministic
           const float4 v = dsmem_load4(&red(r, c), q);
           s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
@@ -566,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
       const int m = m0 + r;
       if (m < p.M) store4(p, Cl + int64_t(m) * p.N, m, n0 + c, s);
     }
-    if constexpr (SPLIT_K > 1) cute::cluster_sync();   // keep our smem alive for the peers
+    if constexpr (kSplitSync > 1) cute::cluster_sync();   // keep our smem alive for the peers
   }
 }
 
@@ -577,17 +584,17 @@ cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
                                          int(smem));
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(L), 1);
+  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * kSplitSync), unsigned(L), 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = SPLIT_K;
+  attr[0].val.clusterDim.x = kSplitSync;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
+  cfg.numAttrs = kSplitSync > 1 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, gemm_3xtf32_kernel<kVec>, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
@@ -677,6 +684,7 @@ struct Params {
   int64_t c_l;      // batch stride of C (elements)
   int tiles_m, tiles_n;
   int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
+  int c_vec4;       // 1 when 16-byte stores of 4 columns (n % 4 == 0) to C are legal
   const float* A;   // read only by the EVO_DEBUG_A_CHECK diagnostic (the kernel reads A by TMA)
   int64_t lda, a_l;
 };
@@ -814,9 +822,10 @@ CUTE_DEVICE void mma_kblocks(Mma& mma, RA& rA, DB const& dBig, DB const& dSmall,
 // x holding physical k = phys_k(4c + i); !kSplit: out0 = the raw values, chunk c holding
 // k = 4c + i (a plain transpose: A read back by load_a at physical k). Task (x-block of 32
 // rows, chunk c); lane = x within the block (conflict-free 4-byte loads; 16-byte stores into 8
-// distinct swizzled chunks per 8 lanes). Warp w takes x-block w % kNB and chunks
-// c0 + kStep r (c0 = w / kNB, 0 when there are as many warps as x-blocks, so the k offsets are
-// compile-time constants); batches of kBatch tasks keep their loads in flight together.
+// distinct swizzled chunks per 8 lanes). Warp w takes x-block w % kNB and the kPer chunks
+// c0 kPer + r (c0 = w / kNB; 0 when there are as many warps as x-blocks): with a contiguous
+// block the k offsets stay one runtime base plus compile-time constants (a strided split spilled
+// in the 56-register producer); batches of kBatch tasks keep their loads in flight together.
 // Run by kWorkers threads (whole warps), w = 0 .. kWorkers - 1.
 template <int kWorkers, int kRows, bool kSplit, class SSt, class SOut>
 CUTE_DEVICE void transform_rows(SSt const& sSt, int st, SOut& out0, SOut& out1, int buf, int w) {
@@ -839,13 +848,13 @@ CUTE_DEVICE void transform_rows(SSt const& sSt, int st, SOut& out0, SOut& out1, 
     float v[kBatch][4];
     CUTE_UNROLL
     for (int r = 0; r < kBatch; ++r) {
-      const int c = c0 + kStep * (r0 + r);
+      const int c = c0 * kPer + r0 + r;
       CUTE_UNROLL
       for (int i = 0; i < 4; ++i) v[r][i] = lds32(&sSt(x, kSplit ? phys_k(4 * c + i) : 4 * c + i, st));
     }
     CUTE_UNROLL
     for (int r = 0; r < kBatch; ++r) {
-      const int c = c0 + kStep * (r0 + r);
+      const int c = c0 * kPer + r0 + r;
       if constexpr (kSplit) {
         uint4 b, s;
         split(v[r][0], b.x, s.x);
@@ -904,6 +913,48 @@ CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall,
   }
 }
 
+// Split-K partial tile in shared memory: row-major, rows padded by 4 floats (16-byte aligned
+// rows; the float2 stores of a warp's accumulator pairs spread over the banks).
+using RedLayout = Layout<Shape<Int<BM>, Int<BN>>, Stride<Int<BN + 4>, _1>>;
+static_assert(SPLIT_K == 1 || BM * (BN + 4) * 4 <= kABytes + kAkmBytes + kBstBytes + 2 * kBopBytes,
+              "split-K partial tile must fit in the pipeline buffers");
+static_assert(SPLIT_K == 1 || BM % SPLIT_K == 0, "split-K: BM rows divide among the cluster");
+
+// Split-K: rows [krank BM / SPLIT_K, ...) of the tile, summed over the cluster's partials in rank
+// order (ld.shared::cluster), stored to C with 16-byte stores where the row segment allows.
+CUTE_DEVICE void reduce_split_k(Params const& p, const float* red_base, int m_blk, int n_blk, int l, int krank) {
+  Tensor red = make_tensor(make_smem_ptr(red_base), RedLayout{});
+  constexpr int kRows = BM / SPLIT_K;
+  constexpr int kChunks = kRows * (BN / 4);
+  float* const Cl = p.C + l * p.c_l;
+  for (int i = int(threadIdx.x) - 128; i < kChunks; i += kConsumers) {   // the consumer threads
+    const int r = krank * kRows + i / (BN / 4), c = (i % (BN / 4)) * 4;
+    float4 s = dsmem_load4(&red(r, c), 0);
+    CUTE_UNROLL
+    for (int q = 1; q < SPLIT_K; ++q) {          // fixed rank order: deterministic
+      const float4 v = dsmem_load4(&red(r, c), q);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    const int m = m_blk * BM + r, n = n_blk * BN + c;
+    if (m >= p.M) continue;
+    if constexpr (EPILOGUE != 0) {               // triu / tril: zeros outside the triangle
+      if (!keep(m, n)) s.x = 0.f;
+      if (!keep(m, n + 1)) s.y = 0.f;
+      if (!keep(m, n + 2)) s.z = 0.f;
+      if (!keep(m, n + 3)) s.w = 0.f;
+    }
+    float* crow = Cl + int64_t(m) * p.N;
+    if (p.c_vec4 && n + 3 < p.N) {
+      *reinterpret_cast<float4*>(crow + n) = s;
+    } else {
+      if (n < p.N) crow[n] = s.x;
+      if (n + 1 < p.N) crow[n + 1] = s.y;
+      if (n + 2 < p.N) crow[n + 2] = s.z;
+      if (n + 3 < p.N) crow[n + 3] = s.w;
+    }
+  }
+}
+
 template <class TmaA, class TmaB>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b) {
@@ -927,13 +978,20 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
 
   const int wg = threadIdx.x / 128;
   const int l = blockIdx.y;
-  const int tile = blockIdx.x;
+  const int tile = blockIdx.x / SPLIT_K;
+  const int krank = blockIdx.x % SPLIT_K;   // == rank in the (SPLIT_K, 1, 1) cluster
   const int group_size = GROUP_M * p.tiles_n;
   const int first_m = (tile / group_size) * GROUP_M;
   const int gm = min(p.tiles_m - first_m, GROUP_M);
   const int m_blk = first_m + (tile % group_size) % gm;
   const int n_blk = (tile % group_size) / gm;
-  const int k_tiles = (p.K + BK - 1) / BK;   // >= 1 (the host sends K = 0 to the mma.sync kernel)
+  // This CTA's K slice: k-tiles [kt0, kt0 + k_tiles) (split-K: slice krank of SPLIT_K; a
+  // slice may be empty when K is short, then the CTA contributes zeros).
+  const int k_all = (p.K + BK - 1) / BK;     // >= 1 (the host sends K = 0 to the mma.sync kernel)
+  const int k_per = (k_all + SPLIT_K - 1) / SPLIT_K;
+  const int kt0 = krank * k_per;
+  // Tiles wholly in the zeroed triangle (EPILOGUE = 1 / 2) skip the main loop: zeros out.
+  const int k_tiles = tile_is_zero(m_blk * BM, n_blk * BN) ? 0 : max(0, min(k_all, kt0 + k_per) - kt0);
 
   if (threadIdx.x == 0) {
     CUTE_UNROLL
@@ -968,8 +1026,8 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     if (leader) {
       for (int kt = 0; kt < STAGES && kt < k_tiles; ++kt) {
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[kt], kStageTx);
-        copy(tma_a.with(full[kt]), tAgA(_, kt), tAsA(_, kt));
-        copy(tma_b.with(full[kt]), tBgB(_, kt), tBsB(_, kt));
+        copy(tma_a.with(full[kt]), tAgA(_, kt0 + kt), tAsA(_, kt));
+        copy(tma_b.with(full[kt]), tBgB(_, kt0 + kt), tBsB(_, kt));
       }
     }
     const int w = threadIdx.x;
@@ -986,8 +1044,8 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
       if (leader && kt + STAGES < k_tiles) {
         cutlass::arch::ClusterBarrier::wait(&empty[stage], phase);
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageTx);
-        copy(tma_a.with(full[stage]), tAgA(_, kt + STAGES), tAsA(_, stage));
-        copy(tma_b.with(full[stage]), tBgB(_, kt + STAGES), tBsB(_, stage));
+        copy(tma_a.with(full[stage]), tAgA(_, kt0 + kt + STAGES), tAsA(_, stage));
+        copy(tma_b.with(full[stage]), tBgB(_, kt0 + kt + STAGES), tBsB(_, stage));
       }
       __syncwarp();
       if (++stage == STAGES) { stage = 0; phase ^= 1; }
@@ -1038,11 +1096,13 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
         cutlass::arch::ClusterBarrier::wait(&full[st], ph);
         load_a(sA, st, r0, t, qA);
       }
-      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt, st, r0, t, told);
+      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt0 + kt, st, r0, t, told);
       if constexpr (!kATrans) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
     };
-    fetch_a(0, 0, 0, 0, 0);
-    split_a<0, kJ>(qA, rA);
+    if (k_tiles > 0) {
+      fetch_a(0, 0, 0, 0, 0);
+      split_a<0, kJ>(qA, rA);
+    }
 
     // Per k-tile: wait for the B operand buffer, then the wgmmas go out in two commit groups
     // (k-blocks [0, kJh), [kJh, kJ)). While they run: load the next tile's raw A fragment and
@@ -1084,26 +1144,51 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     // ------------------------------- epilogue ------------------------------------------
     // Accumulator values i, i+1 (i even) are columns n, n + 1 (n even) of one row m. Rows and
     // columns outside C (the TMA zero-filled them) are not stored.
-    const bool full_tile = (m_blk + 1) * BM <= p.M && (n_blk + 1) * BN <= p.N;
-    CUTE_UNROLL
-    for (int i = 0; i < size(accS); i += 2) {
-      const int m = get<0>(tCcC(i)), n = get<1>(tCcC(i));
-      if (full_tile && p.c_vec2) {
-        *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
-      } else if (m < p.M) {
-        if (p.c_vec2 && n + 1 < p.N) {
+    if constexpr (SPLIT_K == 1) {
+      const bool full_tile = (m_blk + 1) * BM <= p.M && (n_blk + 1) * BN <= p.N;
+      if constexpr (EPILOGUE != 0) {             // triu / tril: zeros outside the triangle
+        CUTE_UNROLL
+        for (int i = 0; i < size(accS); ++i)
+          if (!keep(get<0>(tCcC(i)), get<1>(tCcC(i)))) accS(i) = 0.f;
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(accS); i += 2) {
+        const int m = get<0>(tCcC(i)), n = get<1>(tCcC(i));
+        if (full_tile && p.c_vec2) {
           *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
-        } else {
-          if (n < p.N) tCgC(i) = accS(i);
-          if (n + 1 < p.N) tCgC(i + 1) = accS(i + 1);
+        } else if (m < p.M) {
+          if (p.c_vec2 && n + 1 < p.N) {
+            *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
+          } else {
+            if (n < p.N) tCgC(i) = accS(i);
+            if (n + 1 < p.N) tCgC(i + 1) = accS(i + 1);
+          }
         }
       }
+    } else {
+      // Split-K: the partial tile goes to this CTA's shared memory (the pipeline buffers are
+      // dead: the __syncthreads below waits for every wgmma and producer write), then rank r
+      // of the cluster sums rows [r BM / SPLIT_K, (r + 1) BM / SPLIT_K) of all partials in rank
+      // order through distributed shared memory (deterministic) and stores them.
+      __syncthreads();
+      Tensor red = make_tensor(make_smem_ptr(reinterpret_cast<float*>(base)), RedLayout{});
+      Tensor tCred = thr.partition_C(red);
+      CUTE_UNROLL
+      for (int i = 0; i < size(accS); i += 2)
+        *reinterpret_cast<float2*>(&tCred(i)) = make_float2(accS(i), accS(i + 1));
     }
+  }
+  if constexpr (SPLIT_K > 1) {
+    if (wg == 0) __syncthreads();                // the producer warpgroup's half of the barrier above
+    cute::cluster_sync();                        // every partial tile of the cluster is in shared memory
+    if (wg != 0) reduce_split_k(p, reinterpret_cast<float*>(base), m_blk, n_blk, l, krank);
+    cute::cluster_sync();                        // keep our partial alive until every peer read it
   }
 }
 
 // TMA descriptors over the 3-D views (M, K, L) of A and (N, K, L) of B (batch strides a_l, b_l;
-// L = 1 for a plain or folded GEMM), then one launch: grid (tiles_m * tiles_n, L).
+// L = 1 for a plain or folded GEMM), then one launch: grid (tiles_m * tiles_n * SPLIT_K, L),
+// clusters of SPLIT_K CTAs (the K slices of one tile).
 inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t ldb, int64_t a_l, int64_t b_l,
                           Params p, cudaStream_t stream) {
   auto tileA = make_shape(Int<BM>{}, Int<BK>{});
@@ -1131,8 +1216,24 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
   auto kernel = gemm_3xtf32_wgmma_kernel<decltype(tma_a), decltype(tma_b)>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(unsigned(int64_t(p.tiles_m) * p.tiles_n), unsigned(p.L), 1);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, tma_a, tma_b);
+  if constexpr (SPLIT_K > 8) {   // 16-CTA clusters are beyond the portable 8
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(p.L), 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;   // split-K: the K slices of a tile
+  attr[0].val.clusterDim.x = SPLIT_K;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, kernel, p, tma_a, tma_b);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 
@@ -1204,8 +1305,8 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
 #if WGMMA
   // Hopper path: TMA needs 16-byte aligned bases and row strides (== `vec`); K = 0 stays on
   // the mma.sync kernel (it writes the zeros); M, N edges and a K tail are TMA zero fill plus
-  // the predicated epilogue. Triangular epilogues and split-K are mma.sync only.
-  if (EPILOGUE == 0 && SPLIT_K == 1 && vec && K > 0 && L * M * K < (int64_t(1) << 37) &&
+  // the predicated epilogue (masked to the triangle for EPILOGUE = 1 / 2).
+  if (vec && K > 0 && L * M * K < (int64_t(1) << 37) &&
       L * K * N < (int64_t(1) << 37)) {
     wg::Params q;
     q.C = p.C;
@@ -1214,10 +1315,11 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
     q.tiles_m = int((M + BM - 1) / BM);
     q.tiles_n = int((N + BN - 1) / BN);
     q.c_vec2 = p.c_vec2;
+    q.c_vec4 = p.c_vec4;
     q.A = p.A;
     q.lda = p.lda;
     q.a_l = p.a_l;
-    if (int64_t(q.tiles_m) * q.tiles_n > INT32_MAX) return cudaErrorInvalidValue;
+    if (int64_t(q.tiles_m) * q.tiles_n * SPLIT_K > INT32_MAX) return cudaErrorInvalidValue;
     return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
   }
 #endif
