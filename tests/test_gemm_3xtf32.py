@@ -60,7 +60,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE", "WGMMA"]
+            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST"]
 
 
 def _src(task: str | None = None) -> str:
@@ -474,6 +474,8 @@ def test_wgmma_constraint():
         assert violated_constraints(s, _defaults(s)) == [], task
     # SPLIT_K = 16 (a non-portable cluster) only for the Hopper kernel
     assert ok(WGMMA=1, SPLIT_K=16) and not ok(SPLIT_K=16) and ok(SPLIT_K=8)
+    # PERSIST (one CTA per SM looping over tiles): Hopper kernel, one CTA per tile's K
+    assert ok(WGMMA=1, PERSIST=1) and not ok(PERSIST=1) and not ok(WGMMA=1, PERSIST=1, SPLIT_K=2)
     policy = pytest.importorskip("evaluators.policy")
     for task in ("kb01_square", "kb16_trans_a", "kb17_trans_b", "kb18_trans_both", "kb14_upper"):
         s = _src(task)

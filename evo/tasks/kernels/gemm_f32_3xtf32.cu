@@ -11,6 +11,10 @@
 // hazards). The current design (the producer warpgroup splits B, mbarrier hand-off) ran
 // deterministically in those configurations too (benchmarks/repeat.py, 0 of 16 calls differ),
 // so the constraint admits them again; the harness's nondeterminism checks stay the guard.
+// The likely cause surfaced later the same day: kb09 with PERSIST = 1 showed the same pattern
+// (8 rows of one tile wrong) until the consumers put fence.proxy.async between their A loads
+// from a stage and its release (the refill is a TMA write, another proxy); with the fence it
+// passed every check and 0 of 8 calls differed.
 //
 // WGMMA = 1 (tunable; all of its device code sits in `#if WGMMA`): a second kernel, picked on
 // the host per call. Eligible calls (K >= 1, A and B 16-byte aligned, contiguous extents K or
@@ -36,8 +40,12 @@
 // (slot 8 j + 4 h + t holds k = 8 t + 4 h + j, the same for A and B) so a thread's four
 // k-blocks of a fragment row are one float4. Epilogue: 8-byte column-pair stores straight from
 // the accumulator (scalar at the N edge or for odd N / 4-byte aligned C). EPI_SMEM, WARPS_M/N,
-// MIN_BLOCKS and PROMOTE only affect the mma.sync kernel. No allocation, no atomics, one
-// launch: deterministic.
+// MIN_BLOCKS and PROMOTE only affect the mma.sync kernel. PERSIST = 1 (SPLIT_K = 1): one CTA
+// per SM loops over the tiles (batch included), the ring positions carrying over, so the
+// producer loads and splits the next tile while the consumers store this one (store-bound
+// small-K shapes). A consumer releases an A stage only after fence.proxy.async: the refill is
+// a TMA (async-proxy) write, and without the fence one warp's fragment rows of a tile came out
+// wrong (kb09 with PERSIST = 1). No allocation, no atomics, one launch: deterministic.
 //
 // Verified on the CPU for both paths (tests/test_gemm_3xtf32.py): for every seed of
 // evo.tasks.gemm_seeds.F32_3XTF32_SEEDS the rendered source passes the static policy, its
@@ -123,6 +131,7 @@
 // @tunable TF32_CVT = 0 in {0, 1}
 // @tunable PROMOTE = 1 in {0, 1}
 // @tunable WGMMA = 0 in {0, 1}
+// @tunable PERSIST = 0 in {0, 1}
 // @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
 // @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
 // @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
@@ -131,6 +140,7 @@
 // @constraint MIN_BLOCKS * (STAGES * ((1 - TRANS_A) * BM * (BK + 4) + TRANS_A * BK * (BM + 8) + TRANS_B * BN * (BK + 4) + (1 - TRANS_B) * BK * (BN + 8)) * 4 + 1024) <= 233472
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
 // @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0) && (SPLIT_K <= 8 || WGMMA == 1)
+// @constraint PERSIST == 0 || (WGMMA == 1 && SPLIT_K == 1)
 // @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + TRANS_A * 2 * BM * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
@@ -170,6 +180,9 @@
 #endif
 #ifndef WGMMA
 #define WGMMA 0
+#endif
+#ifndef PERSIST
+#define PERSIST 0
 #endif
 // Debugging aid, not a tunable (written for the first design's race, see History above): -DEVO_DEBUG_A_CHECK=1 makes the
 // Hopper kernel's consumers compare every raw A value they load from a stage with A in global
@@ -919,6 +932,7 @@ using RedLayout = Layout<Shape<Int<BM>, Int<BN>>, Stride<Int<BN + 4>, _1>>;
 static_assert(SPLIT_K == 1 || BM * (BN + 4) * 4 <= kABytes + kAkmBytes + kBstBytes + 2 * kBopBytes,
               "split-K partial tile must fit in the pipeline buffers");
 static_assert(SPLIT_K == 1 || BM % SPLIT_K == 0, "split-K: BM rows divide among the cluster");
+static_assert(PERSIST == 0 || SPLIT_K == 1, "PERSIST = 1 needs SPLIT_K = 1 (a cluster reduces one tile)");
 
 // Split-K: rows [krank BM / SPLIT_K, ...) of the tile, summed over the cluster's partials in rank
 // order (ld.shared::cluster), stored to C with 16-byte stores where the row segment allows.
@@ -977,21 +991,34 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
   Tensor sSmall = make_tensor(make_smem_ptr(smemSmall), SmemLayoutBop{});
 
   const int wg = threadIdx.x / 128;
-  const int l = blockIdx.y;
-  const int tile = blockIdx.x / SPLIT_K;
   const int krank = blockIdx.x % SPLIT_K;   // == rank in the (SPLIT_K, 1, 1) cluster
-  const int group_size = GROUP_M * p.tiles_n;
-  const int first_m = (tile / group_size) * GROUP_M;
-  const int gm = min(p.tiles_m - first_m, GROUP_M);
-  const int m_blk = first_m + (tile % group_size) % gm;
-  const int n_blk = (tile % group_size) / gm;
+  // Work units w = l * tiles_m * tiles_n + tile. PERSIST = 0: one per CTA (blockIdx.x / SPLIT_K,
+  // batch blockIdx.y); PERSIST = 1: CTA b takes w = b, b + gridDim.x, ... (gridDim.x <= #SMs),
+  // so the producer loads and splits the next tile while the consumers store this one.
+  const int tiles_mn = p.tiles_m * p.tiles_n;
+  const int w_first = PERSIST ? int(blockIdx.x) : int(blockIdx.y) * tiles_mn + int(blockIdx.x) / SPLIT_K;
+  const int w_end = PERSIST ? tiles_mn * p.L : w_first + 1;
+  const int w_step = PERSIST ? int(gridDim.x) : 1;
   // This CTA's K slice: k-tiles [kt0, kt0 + k_tiles) (split-K: slice krank of SPLIT_K; a
   // slice may be empty when K is short, then the CTA contributes zeros).
   const int k_all = (p.K + BK - 1) / BK;     // >= 1 (the host sends K = 0 to the mma.sync kernel)
   const int k_per = (k_all + SPLIT_K - 1) / SPLIT_K;
   const int kt0 = krank * k_per;
-  // Tiles wholly in the zeroed triangle (EPILOGUE = 1 / 2) skip the main loop: zeros out.
-  const int k_tiles = tile_is_zero(m_blk * BM, n_blk * BN) ? 0 : max(0, min(k_all, kt0 + k_per) - kt0);
+  const int k_slice = max(0, min(k_all, kt0 + k_per) - kt0);
+  struct Work { int m_blk, n_blk, l, k_tiles; };
+  auto work_of = [&](int w) {
+    Work u;
+    u.l = w / tiles_mn;
+    const int tile = w % tiles_mn;
+    const int group_size = GROUP_M * p.tiles_n;
+    const int first_m = (tile / group_size) * GROUP_M;
+    const int gm = min(p.tiles_m - first_m, GROUP_M);
+    u.m_blk = first_m + (tile % group_size) % gm;
+    u.n_blk = (tile % group_size) / gm;
+    // Tiles wholly in the zeroed triangle (EPILOGUE = 1 / 2) skip the main loop: zeros out.
+    u.k_tiles = tile_is_zero(u.m_blk * BM, u.n_blk * BN) ? 0 : k_slice;
+    return u;
+  };
 
   if (threadIdx.x == 0) {
     CUTE_UNROLL
@@ -1018,38 +1045,51 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     if constexpr (kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
     Tensor mB = tma_b.get_tma_tensor(make_shape(p.N, p.K, p.L));
-    Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
-    Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
+    Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
+    Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
     auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBst), group_modes<0, 2>(gB));
     const bool leader = threadIdx.x / 32 == 0 && elect_one_sync();
-    if (leader) {
-      for (int kt = 0; kt < STAGES && kt < k_tiles; ++kt) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[kt], kStageTx);
-        copy(tma_a.with(full[kt]), tAgA(_, kt0 + kt), tAsA(_, kt));
-        copy(tma_b.with(full[kt]), tBgB(_, kt0 + kt), tBsB(_, kt));
+    // The leader's issue cursor runs STAGES k-tiles ahead of the split, across work units.
+    int iw = w_first, ikt = 0;
+    Work iu = work_of(iw);
+    auto issue = [&](int st) {
+      while (iw < w_end && ikt >= iu.k_tiles) {
+        iw += w_step;
+        ikt = 0;
+        if (iw < w_end) iu = work_of(iw);
       }
+      if (iw >= w_end) return;
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[st], kStageTx);
+      copy(tma_a.with(full[st]), tAgA(_, iu.m_blk, kt0 + ikt, iu.l), tAsA(_, st));
+      copy(tma_b.with(full[st]), tBgB(_, iu.n_blk, kt0 + ikt, iu.l), tBsB(_, st));
+      ++ikt;
+    };
+    if (leader) {
+      for (int st = 0; st < STAGES; ++st) issue(st);
     }
     const int w = threadIdx.x;
     int stage = 0, phase = 0, b = 0, bph = 0;
 #pragma unroll 1
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
-      cutlass::arch::ClusterBarrier::wait(&bempty[b], bph ^ 1);
-      transform_b<128>(sBst, stage, sBig, sSmall, b, w);
-      if constexpr (kATrans) transform_rows<128, BM, false>(sA, stage, sAkm, sAkm, b, w);
-      cutlass::arch::fence_view_async_shared();   // generic-proxy writes -> wgmma (async proxy)
-      cutlass::arch::ClusterBarrier::arrive(&bfull[b]);
-      cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
-      if (leader && kt + STAGES < k_tiles) {
-        cutlass::arch::ClusterBarrier::wait(&empty[stage], phase);
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageTx);
-        copy(tma_a.with(full[stage]), tAgA(_, kt0 + kt + STAGES), tAsA(_, stage));
-        copy(tma_b.with(full[stage]), tBgB(_, kt0 + kt + STAGES), tBsB(_, stage));
+    for (int wu = w_first; wu < w_end; wu += w_step) {
+      const int nk = work_of(wu).k_tiles;
+#pragma unroll 1
+      for (int kt = 0; kt < nk; ++kt) {
+        cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
+        cutlass::arch::ClusterBarrier::wait(&bempty[b], bph ^ 1);
+        transform_b<128>(sBst, stage, sBig, sSmall, b, w);
+        if constexpr (kATrans) transform_rows<128, BM, false>(sA, stage, sAkm, sAkm, b, w);
+        cutlass::arch::fence_view_async_shared();   // generic-proxy writes -> wgmma (async proxy)
+        cutlass::arch::ClusterBarrier::arrive(&bfull[b]);
+        cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+        if (leader) {
+          cutlass::arch::ClusterBarrier::wait(&empty[stage], phase);   // consumers read its A too
+          issue(stage);
+        }
+        __syncwarp();
+        if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        if (++b == kNBop) { b = 0; bph ^= 1; }
       }
-      __syncwarp();
-      if (++stage == STAGES) { stage = 0; phase ^= 1; }
-      if (++b == kNBop) { b = 0; bph ^= 1; }
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
@@ -1074,21 +1114,10 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     float4 qA[4];                                 // raw A fragment of the next k-tile
     constexpr int kJ = BK / 8, kJh = kJ / 2;
 
-    float* const Cl = p.C + l * p.c_l;
-    Tensor mC = make_tensor(make_gmem_ptr(Cl), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
-    Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(m_blk, n_blk));
-    Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
-                           make_coord(m_blk, n_blk));
-    Tensor tCgC = thr.partition_C(gC);
-    Tensor tCcC = thr.partition_C(cC);
-    Tensor accT = thr.partition_fragment_C(gC);   // per-k-tile tensor-core accumulator
-    Tensor accS = thr.partition_fragment_C(gC);   // fp32 total (promotion target)
-    clear(accS);
-
     // Raw A fragment of k-tile `kt` (its stage, or with kATrans its operand buffer): read, then
     // the stage is released (kATrans: the producer already did; the buffer's release is bempty).
     bool told = false;                            // EVO_DEBUG_A_CHECK: one report per thread
-    auto fetch_a = [&](int kt, int st, int ph, int bf, int bfph) {
+    auto fetch_a = [&](Work const& u, int kt, int st, int ph, int bf, int bfph) {
       if constexpr (kATrans) {
         cutlass::arch::ClusterBarrier::wait(&bfull[bf], bfph);
         load_a(sAkm, bf, r0, t, qA);
@@ -1096,92 +1125,121 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
         cutlass::arch::ClusterBarrier::wait(&full[st], ph);
         load_a(sA, st, r0, t, qA);
       }
-      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, l, m_blk * BM, kt0 + kt, st, r0, t, told);
-      if constexpr (!kATrans) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
-    };
-    if (k_tiles > 0) {
-      fetch_a(0, 0, 0, 0, 0);
-      split_a<0, kJ>(qA, rA);
-    }
-
-    // Per k-tile: wait for the B operand buffer, then the wgmmas go out in two commit groups
-    // (k-blocks [0, kJh), [kJh, kJ)). While they run: load the next tile's raw A fragment and
-    // release its stage. When the first group retires its fragment registers take the next
-    // tile's first half; when the second retires the buffer is released (bempty), the second
-    // half is split and the tile accumulator promoted. One warpgroup's split and promotion
-    // overlap the other's wgmmas.
-    int stage = 0, phase = 0;                     // stage / phase of tile kt
-    int bb = 0, bph = 0;                          // operand buffer of tile kt and its phase
-#pragma unroll 1
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const bool next = kt + 1 < k_tiles;
-      cutlass::arch::ClusterBarrier::wait(&bfull[bb], bph);
-      warpgroup_fence_operand(accT);
-      fence_a<0, kJ>(rA);
-      warpgroup_arrive();
-      mma_kblocks<0, kJh>(mma, rA, tCrBig, tCrSmall, bb, accT);
-      warpgroup_commit_batch();
-      mma_kblocks<kJh, kJ>(mma, rA, tCrBig, tCrSmall, bb, accT);
-      warpgroup_commit_batch();
-      if (++stage == STAGES) { stage = 0; phase ^= 1; }
-      const int nb = bb + 1 == kNBop ? 0 : bb + 1;
-      const int nbph = bb + 1 == kNBop ? bph ^ 1 : bph;
-      if (next) fetch_a(kt + 1, stage, phase, nb, nbph);
-      warpgroup_wait<1>();
-      fence_a<0, kJh>(rA);
-      if (next) split_a<0, kJh>(qA, rA);
-      warpgroup_wait<0>();
-      cutlass::arch::ClusterBarrier::arrive(&bempty[bb]);
-      warpgroup_fence_operand(accT);
-      fence_a<kJh, kJ>(rA);
-      if (next) split_a<kJh, kJ>(qA, rA);
-      CUTE_UNROLL
-      for (int i = 0; i < size(accS); ++i) accS(i) += accT(i);
-      bb = nb;
-      bph = nbph;
-    }
-
-    // ------------------------------- epilogue ------------------------------------------
-    // Accumulator values i, i+1 (i even) are columns n, n + 1 (n even) of one row m. Rows and
-    // columns outside C (the TMA zero-filled them) are not stored.
-    if constexpr (SPLIT_K == 1) {
-      const bool full_tile = (m_blk + 1) * BM <= p.M && (n_blk + 1) * BN <= p.N;
-      if constexpr (EPILOGUE != 0) {             // triu / tril: zeros outside the triangle
-        CUTE_UNROLL
-        for (int i = 0; i < size(accS); ++i)
-          if (!keep(get<0>(tCcC(i)), get<1>(tCcC(i)))) accS(i) = 0.f;
+      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, u.l, u.m_blk * BM, kt0 + kt, st, r0, t, told);
+      if constexpr (!kATrans) {
+        // The stage's next content arrives by TMA (async proxy): a proxy fence orders these
+        // generic-proxy reads before that write. Without it the release let the refill land
+        // while loads were still outstanding: 8 rows of one tile (one warp's fragment rows)
+        // came out wrong in kb09 with PERSIST = 1 (H200, 2026-12-01), and this is the likely
+        // cause of the first design's "single wrong rows" race (see History above).
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::ClusterBarrier::arrive(&empty[st]);
       }
-      CUTE_UNROLL
-      for (int i = 0; i < size(accS); i += 2) {
-        const int m = get<0>(tCcC(i)), n = get<1>(tCcC(i));
-        if (full_tile && p.c_vec2) {
-          *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
-        } else if (m < p.M) {
-          if (p.c_vec2 && n + 1 < p.N) {
+    };
+
+    // Ring positions carry over from one work unit to the next (PERSIST): stage / phase of the
+    // next k-tile to read, operand buffer / phase of the next k-tile to multiply.
+    int stage = 0, phase = 0;
+    int bb = 0, bph = 0;
+    Work u = work_of(w_first);
+#pragma unroll 1
+    for (int wu = w_first; wu < w_end; wu += w_step) {
+      if (wu != w_first) u = work_of(wu);
+      const int k_tiles = u.k_tiles;
+      float* const Cl = p.C + u.l * p.c_l;
+      Tensor mC = make_tensor(make_gmem_ptr(Cl), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+      Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(u.m_blk, u.n_blk));
+      Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                             make_coord(u.m_blk, u.n_blk));
+      Tensor tCgC = thr.partition_C(gC);
+      Tensor tCcC = thr.partition_C(cC);
+      Tensor accT = thr.partition_fragment_C(gC);   // per-k-tile tensor-core accumulator
+      Tensor accS = thr.partition_fragment_C(gC);   // fp32 total (promotion target)
+      clear(accS);
+      if (k_tiles > 0) {
+        fetch_a(u, 0, stage, phase, bb, bph);
+        split_a<0, kJ>(qA, rA);
+      }
+
+      // Per k-tile: wait for the B operand buffer, then the wgmmas go out in two commit groups
+      // (k-blocks [0, kJh), [kJh, kJ)). While they run: load the next tile's raw A fragment and
+      // release its stage. When the first group retires its fragment registers take the next
+      // tile's first half; when the second retires the buffer is released (bempty), the second
+      // half is split and the tile accumulator promoted. One warpgroup's split and promotion
+      // overlap the other's wgmmas.
+#pragma unroll 1
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const bool next = kt + 1 < k_tiles;
+        cutlass::arch::ClusterBarrier::wait(&bfull[bb], bph);
+        warpgroup_fence_operand(accT);
+        fence_a<0, kJ>(rA);
+        warpgroup_arrive();
+        mma_kblocks<0, kJh>(mma, rA, tCrBig, tCrSmall, bb, accT);
+        warpgroup_commit_batch();
+        mma_kblocks<kJh, kJ>(mma, rA, tCrBig, tCrSmall, bb, accT);
+        warpgroup_commit_batch();
+        if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        const int nb = bb + 1 == kNBop ? 0 : bb + 1;
+        const int nbph = bb + 1 == kNBop ? bph ^ 1 : bph;
+        if (next) fetch_a(u, kt + 1, stage, phase, nb, nbph);
+        warpgroup_wait<1>();
+        fence_a<0, kJh>(rA);
+        if (next) split_a<0, kJh>(qA, rA);
+        warpgroup_wait<0>();
+        cutlass::arch::ClusterBarrier::arrive(&bempty[bb]);
+        warpgroup_fence_operand(accT);
+        fence_a<kJh, kJ>(rA);
+        if (next) split_a<kJh, kJ>(qA, rA);
+        CUTE_UNROLL
+        for (int i = 0; i < size(accS); ++i) accS(i) += accT(i);
+        bb = nb;
+        bph = nbph;
+      }
+
+      // ------------------------------- epilogue ----------------------------------------
+      // Accumulator values i, i+1 (i even) are columns n, n + 1 (n even) of one row m. Rows and
+      // columns outside C (the TMA zero-filled them) are not stored.
+      if constexpr (SPLIT_K == 1) {
+        const bool full_tile = (u.m_blk + 1) * BM <= p.M && (u.n_blk + 1) * BN <= p.N;
+        if constexpr (EPILOGUE != 0) {             // triu / tril: zeros outside the triangle
+          CUTE_UNROLL
+          for (int i = 0; i < size(accS); ++i)
+            if (!keep(get<0>(tCcC(i)), get<1>(tCcC(i)))) accS(i) = 0.f;
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(accS); i += 2) {
+          const int m = get<0>(tCcC(i)), n = get<1>(tCcC(i));
+          if (full_tile && p.c_vec2) {
             *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
-          } else {
-            if (n < p.N) tCgC(i) = accS(i);
-            if (n + 1 < p.N) tCgC(i + 1) = accS(i + 1);
+          } else if (m < p.M) {
+            if (p.c_vec2 && n + 1 < p.N) {
+              *reinterpret_cast<float2*>(&tCgC(i)) = make_float2(accS(i), accS(i + 1));
+            } else {
+              if (n < p.N) tCgC(i) = accS(i);
+              if (n + 1 < p.N) tCgC(i + 1) = accS(i + 1);
+            }
           }
         }
+      } else {
+        // Split-K (one work unit per CTA): the partial tile goes to this CTA's shared memory
+        // (the pipeline buffers are dead: the __syncthreads below waits for every wgmma and
+        // producer write), then rank r of the cluster sums rows [r BM / SPLIT_K,
+        // (r + 1) BM / SPLIT_K) of all partials in rank order through distributed shared
+        // memory (deterministic) and stores them.
+        __syncthreads();
+        Tensor red = make_tensor(make_smem_ptr(reinterpret_cast<float*>(base)), RedLayout{});
+        Tensor tCred = thr.partition_C(red);
+        CUTE_UNROLL
+        for (int i = 0; i < size(accS); i += 2)
+          *reinterpret_cast<float2*>(&tCred(i)) = make_float2(accS(i), accS(i + 1));
       }
-    } else {
-      // Split-K: the partial tile goes to this CTA's shared memory (the pipeline buffers are
-      // dead: the __syncthreads below waits for every wgmma and producer write), then rank r
-      // of the cluster sums rows [r BM / SPLIT_K, (r + 1) BM / SPLIT_K) of all partials in rank
-      // order through distributed shared memory (deterministic) and stores them.
-      __syncthreads();
-      Tensor red = make_tensor(make_smem_ptr(reinterpret_cast<float*>(base)), RedLayout{});
-      Tensor tCred = thr.partition_C(red);
-      CUTE_UNROLL
-      for (int i = 0; i < size(accS); i += 2)
-        *reinterpret_cast<float2*>(&tCred(i)) = make_float2(accS(i), accS(i + 1));
     }
   }
   if constexpr (SPLIT_K > 1) {
+    const Work u = work_of(w_first);
     if (wg == 0) __syncthreads();                // the producer warpgroup's half of the barrier above
     cute::cluster_sync();                        // every partial tile of the cluster is in shared memory
-    if (wg != 0) reduce_split_k(p, reinterpret_cast<float*>(base), m_blk, n_blk, l, krank);
+    if (wg != 0) reduce_split_k(p, reinterpret_cast<float*>(base), u.m_blk, u.n_blk, u.l, krank);
     cute::cluster_sync();                        // keep our partial alive until every peer read it
   }
 }
@@ -1221,7 +1279,17 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
     if (err != cudaSuccess) return err;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(p.L), 1);
+  if constexpr (PERSIST) {   // one CTA per SM (1 CTA fits per SM), each looping over tiles
+    int dev = 0, sms = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.L;
+    cfg.gridDim = dim3(unsigned(work < sms ? work : sms), 1, 1);
+  } else {
+    cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(p.L), 1);
+  }
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
@@ -1319,7 +1387,7 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
     q.A = p.A;
     q.lda = p.lda;
     q.a_l = p.a_l;
-    if (int64_t(q.tiles_m) * q.tiles_n * SPLIT_K > INT32_MAX) return cudaErrorInvalidValue;
+    if (int64_t(q.tiles_m) * q.tiles_n * (PERSIST ? int64_t(q.L) : int64_t(SPLIT_K)) > INT32_MAX) return cudaErrorInvalidValue;
     return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
   }
 #endif
