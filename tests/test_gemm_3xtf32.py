@@ -509,6 +509,26 @@ def test_wgmma_sass_has_hgmma_tf32(request, tmp_path):
     assert hgmma and all(int(n) == d["BN"] for n in hgmma), hgmma[:4]
     assert len(hgmma) == 3 * d["BK"] // 8, len(hgmma)          # one k-tile's worth, in the loop
     assert "USETMAXREG" in sass                                # producer/consumer register split
+    # Race guard (docs/kernels.md, "The A-stage release fence"): in the wgmma kernel no mbarrier
+    # arrive follows a shared-memory load without a FENCE.VIEW.ASYNC (fence.proxy.async) in
+    # between, in program order; without the consumers' fence the A-stage releases break this.
+    kernel = sass[sass.index("gemm_3xtf32_wgmma_kernel"):]
+    kernel = kernel[:kernel.find("Function :") if "Function :" in kernel else len(kernel)]
+    pending, arrives, unfenced = False, 0, []
+    for line in kernel.splitlines():
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        if op.startswith("LDS"):
+            pending = True
+        elif op.startswith("FENCE.VIEW.ASYNC"):
+            pending = False
+        elif op.startswith("SYNCS.ARRIVE"):
+            arrives += 1
+            if pending:
+                unfenced.append(line.strip()[:100])
+    assert arrives >= 3 and not unfenced, unfenced
 
 
 HOST_CHECK_WGMMA = r"""
