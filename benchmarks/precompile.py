@@ -12,7 +12,6 @@ render table). Exit 1 when any build fails (its compiler message is printed).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import os
 import sys
 from pathlib import Path
@@ -29,30 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     args = ap.parse_args(argv)
 
-    from benchmarks.probe import _load, _source
-    from evaluators.base import CompileSettings
-    from evaluators.compile import compile_candidate
-    from evo.records import Candidate, Operator
+    from benchmarks.probe import _candidate, _compile_all, _load
 
     cands = []
     for item in args.items:
         if item.endswith(".json"):
-            for e in _load(Path(item)):
-                params = {str(k): str(v) for k, v in e["params"].items()}
-                cands.append(Candidate.create(e["task"], _source(e["task"], e["source"]), params,
-                                              operator=Operator.SEED))
+            cands += [_candidate(e["task"], e["source"], e["params"]) for e in _load(Path(item))]
         else:
             task, _, kv = item.partition(":")
-            params = dict(x.split("=", 1) for x in kv.split(",") if x)
-            cands.append(Candidate.create(task, _source(task, args.source), params, operator=Operator.SEED))
-    settings = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
+            cands.append(_candidate(task, args.source, dict(x.split("=", 1) for x in kv.split(",") if x)))
     failed = 0
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for c, out in zip(cands, pool.map(lambda c: compile_candidate(c, settings), cands)):
-            print(f"{'ok  ' if out.ok else 'FAIL'} {c.task} {dict(c.params)}")
-            if not out.ok:
-                failed += 1
-                print(out.result.reason[:2000])
+    for c, out in zip(cands, _compile_all(cands, args.jobs)):
+        print(f"{'ok  ' if out.ok else 'FAIL'} {c.task} {dict(c.params)}")
+        if not out.ok:
+            failed += 1
+            print(out.result.reason[:2000])
     return 1 if failed else 0
 
 

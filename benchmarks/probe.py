@@ -67,6 +67,24 @@ def _source(task: str, source: str) -> str:
     return (ROOT / source).read_text()
 
 
+def _candidate(task: str, source: str, params: dict):
+    """A seed-operator candidate of ``task`` from a spec source and tunable values."""
+    from evo.records import Candidate, Operator
+
+    return Candidate.create(task, _source(task, source), {str(k): str(v) for k, v in params.items()},
+                            operator=Operator.SEED)
+
+
+def _compile_all(cands: list, jobs: int) -> list:
+    """Compile outcomes of ``cands`` (same order), built in parallel into ``.evo/cache``."""
+    from evaluators.base import CompileSettings
+    from evaluators.compile import compile_candidate
+
+    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda c: compile_candidate(c, cs), cands))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="+", type=Path, help="JSON spec file(s)")
@@ -79,23 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from evaluators.base import CompileSettings, HarnessSettings
-    from evaluators.compile import compile_candidate
+    from evaluators.base import HarnessSettings
     from evaluators.isolation import HarnessJob, run_isolated
-    from evo.records import Candidate, Operator, Status
+    from evo.records import Status
     from evo.tasks import get_task
 
     entries = [e for p in args.spec for e in _load(p)]
-    cands = []
-    for e in entries:
-        src = _source(e["task"], e["source"])
-        params = {str(k): str(v) for k, v in e["params"].items()}
-        cands.append(Candidate.create(e["task"], src, params, operator=Operator.SEED))
-    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
+    cands = [_candidate(e["task"], e["source"], e["params"]) for e in entries]
     hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout)
     t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        built = list(pool.map(lambda c: compile_candidate(c, cs), cands))
+    built = _compile_all(cands, args.jobs)
     log.info("compiled %d variants in %.0f s", len(built), time.monotonic() - t0)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []

@@ -184,12 +184,6 @@
 #ifndef PERSIST
 #define PERSIST 0
 #endif
-// Debugging aid, not a tunable (written for the first design's race, see History above): -DEVO_DEBUG_A_CHECK=1 makes the
-// Hopper kernel's consumers compare every raw A value they load from a stage with A in global
-// memory and print each thread's first mismatch (benchmarks/repeat.py -D EVO_DEBUG_A_CHECK=1).
-#ifndef EVO_DEBUG_A_CHECK
-#define EVO_DEBUG_A_CHECK 0
-#endif
 #if WGMMA
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -354,8 +348,23 @@ CUTE_DEVICE float4 dsmem_load4(const float* local, uint32_t rank) {
   return v;
 }
 
-// Store 4 consecutive columns (m, n .. n+3) of C, masked by the epilogue and the matrix.
-CUTE_DEVICE void store4(const Params& p, float* crow, int m, int n, float4 v) {
+// 16 bytes at `local`, summed over the cluster's CTAs 0 .. kRanks - 1 in rank order (a fixed
+// order: deterministic split-K sums).
+template <int kRanks>
+CUTE_DEVICE float4 cluster_sum4(const float* local) {
+  float4 s = dsmem_load4(local, 0);
+  CUTE_UNROLL
+  for (int q = 1; q < kRanks; ++q) {
+    const float4 v = dsmem_load4(local, q);
+    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+  }
+  return s;
+}
+
+// Store 4 consecutive columns (m, n .. n+3) of C, masked by the epilogue and the matrix. Both
+// kernels' parameter blocks carry N and c_vec4.
+template <class P>
+CUTE_DEVICE void store4(const P& p, float* crow, int m, int n, float4 v) {
   if constexpr (EPILOGUE != 0) {
     if (!keep(m, n)) v.x = 0.f;
     if (!keep(m, n + 1)) v.y = 0.f;
@@ -576,12 +585,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemm_3xtf32_kernel(Param
       if constexpr (kSplitSync == 1) {
         s = *reinterpret_cast<const float4*>(&red(r, c));
       } else {
-        s = dsmem_load4(&red(r, c), 0);
-        CUTE_UNROLL
-        for (int q = 1; q < kSplitSync; ++q) {   // fixed rank order: deterministic
-          const float4 v = dsmem_load4(&red(r, c), q);
-          s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        }
+        s = cluster_sum4<kSplitSync>(&red(r, c));
       }
       const int m = m0 + r;
       if (m < p.M) store4(p, Cl + int64_t(m) * p.N, m, n0 + c, s);
@@ -634,21 +638,16 @@ constexpr int kNBop = 2;                      // operand buffers (B big/small, t
 // consumers load their fragments with 16-byte loads as for a K-major A (H200: kb16 1.47x ->
 // 2.07x torch fp32 against sixteen 2-way-conflicted 4-byte loads from the M-major stage).
 constexpr bool kATrans = !kAKMajor;
-// Slot order of a k-tile (see phys_k): permuted whenever the consumers read A K-major.
-constexpr bool kSlotPerm = kAKMajor || kATrans;
 // setmaxnreg budgets with two consumer warpgroups (128 * P + 256 * C <= 65536): the producer
 // warpgroup splits B (and transposes A), so it keeps more than a TMA thread alone would.
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 
-// A stage (m, k, stage) as TMA writes it: K-major SW128 (TRANS_A = 0), M-major SW128 (TRANS_A = 1)
-// or, when the producer transposes it (kATrans), plain m-contiguous rows.
-using SmemLayoutAst = cute::conditional_t<
+// A stage (m, k, stage) as TMA writes it: K-major SW128 (TRANS_A = 0, read by the consumers) or
+// plain m-contiguous rows (TRANS_A = 1, transposed by the producer).
+using SmemLayoutA = cute::conditional_t<
     kATrans, Layout<Shape<Int<BM>, Int<BK>, Int<STAGES>>, Stride<_1, Int<BM>, Int<BM * BK>>>,
-    decltype(tile_to_shape(
-        cute::conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<float>, GMMA::Layout_MN_SW128_Atom<float>>{},
-        make_shape(Int<BM>{}, Int<BK>{}, Int<STAGES>{})))>;
-using SmemLayoutA = SmemLayoutAst;
+    decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, make_shape(Int<BM>{}, Int<BK>{}, Int<STAGES>{})))>;
 // kATrans: the transposed raw A, (m, k-slot, buffer), K-major SW128 fp32.
 using SmemLayoutAkm = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
                                              make_shape(Int<BM>{}, Int<BK>{}, Int<kNBop>{})));
@@ -676,20 +675,18 @@ using MmaOp = cute::conditional_t<BN == 128, SM90_64x128x8_F32TF32TF32_RS_TN<>, 
 using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kNWG>, _1, _1>>{}));
 
 // Logical k-slot s = 8 j + 4 h + t of a k-tile (k-block j, half h, lane % 4 = t: what the RS
-// wgmma A fragment pairs with B) -> physical k within the tile. K-major A (TRANS_A = 0): the
-// permutation k = 8 t + 4 h + j makes a thread's four k-blocks of one fragment row 4
-// consecutive floats (one 16-byte load from the swizzled A stage). M-major A: identity.
-CUTE_HOST_DEVICE constexpr int phys_k(int s) {
-  return kSlotPerm ? 8 * (s % 4) + 4 * ((s / 4) % 2) + s / 8 : s;
-}
+// wgmma A fragment pairs with B) -> physical k within the tile: the permutation
+// k = 8 t + 4 h + j makes a thread's four k-blocks of one fragment row 4 consecutive floats
+// (one 16-byte load from the K-major A stage or the producer's transposed copy).
+CUTE_HOST_DEVICE constexpr int phys_k(int s) { return 8 * (s % 4) + 4 * ((s / 4) % 2) + s / 8; }
 
 // TRANS_B = 1 transform of row n, half h: registers x[i] = physical chunk bk_src_chunk(h, i)
 // (16-byte loads); output e (slot chunk bk_dst_chunk(h, e)) element i = x[bk_src_reg(e, i)]
-// element bk_src_elem(e, i). Permuted slots: a 4 x 4 register transpose; identity: a copy.
-CUTE_HOST_DEVICE constexpr int bk_src_chunk(int h, int i) { return kSlotPerm ? 2 * i + h : 4 * h + i; }
-CUTE_HOST_DEVICE constexpr int bk_dst_chunk(int h, int e) { return kSlotPerm ? 2 * e + h : 4 * h + e; }
-CUTE_HOST_DEVICE constexpr int bk_src_reg(int e, int i) { return kSlotPerm ? i : e; }
-CUTE_HOST_DEVICE constexpr int bk_src_elem(int e, int i) { return kSlotPerm ? e : i; }
+// element bk_src_elem(e, i): a 4 x 4 register transpose (the permuted slot order).
+CUTE_HOST_DEVICE constexpr int bk_src_chunk(int h, int i) { return 2 * i + h; }
+CUTE_HOST_DEVICE constexpr int bk_dst_chunk(int h, int e) { return 2 * e + h; }
+CUTE_HOST_DEVICE constexpr int bk_src_reg(int e, int i) { return i; }
+CUTE_HOST_DEVICE constexpr int bk_src_elem(int e, int i) { return e; }
 
 struct Params {
   float* C;
@@ -698,8 +695,6 @@ struct Params {
   int tiles_m, tiles_n;
   int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
   int c_vec4;       // 1 when 16-byte stores of 4 columns (n % 4 == 0) to C are legal
-  const float* A;   // read only by the EVO_DEBUG_A_CHECK diagnostic (the kernel reads A by TMA)
-  int64_t lda, a_l;
 };
 
 CUTE_DEVICE void split(float x, uint32_t& big, uint32_t& small) {
@@ -714,25 +709,16 @@ CUTE_DEVICE float lds32(const void* p) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(cast_smem_ptr_to_uint(p)) : "memory");
   return v;
 }
-CUTE_DEVICE float4 lds128(const void* p) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cast_smem_ptr_to_uint(p)) : "memory");
-  return v;
-}
-CUTE_DEVICE void sts128(void* p, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-               :: "r"(cast_smem_ptr_to_uint(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-CUTE_DEVICE void sts128_at(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
 CUTE_DEVICE float4 lds128_at(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
   return v;
+}
+CUTE_DEVICE float4 lds128(const void* p) { return lds128_at(cast_smem_ptr_to_uint(p)); }
+CUTE_DEVICE void sts128_at(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 // Shared address of 16-byte chunk c of row n in a K-major SW128 fp32/tf32 tile (1024-byte
 // aligned atoms of 8 rows x 128 bytes, Swizzle<3,4,3> on bytes): the chunk index is XORed with
@@ -742,50 +728,17 @@ CUTE_DEVICE uint32_t sw128_chunk(uint32_t chunk0, int c) { return chunk0 ^ uint3
 CUTE_DEVICE float lane_of(float4 const& q, int j) { return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w; }
 
 // Raw A fragment of one k-tile: q[v] lane j = fragment value (v, 0, j) of the RS wgmma, i.e.
-// row r0 + 8 (v & 1), logical slot 8 j + 4 (v >> 1) + t. K-major A: one float4 per v (physical
-// k = 8 t + 4 (v >> 1) + j, j = 0..3); M-major A: four scalar loads per v.
+// row r0 + 8 (v & 1), logical slot 8 j + 4 (v >> 1) + t: one float4 per v (physical
+// k = 8 t + 4 (v >> 1) + j, j = 0..3) from a K-major tile.
 // Physical k (within the k-tile) of fragment value (v, 0, j) of lane t: logical slot
-// 8 j + 4 (v >> 1) + t. K-major A: a_frag_k(v, t, j) = a_frag_k(v, t, 0) + j.
+// 8 j + 4 (v >> 1) + t; a_frag_k(v, t, j) = a_frag_k(v, t, 0) + j.
 CUTE_HOST_DEVICE constexpr int a_frag_k(int v, int t, int j) { return phys_k(8 * j + 4 * (v >> 1) + t); }
 
 template <class SA>
 CUTE_DEVICE void load_a(SA const& sA, int st, int r0, int t, float4 (&q)[4]) {
   CUTE_UNROLL
   for (int v = 0; v < 4; ++v) {
-    const int m = r0 + 8 * (v & 1);
-    if constexpr (kSlotPerm) {
-      q[v] = lds128(&sA(m, a_frag_k(v, t, 0), st));
-    } else {
-      q[v] = make_float4(lds32(&sA(m, a_frag_k(v, t, 0), st)), lds32(&sA(m, a_frag_k(v, t, 1), st)),
-                         lds32(&sA(m, a_frag_k(v, t, 2), st)), lds32(&sA(m, a_frag_k(v, t, 3), st)));
-    }
-  }
-}
-
-// EVO_DEBUG_A_CHECK: A(m, k) of batch l as TMA would deliver it (zero outside M x K).
-CUTE_DEVICE float a_global(Params const& p, int l, int m, int k) {
-  if (m < 0 || m >= p.M || k < 0 || k >= p.K) return 0.f;
-  return p.A[l * p.a_l + (kAKMajor ? int64_t(m) * p.lda + k : int64_t(k) * p.lda + m)];
-}
-
-// EVO_DEBUG_A_CHECK: compares the raw fragment q of k-tile kt (read from `stage`) with global A
-// and prints this thread's first mismatch, with A STAGES k-tiles later and earlier at the same
-// place (equal to the first: the stage was refilled too early; to the second: read too early).
-CUTE_DEVICE void check_a(Params const& p, float4 const (&q)[4], int l, int m0, int kt, int stage, int r0,
-                         int t, bool& told) {
-  CUTE_UNROLL
-  for (int v = 0; v < 4; ++v) {
-    CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const int m = m0 + r0 + 8 * (v & 1), k = kt * BK + a_frag_k(v, t, j);
-      const float got = lane_of(q[v], j), want = a_global(p, l, m, k);
-      if (!told && __float_as_uint(got) != __float_as_uint(want)) {
-        told = true;
-        printf("A-check: block %d kt %d stage %d thread %d v %d j %d m %d k %d: smem %.9g A %.9g "
-               "A(k + STAGES*BK) %.9g A(k - STAGES*BK) %.9g\n", int(blockIdx.x), kt, stage, int(threadIdx.x),
-               v, j, m, k, got, want, a_global(p, l, m, k + STAGES * BK), a_global(p, l, m, k - STAGES * BK));
-      }
-    }
+    q[v] = lds128(&sA(r0 + 8 * (v & 1), a_frag_k(v, t, 0), st));
   }
 }
 
@@ -895,32 +848,29 @@ CUTE_DEVICE void transform_b(SBst const& sBst, int st, SBop& sBig, SBop& sSmall,
   } else {
     // K-major stage (TRANS_B = 1): task q = (row n, half h); consecutive threads take
     // consecutive rows (8 distinct swizzled chunks per 8 lanes for the 16-byte loads and stores).
-    // With kWorkers a multiple of BN, row n = w % BN is fixed and half h = w / BN + kStep r
-    // (compile-time when kWorkers == BN).
-    constexpr int kTasks = 2 * BN;
-    constexpr int kPer = (kTasks + kWorkers - 1) / kWorkers;
+    // Row n = w % BN is fixed and half h = w / BN + (kWorkers / BN) r (compile-time when
+    // kWorkers == BN).
+    static_assert(kWorkers % BN == 0 && (2 * BN) % kWorkers == 0, "K-major B split tasks must divide among the threads");
+    constexpr int kPer = 2 * BN / kWorkers;
     CUTE_UNROLL
     for (int r = 0; r < kPer; ++r) {
-      const int q = w + kWorkers * r;
-      if (kTasks % kWorkers == 0 || q < kTasks) {
-        const int n = kWorkers % BN == 0 ? (kWorkers == BN ? w : w % BN) : q % BN;
-        const int h = kWorkers % BN == 0 ? (kWorkers == BN ? r : w / BN + (kWorkers / BN) * r) : q / BN;
-        float4 x[4];
-        const uint32_t src0 = cast_smem_ptr_to_uint(&sBst(n, 0, st));
-        const uint32_t big0 = cast_smem_ptr_to_uint(&sBig(n, 0, buf));
-        const uint32_t small0 = cast_smem_ptr_to_uint(&sSmall(n, 0, buf));
-        CUTE_UNROLL
-        for (int i = 0; i < 4; ++i) x[i] = lds128_at(sw128_chunk(src0, bk_src_chunk(h, i)));
-        CUTE_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          uint4 b, s;
-          split(lane_of(x[bk_src_reg(e, 0)], bk_src_elem(e, 0)), b.x, s.x);
-          split(lane_of(x[bk_src_reg(e, 1)], bk_src_elem(e, 1)), b.y, s.y);
-          split(lane_of(x[bk_src_reg(e, 2)], bk_src_elem(e, 2)), b.z, s.z);
-          split(lane_of(x[bk_src_reg(e, 3)], bk_src_elem(e, 3)), b.w, s.w);
-          sts128_at(sw128_chunk(big0, bk_dst_chunk(h, e)), b);
-          sts128_at(sw128_chunk(small0, bk_dst_chunk(h, e)), s);
-        }
+      const int n = kWorkers == BN ? w : w % BN;
+      const int h = kWorkers == BN ? r : w / BN + (kWorkers / BN) * r;
+      float4 x[4];
+      const uint32_t src0 = cast_smem_ptr_to_uint(&sBst(n, 0, st));
+      const uint32_t big0 = cast_smem_ptr_to_uint(&sBig(n, 0, buf));
+      const uint32_t small0 = cast_smem_ptr_to_uint(&sSmall(n, 0, buf));
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) x[i] = lds128_at(sw128_chunk(src0, bk_src_chunk(h, i)));
+      CUTE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        uint4 b, s;
+        split(lane_of(x[bk_src_reg(e, 0)], bk_src_elem(e, 0)), b.x, s.x);
+        split(lane_of(x[bk_src_reg(e, 1)], bk_src_elem(e, 1)), b.y, s.y);
+        split(lane_of(x[bk_src_reg(e, 2)], bk_src_elem(e, 2)), b.z, s.z);
+        split(lane_of(x[bk_src_reg(e, 3)], bk_src_elem(e, 3)), b.w, s.w);
+        sts128_at(sw128_chunk(big0, bk_dst_chunk(h, e)), b);
+        sts128_at(sw128_chunk(small0, bk_dst_chunk(h, e)), s);
       }
     }
   }
@@ -943,29 +893,8 @@ CUTE_DEVICE void reduce_split_k(Params const& p, const float* red_base, int m_bl
   float* const Cl = p.C + l * p.c_l;
   for (int i = int(threadIdx.x) - 128; i < kChunks; i += kConsumers) {   // the consumer threads
     const int r = krank * kRows + i / (BN / 4), c = (i % (BN / 4)) * 4;
-    float4 s = dsmem_load4(&red(r, c), 0);
-    CUTE_UNROLL
-    for (int q = 1; q < SPLIT_K; ++q) {          // fixed rank order: deterministic
-      const float4 v = dsmem_load4(&red(r, c), q);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
     const int m = m_blk * BM + r, n = n_blk * BN + c;
-    if (m >= p.M) continue;
-    if constexpr (EPILOGUE != 0) {               // triu / tril: zeros outside the triangle
-      if (!keep(m, n)) s.x = 0.f;
-      if (!keep(m, n + 1)) s.y = 0.f;
-      if (!keep(m, n + 2)) s.z = 0.f;
-      if (!keep(m, n + 3)) s.w = 0.f;
-    }
-    float* crow = Cl + int64_t(m) * p.N;
-    if (p.c_vec4 && n + 3 < p.N) {
-      *reinterpret_cast<float4*>(crow + n) = s;
-    } else {
-      if (n < p.N) crow[n] = s.x;
-      if (n + 1 < p.N) crow[n + 1] = s.y;
-      if (n + 2 < p.N) crow[n + 2] = s.z;
-      if (n + 3 < p.N) crow[n + 3] = s.w;
-    }
+    if (m < p.M) store4(p, Cl + int64_t(m) * p.N, m, n, cluster_sum4<SPLIT_K>(&red(r, c)));
   }
 }
 
@@ -1116,8 +1045,7 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
 
     // Raw A fragment of k-tile `kt` (its stage, or with kATrans its operand buffer): read, then
     // the stage is released (kATrans: the producer already did; the buffer's release is bempty).
-    bool told = false;                            // EVO_DEBUG_A_CHECK: one report per thread
-    auto fetch_a = [&](Work const& u, int kt, int st, int ph, int bf, int bfph) {
+    auto fetch_a = [&](int st, int ph, int bf, int bfph) {
       if constexpr (kATrans) {
         cutlass::arch::ClusterBarrier::wait(&bfull[bf], bfph);
         load_a(sAkm, bf, r0, t, qA);
@@ -1125,7 +1053,6 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
         cutlass::arch::ClusterBarrier::wait(&full[st], ph);
         load_a(sA, st, r0, t, qA);
       }
-      if constexpr (EVO_DEBUG_A_CHECK) check_a(p, qA, u.l, u.m_blk * BM, kt0 + kt, st, r0, t, told);
       if constexpr (!kATrans) {
         // The stage's next content arrives by TMA (async proxy): a proxy fence orders these
         // generic-proxy reads before that write. Without it the release let the refill land
@@ -1141,10 +1068,9 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
     // next k-tile to read, operand buffer / phase of the next k-tile to multiply.
     int stage = 0, phase = 0;
     int bb = 0, bph = 0;
-    Work u = work_of(w_first);
 #pragma unroll 1
     for (int wu = w_first; wu < w_end; wu += w_step) {
-      if (wu != w_first) u = work_of(wu);
+      const Work u = work_of(wu);
       const int k_tiles = u.k_tiles;
       float* const Cl = p.C + u.l * p.c_l;
       Tensor mC = make_tensor(make_gmem_ptr(Cl), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
@@ -1157,7 +1083,7 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
       Tensor accS = thr.partition_fragment_C(gC);   // fp32 total (promotion target)
       clear(accS);
       if (k_tiles > 0) {
-        fetch_a(u, 0, stage, phase, bb, bph);
+        fetch_a(stage, phase, bb, bph);
         split_a<0, kJ>(qA, rA);
       }
 
@@ -1181,7 +1107,7 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
         if (++stage == STAGES) { stage = 0; phase ^= 1; }
         const int nb = bb + 1 == kNBop ? 0 : bb + 1;
         const int nbph = bb + 1 == kNBop ? bph ^ 1 : bph;
-        if (next) fetch_a(u, kt + 1, stage, phase, nb, nbph);
+        if (next) fetch_a(stage, phase, nb, nbph);
         warpgroup_wait<1>();
         fence_a<0, kJh>(rA);
         if (next) split_a<0, kJh>(qA, rA);
@@ -1384,9 +1310,6 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
     q.tiles_n = int((N + BN - 1) / BN);
     q.c_vec2 = p.c_vec2;
     q.c_vec4 = p.c_vec4;
-    q.A = p.A;
-    q.lda = p.lda;
-    q.a_l = p.a_l;
     if (int64_t(q.tiles_m) * q.tiles_n * (PERSIST ? int64_t(q.L) : int64_t(SPLIT_K)) > INT32_MAX) return cudaErrorInvalidValue;
     return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
   }
