@@ -27,7 +27,11 @@ __all__ = [
     "dtype_code",
     "load_kernel",
     "KernelLoadError",
+    "WORKSPACE_POISON",
 ]
+
+#: ``launch``'s default for ``workspace``: allocate (and poison) one if the kernel asks.
+AUTO = object()
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,11 @@ EVO_DTYPES: dict[str, int] = {
     "float64": 3,
     "int32": 4,
     "int64": 5,
+    "uint8": 6,   # only the optional workspace tensor
 }
+
+#: Byte every workspace is filled with before a harness call: NaN in fp32, fp16 and bf16.
+WORKSPACE_POISON = 0xFF
 
 
 class EvoTensor(ctypes.Structure):
@@ -92,6 +100,12 @@ def describe(t: Any) -> EvoTensor:
 class KernelLibrary:
     """A loaded candidate: ``launch`` calls its ``evo_launch``; ``last_error`` its runtime's error.
 
+    Workspace (evo_abi.h, "device scratch"): when the candidate exports
+    ``evo_workspace_bytes`` and it asks for bytes, :meth:`launch` appends one uint8 tensor
+    of that size to the outputs. Callers that time the call make it beforehand with
+    :meth:`make_workspace` (the 0xFF fill must not be timed) and pass it in; everyone else
+    lets :meth:`launch` make a fresh, poisoned one per call.
+
     ``last_error()`` calls ``cudaGetLastError`` as the candidate's own CUDA runtime sees it
     (nvcc links cudart statically by default, so the candidate's runtime state is separate
     from torch's). When the symbol is not reachable through the library it returns ``None``
@@ -103,6 +117,28 @@ class KernelLibrary:
     _launch: Any
     _get_last_error: Any
     _error_name: Any
+    _workspace_bytes: Any = None
+
+    def workspace_bytes(self, inputs: Sequence[Any], outputs: Sequence[Any], scalars: Sequence[float]) -> int:
+        """Bytes of scratch the candidate asks for these tensors (0: none or not exported).
+
+        A negative answer means "inputs outside my contract"; it is reported as 0 so that
+        ``evo_launch`` itself rejects the inputs with its error code.
+        """
+        if self._workspace_bytes is None:
+            return 0
+        ins, n_in, outs, n_out, sc, n_sc = _pack(inputs, outputs, scalars)
+        return max(int(self._workspace_bytes(ins, n_in, outs, n_out, sc, n_sc)), 0)
+
+    def make_workspace(self, inputs: Sequence[Any], outputs: Sequence[Any], scalars: Sequence[float]) -> Any:
+        """A fresh workspace filled with :data:`WORKSPACE_POISON` on the current stream, or None."""
+        n = self.workspace_bytes(inputs, outputs, scalars)
+        if n <= 0:
+            return None
+        import torch
+
+        device = (list(outputs) or list(inputs))[0].device
+        return torch.full((n,), WORKSPACE_POISON, dtype=torch.uint8, device=device)
 
     def launch(
         self,
@@ -110,12 +146,27 @@ class KernelLibrary:
         outputs: Sequence[Any],
         scalars: Sequence[float],
         stream: int,
+        workspace: Any = AUTO,
     ) -> int:
-        """Call ``evo_launch`` with EvoTensors describing ``inputs``/``outputs``; returns its code."""
-        n_in, n_out, n_sc = len(inputs), len(outputs), len(scalars)
-        ins = (EvoTensor * max(n_in, 1))(*[describe(t) for t in inputs])
-        outs = (EvoTensor * max(n_out, 1))(*[describe(t) for t in outputs])
-        sc = (ctypes.c_double * max(n_sc, 1))(*[float(s) for s in scalars])
+        """Call ``evo_launch`` with EvoTensors describing ``inputs``/``outputs``; returns its code.
+
+        ``workspace``: :data:`AUTO` (default) makes a poisoned one when the kernel asks for
+        it; otherwise a tensor from :meth:`make_workspace` (or None when it returned None).
+        Raises ``ValueError`` if a given workspace is smaller than the kernel asks for.
+        """
+        if workspace is AUTO:
+            workspace = self.make_workspace(inputs, outputs, scalars)
+            if workspace is not None and workspace.is_cuda:
+                import torch
+
+                # freed when this returns: keep the block until `stream` has run the kernel
+                workspace.record_stream(torch.cuda.ExternalStream(int(stream)))
+        elif workspace is not None:
+            need = self.workspace_bytes(inputs, outputs, scalars)
+            if workspace.numel() < need:
+                raise ValueError(f"workspace of {workspace.numel()} bytes, the kernel asks for {need}")
+        outs_all = list(outputs) + ([workspace] if workspace is not None else [])
+        ins, n_in, outs, n_out, sc, n_sc = _pack(inputs, outs_all, scalars)
         return int(self._launch(ins, n_in, outs, n_out, sc, n_sc, ctypes.c_void_p(int(stream))))
 
     def last_error(self) -> int | None:
@@ -133,6 +184,15 @@ class KernelLibrary:
             except Exception:  # pragma: no cover - defensive: names are best-effort
                 pass
         return f"cudaError {code}"
+
+
+def _pack(inputs: Sequence[Any], outputs: Sequence[Any], scalars: Sequence[float]) -> tuple[Any, ...]:
+    """The ctypes argument arrays (and counts) of evo_launch / evo_workspace_bytes."""
+    n_in, n_out, n_sc = len(inputs), len(outputs), len(scalars)
+    ins = (EvoTensor * max(n_in, 1))(*[describe(t) for t in inputs])
+    outs = (EvoTensor * max(n_out, 1))(*[describe(t) for t in outputs])
+    sc = (ctypes.c_double * max(n_sc, 1))(*[float(s) for s in scalars])
+    return ins, n_in, outs, n_out, sc, n_sc
 
 
 def load_kernel(path: str | Path) -> KernelLibrary:
@@ -169,4 +229,10 @@ def load_kernel(path: str | Path) -> KernelLibrary:
     if err_name is not None:
         err_name.argtypes = [ctypes.c_int]
         err_name.restype = ctypes.c_char_p
-    return KernelLibrary(path=p, _lib=lib, _launch=fn, _get_last_error=get_err, _error_name=err_name)
+    ws = getattr(lib, "evo_workspace_bytes", None)
+    if ws is not None:
+        ws.argtypes = [ctypes.POINTER(EvoTensor), ctypes.c_int, ctypes.POINTER(EvoTensor), ctypes.c_int,
+                       ctypes.POINTER(ctypes.c_double), ctypes.c_int]
+        ws.restype = ctypes.c_int64
+    return KernelLibrary(path=p, _lib=lib, _launch=fn, _get_last_error=get_err, _error_name=err_name,
+                         _workspace_bytes=ws)

@@ -418,7 +418,7 @@ HERE = Path(__file__).resolve().parent
 
 _MAX_DIMS = 8
 _DTYPE_CODES = {{torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3,
-                torch.int32: 4, torch.int64: 5}}
+                torch.int32: 4, torch.int64: 5, torch.uint8: 6}}
 
 
 class UnsupportedInputError(ValueError):
@@ -544,7 +544,11 @@ def _library(device):
                 if err_name is not None:
                     err_name.argtypes = [ctypes.c_int]
                     err_name.restype = ctypes.c_char_p
-                _LIBS[arch] = (fn, err_name)
+                ws = getattr(lib, "evo_workspace_bytes", None)   # optional scratch (evo_abi.h)
+                if ws is not None:
+                    ws.argtypes = fn.argtypes[:-1]
+                    ws.restype = ctypes.c_int64
+                _LIBS[arch] = (fn, err_name, ws)
                 return _LIBS[arch]
     have = sorted(p.name for p in HERE.glob("kernel_*.so"))
     raise UnsupportedInputError(
@@ -555,10 +559,15 @@ def _library(device):
 def launch(inputs, outputs):
     """Call evo_launch on the current stream of the inputs' device (no checks: see check_inputs)."""
     device = inputs[0].device
-    fn, err_name = _library(device)
+    fn, err_name, ws_bytes = _library(device)
     ins = (EvoTensor * len(inputs))(*[_describe(t) for t in inputs])
     outs = (EvoTensor * len(outputs))(*[_describe(t) for t in outputs])
     sc = (ctypes.c_double * max(len(SCALARS), 1))(*SCALARS)
+    if ws_bytes is not None:
+        n = int(ws_bytes(ins, len(inputs), outs, len(outputs), sc, len(SCALARS)))
+        if n > 0:   # scratch the kernel asked for: one more uint8 tensor after the outputs
+            outputs = list(outputs) + [torch.empty(n, dtype=torch.uint8, device=device)]
+            outs = (EvoTensor * len(outputs))(*[_describe(t) for t in outputs])
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         rc = fn(ins, len(inputs), outs, len(outputs), sc, len(SCALARS), ctypes.c_void_p(stream))

@@ -13,6 +13,20 @@
 // - Return cudaSuccess (0) or a cudaError_t; the harness also checks cudaGetLastError.
 // - Inputs must not be modified; outputs must be fully written on every call.
 // - Tunables arrive as -D macros; guard each with #ifndef and a default.
+//
+// Optional device scratch ("workspace"; e.g. a padded copy of operands whose rows are not
+// 16-byte aligned, so TMA can read them). A candidate that needs one also defines
+//
+//   extern "C" int64_t evo_workspace_bytes(const EvoTensor* in, int n_in, const EvoTensor* out,
+//                                          int n_out, const double* scalars, int n_scalars);
+//
+// returning the bytes it needs for these tensors (0: none; negative: the inputs are outside
+// its contract, and evo_launch will say so). The caller asks before every call and, when the
+// answer is positive, appends ONE more tensor to `out`: dtype EVO_U8, ndim 1, shape {bytes},
+// 256-byte aligned, on the same device; n_out counts it. Its contents on entry are undefined
+// (the harness fills it with 0xFF bytes -- NaN in every float format -- before every call,
+// outside the timed region), so nothing can be carried from one call to the next in it. The
+// workspace is the only memory a candidate may use besides its inputs and outputs.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -27,6 +41,7 @@ enum EvoDType : int32_t {
   EVO_F64 = 3,
   EVO_I32 = 4,
   EVO_I64 = 5,
+  EVO_U8 = 6,      // only the optional workspace tensor
 };
 
 struct EvoTensor {
@@ -41,6 +56,10 @@ struct EvoTensor {
 
 EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
                           const double* scalars, int n_scalars, cudaStream_t stream);
+
+// Optional; see "device scratch" above. Declared here so a definition must match it.
+EVO_EXPORT int64_t evo_workspace_bytes(const EvoTensor* in, int n_in, const EvoTensor* out, int n_out,
+                                       const double* scalars, int n_scalars);
 
 // Convenience for candidates: element count of a tensor.
 static inline int64_t evo_numel(const EvoTensor& t) {
