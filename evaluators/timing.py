@@ -253,21 +253,16 @@ def time_shapes(
                 ev[0].record(stream)
                 ref_fn(*copies[c])
                 ev[1].record(stream)
-                # candidate: outputs from the caching allocator right after the reference freed
-                # its own, so both write the same memory (a long-lived output buffer measured
-                # 1.70 vs 1.53 ms for a bf16 GELU on an H200 after a correctness stage: DRAM
-                # placement, not the kernel); the workspace, if any, is made and poisoned before
-                # the clock starts
-                o = [torch.empty(s, dtype=d, device=dev) for s, d in out_specs]
-                ws = kernel.make_workspace(copies[c], o, scalars)
+                # candidate (its workspace, if any, is made and poisoned before the clock starts)
+                ws = kernel.make_workspace(copies[c], outs[c], scalars)
                 flush.zero_()
                 ev[2].record(stream)
-                call(copies[c], o, ws)
+                call(copies[c], outs[c], ws)
                 ev[3].record(stream)
                 torch.cuda.synchronize()  # device-wide: nothing of this rep spills into the next
                 ref_ms.append(ev[0].elapsed_time(ev[1]))
                 cand_ms.append(ev[2].elapsed_time(ev[3]))
-                del o, ws   # back to the pool: the next rep's reference output takes this block
+                del ws
             check_last_error(f"shape {shape} timed calls")
 
             # Side-stream probe: from an idle device, call, wait for the harness stream's end
