@@ -33,6 +33,11 @@ program checks the hand-coded fragment, producer-transform and accumulator mappi
 k-slot permutation, 16-byte contiguity, the XOR chunk addressing of SW128 rows, bank
 conflicts) for both A kinds and both B stage kinds. GPU check:
 ``benchmarks/probes/f32_3xtf32_producer_split.json``.
+
+``PAD = 1`` (default; WGMMA = 1 only): operands TMA cannot read in place are copied into a
+row-padded workspace first (a fourth kernel, ``pad_rows_kernel``, in every WGMMA = 1 build);
+its host side (``evo_workspace_bytes``, the workspace checks) is tested in
+tests/test_workspace_f32.py. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST"]
+            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD"]
 
 
 def _src(task: str | None = None) -> str:
@@ -94,9 +99,10 @@ def test_template_shape():
     assert '#include "evo_abi.h"' in raw
     assert "History:" in raw     # the first Hopper design's race stays documented where it was
     # everything of the Hopper path is compiled only with WGMMA = 1: without the #if WGMMA
-    # blocks no code line mentions it (WGMMA = 0 builds exactly the validated mma.sync kernel)
+    # blocks no code line mentions it (WGMMA = 0 builds exactly the validated mma.sync kernel).
+    # Blocks: includes, the kernel, the host plan's Hopper/PAD part, the Hopper launch.
     blocks = re.findall(r"^#if WGMMA\n.*?^#endif", raw, re.S | re.M)
-    assert len(blocks) == 3 and not any(re.search(r"^#if", b[3:], re.M) for b in blocks)
+    assert len(blocks) == 4 and not any(re.search(r"^#if", b[3:], re.M) for b in blocks)
     rest = re.sub(r"^#if WGMMA\n.*?^#endif", "", raw, flags=re.S | re.M)
     code = "\n".join(line.split("//")[0] for line in rest.splitlines())
     assert not re.search(r"wgmma|wg::|tma|WGMMA", code.replace("#ifndef WGMMA\n#define WGMMA 0", ""), re.I)
@@ -211,8 +217,10 @@ def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int 
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     m = outcome.result.metrics
-    # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel with WGMMA = 1)
+    # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel and the PAD row copy with
+    # WGMMA = 1; the copy kernel is built whatever PAD, only launched with PAD = 1)
     assert len(m["kernels"]) == n_kernels, m["kernels"]
+    assert any("pad_rows_kernel" in k for k in m["kernels"]) == (n_kernels == 4), m["kernels"]
     assert not m.get("wgmma_serialized", False), outcome.result.artifacts.get("wgmma_serialization")
     assert m["spill_stores"] == 0 and m["spill_loads"] == 0, m
     assert m["stack_frame"] == 0, m
@@ -233,7 +241,7 @@ def _distinct_seeds() -> list[str]:
 def test_seed_compiles_for_sm90a_without_spills(request, task):
     src = _src(task)
     params = _defaults(src)
-    m = _build(request, task, src, params, n_kernels=3 if params["WGMMA"] == "1" else 2).result.metrics
+    m = _build(request, task, src, params, n_kernels=4 if params["WGMMA"] == "1" else 2).result.metrics
     print(task, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
 
 
@@ -451,7 +459,7 @@ def _wgmma_build(request, name: str):
     src = _src(task)
     full = {**_defaults(src), "WGMMA": "1", **params}
     assert violated_constraints(src, full) == [], violated_constraints(src, full)
-    return _build(request, task, src, full, n_kernels=3)
+    return _build(request, task, src, full, n_kernels=4)
 
 
 def test_wgmma_constraint():
@@ -468,7 +476,10 @@ def test_wgmma_constraint():
     assert ok16(WGMMA=1, STAGES=4) and not ok16(WGMMA=1, STAGES=5)
     assert ok(BK=16) and ok(STAGES=5)                                         # WGMMA = 0: unchanged
     wg_seeds = [t for t, spec in F32_3XTF32_SEEDS.items() if ("WGMMA", "1") in spec.tunable_defaults]
-    assert sorted(set(F32_3XTF32_SEEDS) - set(wg_seeds)) == ["kb08_irregular"]   # K = 2949: no TMA
+    assert sorted(set(F32_3XTF32_SEEDS) - set(wg_seeds)) == []   # kb08 (K = 2949): padded copies (PAD)
+    assert _defaults(_src("kb08_irregular"))["PAD"] == "1"
+    # PAD only matters with WGMMA = 1; without it PAD stays at its default (no duplicate configs)
+    assert ok(WGMMA=1, PAD=0) and ok(PAD=1) and not ok(PAD=0)
     for task in F32_3XTF32_SEEDS:
         s = _src(task)
         assert violated_constraints(s, _defaults(s)) == [], task

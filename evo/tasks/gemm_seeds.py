@@ -147,12 +147,13 @@ _3X_LARGE_K = (("BM", "128"), ("BN", "128"), ("WARPS_M", "4"), ("WARPS_N", "4"),
 #: (benchmarks/probes/f32_3xtf32_fence.json, 2026-12-01) against 1.36x / 1.02x one tile per CTA.
 #: EPI_SMEM stages the mma.sync fallback's tile for full 128-byte row stores.
 _3X_SMALL_K = (("STAGES", "4"), ("EPI_SMEM", "1"), ("WGMMA", "1"), ("PERSIST", "1"))
-#: 128 x 128 x 32 tiles: 4 stages measured 1.215x torch on kb01 against 1.163x for 3.
-_3X = (("STAGES", "4"),)
 #: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised),
 #: 128 x 128 x 32, 4 stages: 2.07-2.35x torch fp32 on the dense shapes on an H200
-#: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01); the others keep the mma.sync
-#: kernel only for unaligned shapes (kb08).
+#: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01; 4 stages were also the
+#: mma.sync kernel's best: 1.215x torch on kb01 against 1.163x for 3). Operands TMA cannot read in
+#: place (kb08: K = 2949, N = 5921, rows only 4-byte aligned) get a row-padded copy in the
+#: workspace first (PAD = 1, the template's default): kb08 runs the Hopper kernel too (not yet
+#: measured on a GPU; its mma.sync seed ran 1.17x torch fp32).
 _3X_WG = (("STAGES", "4"), ("WGMMA", "1"))
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
@@ -164,7 +165,8 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     ),
     "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32 wgmma, persistent: store-bound, the next tile loads during the stores",
                                 tunables=_3X_SMALL_K),
-    "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32: zero-filled 4-byte cp.async", tunables=_3X),
+    "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32 wgmma: A and B copied into row-padded "
+                                  "workspace buffers, then TMA", tunables=_3X_WG),
     "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32 wgmma, persistent: store-bound, the next tile loads during the stores",
                                     tunables=_3X_SMALL_K),
     "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X_WG),

@@ -21,8 +21,16 @@
 // M of A and N or K of B multiples of 4 floats: what TMA needs) go to the Hopper kernel,
 // including triu/tril epilogues (tiles in the zeroed triangle skip the main loop) and split-K
 // (SPLIT_K CTAs per tile in a cluster, DSMEM reduction in rank order; 16 is a non-portable
-// cluster size, Hopper kernel only); any other call (K = 0, odd strides, misaligned pointers)
-// runs the mma.sync kernel below. Any M, N >= 1 and K % 4 == 0: TMA
+// cluster size, Hopper kernel only). PAD = 1 (default; only matters with WGMMA = 1): a call
+// with K >= 1 whose A or B is not TMA-legal (odd strides such as kb08's K = 2949, N = 5921, or
+// misaligned pointers) asks for a workspace (evo_workspace_bytes) holding a row-padded copy of
+// each such operand -- its contiguous extent rounded up to a multiple of 4 floats, 256-byte
+// aligned, batch strides following -- made by pad_rows_kernel on `stream`; the Hopper kernel
+// then reads the copies (logical extents unchanged, padded strides). Workspace bytes: the sum
+// over the padded operands of round_up(rows * round_up(cols, 4) * 4, 256), rows = L * (M or K)
+// for A, L * (K or N) for B, cols the contiguous extent. That path is compiled but NOT yet run
+// or timed on a GPU. With PAD = 0 such calls, and with any PAD calls with K = 0, run the
+// mma.sync kernel below (workspace 0, as before PAD existed). Any M, N >= 1 and any K >= 1: TMA
 // zero-fills boxes past M, N and K, the epilogue stores only rows < M, columns < N. Batch
 // (bmm, gridDim.y) and folded leading dims use a rank-3 TMA view (M, K, L); all four transpose
 // combinations are handled. Constraint: BK = 32, BM, BN in {64, 128}, its shared memory fits.
@@ -100,8 +108,12 @@
 // then stores them: deterministic without a workspace. Grouped rasterisation over GROUP_M
 // tile rows.
 //
-// No allocation, no atomics, one launch on `stream`: bitwise deterministic by construction.
-// ABI: evo_abi.h. Returns cudaErrorInvalidValue for inputs outside the contract above.
+// No allocation, no atomics, one launch on `stream` (two or three with PAD's copies, all on
+// `stream`, into the caller's workspace): bitwise deterministic by construction.
+// ABI: evo_abi.h. Returns cudaErrorInvalidValue for inputs outside the contract above, and for
+// a missing, extra, too small or misaligned workspace tensor; evo_workspace_bytes and
+// evo_launch share one host-side plan (make_plan), so the former says -1 exactly where the
+// latter rejects the inputs.
 #include <cute/tensor.hpp>
 #include <cute/arch/cluster_sm90.hpp>
 #include "evo_abi.h"
@@ -132,6 +144,7 @@
 // @tunable PROMOTE = 1 in {0, 1}
 // @tunable WGMMA = 0 in {0, 1}
 // @tunable PERSIST = 0 in {0, 1}
+// @tunable PAD = 1 in {0, 1}
 // @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
 // @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
 // @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
@@ -141,6 +154,7 @@
 // @constraint (SPLIT_K == 1 && EPI_SMEM == 0) || MIN_BLOCKS * (BM * (BN + 8) * 4 + 1024) <= 233472
 // @constraint BM % SPLIT_K == 0 && (SPLIT_K == 1 || EPI_SMEM == 0) && (SPLIT_K <= 8 || WGMMA == 1)
 // @constraint PERSIST == 0 || (WGMMA == 1 && SPLIT_K == 1)
+// @constraint PAD == 1 || WGMMA == 1
 // @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + TRANS_A * 2 * BM * BK * 4 + 4 * BN * BK * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
@@ -183,6 +197,9 @@
 #endif
 #ifndef PERSIST
 #define PERSIST 0
+#endif
+#ifndef PAD
+#define PAD 1
 #endif
 #if WGMMA
 #include <cutlass/arch/barrier.h>
@@ -1170,9 +1187,48 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
   }
 }
 
+// PAD = 1: the padded copy of an operand that TMA cannot read in place (a contiguous extent
+// that is not a multiple of 4 floats, or a base that is not 16-byte aligned). Copies `rows`
+// rows of `cols` floats (the source is contiguous: row stride `cols`, rows only 4-byte aligned)
+// into rows of `ld4` 16-byte chunks (ld4 = ceil(cols / 4)) at the 16-byte aligned `dst`. Blocks
+// stride over the rows, a block's threads over a row's chunks: scalar reads and 16-byte stores,
+// both contiguous across a warp. The pad floats of a row's last chunk are written as zeros;
+// nothing reads them (the TMA descriptors' extents are the logical ones, see launch below).
+__global__ void __launch_bounds__(256) pad_rows_kernel(const float* __restrict__ src, float4* __restrict__ dst,
+                                                       int64_t rows, int64_t cols, int64_t ld4) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* s = src + r * cols;
+    float4* d = dst + r * ld4;
+    for (int64_t c = threadIdx.x; c < ld4; c += blockDim.x) {
+      const int64_t k = 4 * c;   // < cols: c < ceil(cols / 4)
+      float4 v;
+      v.x = s[k];
+      v.y = k + 1 < cols ? s[k + 1] : 0.f;
+      v.z = k + 2 < cols ? s[k + 2] : 0.f;
+      v.w = k + 3 < cols ? s[k + 3] : 0.f;
+      d[c] = v;
+    }
+  }
+}
+
+constexpr int kPadThreads = 256;
+constexpr int64_t kPadMaxBlocks = 2048;   // ~2 waves of 8 blocks per SM on 132 SMs; rows beyond loop
+
+// Enqueues the padded copy of one operand (rows x cols, contiguous) into `dst` with row stride
+// ld (a multiple of 4 floats) on `stream`.
+inline cudaError_t pad_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t ld,
+                            cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  const unsigned blocks = unsigned(rows < kPadMaxBlocks ? rows : kPadMaxBlocks);
+  pad_rows_kernel<<<blocks, kPadThreads, 0, stream>>>(src, reinterpret_cast<float4*>(dst), rows, cols, ld / 4);
+  return cudaGetLastError();
+}
+
 // TMA descriptors over the 3-D views (M, K, L) of A and (N, K, L) of B (batch strides a_l, b_l;
 // L = 1 for a plain or folded GEMM), then one launch: grid (tiles_m * tiles_n * SPLIT_K, L),
-// clusters of SPLIT_K CTAs (the K slices of one tile).
+// clusters of SPLIT_K CTAs (the K slices of one tile). The views' extents are the logical M, N,
+// K, L whatever the row strides lda / ldb: with a padded copy (PAD) the pad columns lie outside
+// them, and TMA zero-fills boxes past K exactly as for the original operand.
 inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t ldb, int64_t a_l, int64_t b_l,
                           Params p, cudaStream_t stream) {
   auto tileA = make_shape(Int<BM>{}, Int<BK>{});
@@ -1234,17 +1290,40 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
 }  // namespace wg
 #endif  // WGMMA
 
-}  // namespace evo_3xtf32
+// ---------------------------------------------------------------------------------------
+// Host-side planning, shared by evo_workspace_bytes and evo_launch: validation, which kernel
+// runs, and (WGMMA = 1, PAD = 1) the padded operand copies in the workspace.
+// ---------------------------------------------------------------------------------------
 
-EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
-                          const double* scalars, int n_scalars, cudaStream_t stream) {
-  using namespace evo_3xtf32;
-  (void)scalars;
-  (void)n_scalars;
-  if (in == nullptr || out == nullptr || n_in != 2 || n_out != 1) return cudaErrorInvalidValue;
+enum RunPath { kNothing = 0, kSync = 1, kHopper = 2 };
+
+// How the chosen kernel reads an operand (A: [.., M, K] or [.., K, M]; B: [.., K, N] or [.., N, K]).
+struct Operand {
+  int64_t rows;     // stored rows of all batches together (L * (M or K) for A, L * (K or N) for B)
+  int64_t cols;     // contiguous extent: K or M for A, N or K for B
+  int64_t ld;       // row stride the kernel uses: cols, or the padded copy's round_up(cols, 4)
+  int64_t batch;    // batch stride the kernel uses (elements)
+  int64_t ws_off;   // byte offset of the padded copy in the workspace; -1: read in place
+};
+
+struct Plan {
+  Params p;         // the mma.sync kernel's parameters (unpadded operands)
+  int64_t L;
+  int path;         // RunPath
+  bool vec;         // 16-byte copies legal on the operands as given (== TMA-legal in place)
+  Operand a, b;
+  int64_t ws_bytes; // workspace bytes (0: none)
+};
+
+constexpr int64_t kWsAlign = 256;   // each padded copy starts on a 256-byte boundary
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Validates the call (inputs `in`, the output C = `c`) and plans it. cudaErrorInvalidValue for
+// inputs outside the contract (evo_workspace_bytes: -1), else cudaSuccess with `pl` filled.
+inline int make_plan(const EvoTensor* in, int n_in, const EvoTensor& c, Plan& pl) {
+  if (in == nullptr || n_in != 2) return cudaErrorInvalidValue;
   const EvoTensor& a = in[0];
   const EvoTensor& b = in[1];
-  const EvoTensor& c = out[0];
   if (a.dtype != EVO_F32 || b.dtype != EVO_F32 || c.dtype != EVO_F32) return cudaErrorInvalidValue;
   if (a.ndim < 2 || b.ndim < 2 || b.ndim > 3 || c.ndim < 2) return cudaErrorInvalidValue;
   if (!evo_is_contiguous(a) || !evo_is_contiguous(b) || !evo_is_contiguous(c))
@@ -1273,9 +1352,13 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   if (Kb != K) return cudaErrorInvalidValue;
   if (c.shape[c.ndim - 1] != N || evo_numel(c) != L * M * N) return cudaErrorInvalidValue;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || L > 65535) return cudaErrorInvalidValue;
+  pl = Plan{};
+  pl.L = L;
+  pl.path = kNothing;
+  pl.ws_bytes = 0;
   if (M == 0 || N == 0 || L == 0) return cudaSuccess;   // K == 0 runs: the epilogue writes zeros
 
-  Params p;
+  Params& p = pl.p;
   p.A = static_cast<const float*>(a.data);
   p.B = static_cast<const float*>(b.data);
   p.C = static_cast<float*>(c.data);
@@ -1295,24 +1378,120 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   // and batch strides, stay 16-byte aligned) and 16-byte aligned bases.
   const int64_t a_contig = TRANS_A ? M : K;
   const int64_t b_contig = TRANS_B ? K : N;
-  const bool vec = (a_contig % 4 == 0) && (b_contig % 4 == 0) && ((pa & 15) == 0) && ((pb & 15) == 0);
+  const bool a_ok = (a_contig % 4 == 0) && ((pa & 15) == 0);
+  const bool b_ok = (b_contig % 4 == 0) && ((pb & 15) == 0);
+  pl.vec = a_ok && b_ok;
+  pl.a = Operand{L * (TRANS_A ? K : M), a_contig, a_contig, M * K, -1};
+  pl.b = Operand{L * (TRANS_B ? N : K), b_contig, b_contig, K * N, -1};
+  pl.path = kSync;
 #if WGMMA
-  // Hopper path: TMA needs 16-byte aligned bases and row strides (== `vec`); K = 0 stays on
-  // the mma.sync kernel (it writes the zeros); M, N edges and a K tail are TMA zero fill plus
-  // the predicated epilogue (masked to the triangle for EPILOGUE = 1 / 2).
-  if (vec && K > 0 && L * M * K < (int64_t(1) << 37) &&
-      L * K * N < (int64_t(1) << 37)) {
-    wg::Params q;
-    q.C = p.C;
-    q.M = p.M; q.N = p.N; q.K = p.K; q.L = int(L);
-    q.c_l = p.c_l;
-    q.tiles_m = int((M + BM - 1) / BM);
-    q.tiles_n = int((N + BN - 1) / BN);
-    q.c_vec2 = p.c_vec2;
-    q.c_vec4 = p.c_vec4;
-    if (int64_t(q.tiles_m) * q.tiles_n * (PERSIST ? int64_t(q.L) : int64_t(SPLIT_K)) > INT32_MAX) return cudaErrorInvalidValue;
-    return wg::launch(p.A, p.B, p.lda, p.ldb, p.a_l, p.b_l, q, stream);
+  // Hopper path: TMA needs 16-byte aligned bases and row strides (== `vec`); PAD = 1 gives an
+  // operand that has neither a padded copy in the workspace (row stride round_up(cols, 4),
+  // 256-byte aligned), so such calls run it too. K = 0 stays on the mma.sync kernel (it writes
+  // the zeros); M, N edges and a K tail are TMA zero fill plus the predicated epilogue (masked
+  // to the triangle for EPILOGUE = 1 / 2).
+  if (PAD || pl.vec) {
+    Operand qa = pl.a, qb = pl.b;
+    int64_t ws = 0;
+    if (!a_ok) {
+      qa.ld = round_up(qa.cols, 4);
+      qa.batch = (TRANS_A ? K : M) * qa.ld;
+      qa.ws_off = ws;
+      ws += round_up(qa.rows * qa.ld * 4, kWsAlign);
+    }
+    if (!b_ok) {
+      qb.ld = round_up(qb.cols, 4);
+      qb.batch = (TRANS_B ? N : K) * qb.ld;
+      qb.ws_off = ws;
+      ws += round_up(qb.rows * qb.ld * 4, kWsAlign);
+    }
+    if (K > 0 && qa.rows * qa.ld < (int64_t(1) << 37) && qb.rows * qb.ld < (int64_t(1) << 37)) {
+      if (int64_t(p.tiles_m) * p.tiles_n * (PERSIST ? L : int64_t(SPLIT_K)) > INT32_MAX)
+        return cudaErrorInvalidValue;
+      pl.path = kHopper;
+      pl.a = qa;
+      pl.b = qb;
+      pl.ws_bytes = ws;
+    }
   }
 #endif
-  return vec ? launch<true>(p, L, stream) : launch<false>(p, L, stream);
+  return cudaSuccess;
+}
+
+// Runs a plan on `stream`; `ws`: the workspace (pl.ws_bytes > 0; checked by the caller).
+inline int run_plan(const Plan& pl, const EvoTensor* ws, cudaStream_t stream) {
+  if (pl.path == kNothing) return cudaSuccess;
+#if WGMMA
+  if (pl.path == kHopper) {
+    const Params& p = pl.p;
+    wg::Params q;
+    q.C = p.C;
+    q.M = p.M; q.N = p.N; q.K = p.K; q.L = int(pl.L);
+    q.c_l = p.c_l;
+    q.tiles_m = p.tiles_m;
+    q.tiles_n = p.tiles_n;
+    q.c_vec2 = p.c_vec2;
+    q.c_vec4 = p.c_vec4;
+    const float* A = p.A;
+    const float* B = p.B;
+    // Padded copies first, on the same stream (PAD = 1 and an operand TMA cannot read in place).
+    if (pl.a.ws_off >= 0 || pl.b.ws_off >= 0) {
+      char* w = static_cast<char*>(ws->data);
+      if (pl.a.ws_off >= 0) {
+        float* dst = reinterpret_cast<float*>(w + pl.a.ws_off);
+        const cudaError_t err = wg::pad_rows(p.A, dst, pl.a.rows, pl.a.cols, pl.a.ld, stream);
+        if (err != cudaSuccess) return err;
+        A = dst;
+      }
+      if (pl.b.ws_off >= 0) {
+        float* dst = reinterpret_cast<float*>(w + pl.b.ws_off);
+        const cudaError_t err = wg::pad_rows(p.B, dst, pl.b.rows, pl.b.cols, pl.b.ld, stream);
+        if (err != cudaSuccess) return err;
+        B = dst;
+      }
+    }
+    return wg::launch(A, B, pl.a.ld, pl.b.ld, pl.a.batch, pl.b.batch, q, stream);
+  }
+#endif
+  return pl.vec ? launch<true>(pl.p, pl.L, stream) : launch<false>(pl.p, pl.L, stream);
+}
+
+}  // namespace evo_3xtf32
+
+// Workspace bytes of a call (evo_abi.h): `out` is C alone (the caller appends the workspace
+// afterwards; a second tensor is ignored). 0 unless WGMMA = 1, PAD = 1 and an operand needs a
+// padded copy; -1 where evo_launch returns cudaErrorInvalidValue for these tensors.
+EVO_EXPORT int64_t evo_workspace_bytes(const EvoTensor* in, int n_in, const EvoTensor* out, int n_out,
+                                       const double* scalars, int n_scalars) {
+  using namespace evo_3xtf32;
+  (void)scalars;
+  (void)n_scalars;
+  if (out == nullptr || n_out < 1 || n_out > 2) return -1;
+  Plan pl;
+  if (make_plan(in, n_in, out[0], pl) != cudaSuccess) return -1;
+  return pl.ws_bytes;
+}
+
+EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,
+                          const double* scalars, int n_scalars, cudaStream_t stream) {
+  using namespace evo_3xtf32;
+  (void)scalars;
+  (void)n_scalars;
+  if (out == nullptr || n_out < 1) return cudaErrorInvalidValue;
+  Plan pl;
+  const int err = make_plan(in, n_in, out[0], pl);
+  if (err != cudaSuccess) return err;
+  // The workspace: present exactly when the plan asks for one (EVO_U8, 1-D, large enough,
+  // 16-byte aligned).
+  const EvoTensor* ws = nullptr;
+  if (pl.ws_bytes > 0) {
+    if (n_out != 2) return cudaErrorInvalidValue;
+    ws = &out[1];
+    if (ws->dtype != EVO_U8 || ws->ndim != 1 || ws->shape[0] < pl.ws_bytes || ws->data == nullptr ||
+        !evo_is_aligned(ws->data, 16))
+      return cudaErrorInvalidValue;
+  } else if (n_out != 1) {
+    return cudaErrorInvalidValue;
+  }
+  return run_plan(pl, ws, stream);
 }

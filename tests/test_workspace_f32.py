@@ -1,0 +1,188 @@
+"""The padded-operand workspace of the 3xTF32 template (``PAD = 1`` with ``WGMMA = 1``), CPU only.
+
+``evo_workspace_bytes`` and the workspace checks of ``evo_launch`` are pure host code (one
+shared planning function, ``make_plan``), so a real sm_90a build of a seed can be loaded with
+:func:`evaluators.abi.load_kernel` and asked on a machine without a GPU: CPU torch tensors
+stand in for the device tensors (only their pointers' alignment is read, nothing is
+dereferenced). The calls below never reach a kernel launch.
+
+Workspace bytes: for each operand TMA cannot read in place (contiguous extent not a multiple of
+4 floats, or base not 16-byte aligned), ``round_up(rows * round_up(cols, 4) * 4, 256)`` with
+``cols`` its contiguous extent and ``rows`` its stored rows over all batches; A's copy first.
+Not verified here: that the padded path computes the right C on a GPU, and its speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS
+from evo.tasks.seedspec import render
+from evo.tunables import parse_tunables, violated_constraints
+
+torch = pytest.importorskip("torch")
+abi = pytest.importorskip("evaluators.abi")
+
+INVALID = 1   # cudaErrorInvalidValue
+
+#: kb08_irregular's benchmark shape (evo/tasks/kernelbench.py).
+M8, N8, K8 = 8205, 5921, 2949
+
+
+def _ru(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _copy_bytes(rows: int, cols: int) -> int:
+    return _ru(rows * _ru(cols, 4) * 4, 256)
+
+
+def _build(request, task: str, **overrides: str):
+    """A seed's .so (its tunable defaults plus ``overrides``), built once per pytest cache."""
+    from toolchain import toolchain
+
+    compile_mod, _, _ = toolchain()
+    from evaluators.base import CompileSettings
+    from evo.records import Candidate
+
+    src = render(F32_3XTF32_SEEDS[task])
+    params = {t.name: t.default for t in parse_tunables(src)} | overrides
+    assert violated_constraints(src, params) == []
+    cache = request.config.cache.mkdir("evo-seed-builds")
+    outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=src, params=params),
+                                            CompileSettings(cache_dir=str(cache), timeout_s=600))
+    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    m = outcome.result.metrics
+    assert m["spill_stores"] == 0 and m["spill_loads"] == 0 and m["stack_frame"] == 0, m
+    key = hashlib.sha256(outcome.so_bytes).hexdigest()[:16]   # a new build never reuses a dlopened path
+    so = Path(cache) / f"ws-{task}-{key}.so"
+    so.write_bytes(outcome.so_bytes)
+    return abi.load_kernel(so), params
+
+
+@pytest.fixture(scope="module")
+def kb08(request):
+    lib, params = _build(request, "kb08_irregular")
+    assert params["WGMMA"] == "1" and params["PAD"] == "1"
+    return lib
+
+
+def _raw(lib, inputs, outputs) -> int:
+    """evo_workspace_bytes itself (KernelLibrary.workspace_bytes reports a negative as 0)."""
+    return int(lib._workspace_bytes(*abi._pack(inputs, outputs, [])))
+
+
+def _launch(lib, inputs, outputs) -> int:
+    """evo_launch with exactly these outputs (only for calls it must reject on the host)."""
+    return int(lib._launch(*abi._pack(inputs, outputs, []), ctypes.c_void_p(0)))
+
+
+def _shifted(*shape: int) -> torch.Tensor:
+    """A contiguous fp32 tensor whose data pointer is 4 bytes past a 16-byte boundary."""
+    n = 1
+    for s in shape:
+        n *= s
+    base = torch.empty(n + 4)
+    off = next(i for i in range(4) if (base.data_ptr() + 4 * i) % 16 == 4)
+    t = base[off:off + n].view(*shape)
+    assert t.data_ptr() % 16 == 4 and t.is_contiguous()
+    return t
+
+
+@pytest.mark.slow
+def test_kb08_shape_asks_for_both_padded_copies(kb08):
+    a, b, c = torch.empty(M8, K8), torch.empty(K8, N8), torch.empty(M8, N8)
+    assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    # A [M, K]: K = 2949 -> 2952 floats a row, 96_884_640 bytes -> 96_884_736 (256-byte multiple);
+    # B [K, N]: N = 5921 -> 5924 floats a row, 69_879_504 -> 69_879_552; B's copy at 96_884_736
+    want = _copy_bytes(M8, K8) + _copy_bytes(K8, N8)
+    assert 8205 * 2952 * 4 == 96_884_640 and 2949 * 5924 * 4 == 69_879_504
+    assert want == 96_884_736 + 69_879_552 == 166_764_288
+    assert kb08.workspace_bytes([a, b], [c], []) == want
+    assert _raw(kb08, [a, b], [c]) == want
+    # evo_launch rejects the call without the workspace, or with a wrong one (host checks only)
+    assert _launch(kb08, [a, b], [c]) == INVALID
+    assert _launch(kb08, [a, b], [c, torch.empty(want - 16, dtype=torch.uint8)]) == INVALID
+    assert _launch(kb08, [a, b], [c, torch.empty(want // 4, dtype=torch.float32)]) == INVALID
+    assert _launch(kb08, [a, b], [c, torch.empty(2, want // 2, dtype=torch.uint8)]) == INVALID
+    ws = torch.empty(want + 16, dtype=torch.uint8)
+    assert _launch(kb08, [a, b], [c, ws[4:4 + want]]) == INVALID          # 4-byte aligned
+    assert _launch(kb08, [a, b], [c, ws, ws]) == INVALID
+
+
+@pytest.mark.slow
+def test_only_the_operand_that_needs_it_is_copied(kb08):
+    # N = 5921 unaligned only: B's copy alone
+    a, b, c = torch.empty(256, 512), torch.empty(512, N8), torch.empty(256, N8)
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(512, N8)
+    # K = 2949 unaligned, N = 384 aligned: A [M, K] needs a copy, B [K, N] does not
+    a, b, c = torch.empty(300, K8), torch.empty(K8, 384), torch.empty(300, 384)
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(300, K8)
+    # aligned extents, A's base 4 bytes off a 16-byte boundary: A copied with its own row stride
+    a, b, c = _shifted(256, 256), torch.empty(256, 256), torch.empty(256, 256)
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(256, 256) == 256 * 256 * 4
+    # a copy's size is rounded up to 256 bytes: 3 x 5 -> 3 rows of 8 floats = 96 -> 256 bytes
+    a, b, c = torch.empty(3, 5), torch.empty(5, 8), torch.empty(3, 8)
+    assert kb08.workspace_bytes([a, b], [c], []) == 256
+
+
+@pytest.mark.slow
+def test_tma_legal_and_degenerate_shapes_need_no_workspace(kb08):
+    a, b, c = torch.empty(256, 256), torch.empty(256, 256), torch.empty(256, 256)
+    assert _raw(kb08, [a, b], [c]) == 0
+    assert _launch(kb08, [a, b], [c, torch.empty(256, dtype=torch.uint8)]) == INVALID   # none asked
+    # K = 0 runs the mma.sync kernel (it writes the zeros); M = 0 launches nothing. (Strides
+    # given explicitly: torch reports (1, 1) for an empty (3, 0) tensor, which
+    # evo_is_contiguous does not accept.)
+    a0, b0 = torch.empty_strided((3, 0), (0, 1)), torch.empty_strided((0, 5), (5, 1))
+    assert _raw(kb08, [a0, b0], [torch.empty(3, 5)]) == 0
+    assert _raw(kb08, [torch.empty_strided((0, 7), (7, 1)), torch.empty(7, 5)],
+                [torch.empty_strided((0, 5), (5, 1))]) == 0
+
+
+@pytest.mark.slow
+def test_batched_and_folded_operands(kb08):
+    # bmm (kb03's layout): A [L, M, K], B [L, K, N]; rows cover every batch
+    L, M, N, K = 3, 129, 383, 97
+    a, b, c = torch.empty(L, M, K), torch.empty(L, K, N), torch.empty(L, M, N)
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(L * M, K) + _copy_bytes(L * K, N)
+    # leading dims of A folded into M (kb10's layout): A [B, M, K] @ B [K, N]
+    a, b, c = torch.empty(2, 65, 1031), torch.empty(1031, 257), torch.empty(2, 65, 257)
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(130, 1031) + _copy_bytes(1031, 257)
+
+
+@pytest.mark.slow
+def test_mismatched_inputs_give_a_negative_answer(kb08):
+    a, b = torch.empty(M8, K8), torch.empty(K8, N8)
+    bad_c = torch.empty(M8, N8 + 1)
+    assert _raw(kb08, [a, b], [bad_c]) < 0
+    assert kb08.workspace_bytes([a, b], [bad_c], []) == 0          # reported as 0 ...
+    assert _launch(kb08, [a, b], [bad_c]) == INVALID                # ... evo_launch says why
+    assert _raw(kb08, [a, torch.empty(K8 + 1, N8)], [torch.empty(M8, N8)]) < 0
+    assert _raw(kb08, [a.double(), b.double()], [torch.empty(M8, N8, dtype=torch.float64)]) < 0
+    assert _raw(kb08, [a.t(), b], [torch.empty(K8, N8)]) < 0        # not contiguous
+    assert _raw(kb08, [a], [torch.empty(M8, N8)]) < 0
+
+
+@pytest.mark.slow
+def test_transposed_operands_pad_their_contiguous_dim(request):
+    # kb18: A stored [K, M] (M contiguous), B stored [N, K] (K contiguous)
+    lib, _ = _build(request, "kb18_trans_both")
+    a, b, c = torch.empty(K8, M8), torch.empty(N8, K8), torch.empty(M8, N8)
+    assert lib.workspace_bytes([a, b], [c], []) == _copy_bytes(K8, M8) + _copy_bytes(N8, K8)
+    # M = 8208 is aligned, so only B needs a copy
+    a, c = torch.empty(K8, 8208), torch.empty(8208, N8)
+    assert lib.workspace_bytes([a, b], [c], []) == _copy_bytes(N8, K8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{"PAD": "0"}, {"WGMMA": "0"}])
+def test_without_pad_or_wgmma_no_workspace(request, overrides):
+    lib, _ = _build(request, "kb08_irregular", **overrides)
+    a, b, c = torch.empty(M8, K8), torch.empty(K8, N8), torch.empty(M8, N8)
+    assert _raw(lib, [a, b], [c]) == 0
+    assert _raw(lib, [a, b], [torch.empty(M8, N8 + 1)]) < 0        # same validation either way
