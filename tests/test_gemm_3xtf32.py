@@ -65,7 +65,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD"]
+            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD", "PAD_LD"]
 
 
 def _src(task: str | None = None) -> str:

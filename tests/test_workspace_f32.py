@@ -7,7 +7,7 @@ stand in for the device tensors (only their pointers' alignment is read, nothing
 dereferenced). The calls below never reach a kernel launch.
 
 Workspace bytes: for each operand TMA cannot read in place (contiguous extent not a multiple of
-4 floats, or base not 16-byte aligned), ``round_up(rows * round_up(cols, 4) * 4, 256)`` with
+4 floats, or base not 16-byte aligned), ``round_up(rows * round_up(cols, PAD_LD) * 4, 256)`` with
 ``cols`` its contiguous extent and ``rows`` its stored rows over all batches; A's copy first.
 Not verified here: that the padded path computes the right C on a GPU, and its speed.
 """
@@ -37,8 +37,11 @@ def _ru(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+PAD_LD = 32   # the template's default: 128-byte padded rows
+
+
 def _copy_bytes(rows: int, cols: int) -> int:
-    return _ru(rows * _ru(cols, 4) * 4, 256)
+    return _ru(rows * _ru(cols, PAD_LD) * 4, 256)
 
 
 def _build(request, task: str, **overrides: str):
@@ -97,11 +100,11 @@ def _shifted(*shape: int) -> torch.Tensor:
 def test_kb08_shape_asks_for_both_padded_copies(kb08):
     a, b, c = torch.empty(M8, K8), torch.empty(K8, N8), torch.empty(M8, N8)
     assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
-    # A [M, K]: K = 2949 -> 2952 floats a row, 96_884_640 bytes -> 96_884_736 (256-byte multiple);
-    # B [K, N]: N = 5921 -> 5924 floats a row, 69_879_504 -> 69_879_552; B's copy at 96_884_736
+    # A [M, K]: K = 2949 -> 2976 floats a row (PAD_LD 32), 97_672_320 bytes -> 97_672_448 (256-byte
+    # multiple); B [K, N]: N = 5921 -> 5952 floats a row, 70_209_792 bytes; B's copy at 97_672_448
     want = _copy_bytes(M8, K8) + _copy_bytes(K8, N8)
-    assert 8205 * 2952 * 4 == 96_884_640 and 2949 * 5924 * 4 == 69_879_504
-    assert want == 96_884_736 + 69_879_552 == 166_764_288
+    assert 8205 * 2976 * 4 == 97_672_320 and 2949 * 5952 * 4 == 70_209_792
+    assert want == 97_672_448 + 70_209_792 == 167_882_240
     assert kb08.workspace_bytes([a, b], [c], []) == want
     assert _raw(kb08, [a, b], [c]) == want
     # evo_launch rejects the call without the workspace, or with a wrong one (host checks only)
@@ -125,9 +128,9 @@ def test_only_the_operand_that_needs_it_is_copied(kb08):
     # aligned extents, A's base 4 bytes off a 16-byte boundary: A copied with its own row stride
     a, b, c = _shifted(256, 256), torch.empty(256, 256), torch.empty(256, 256)
     assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(256, 256) == 256 * 256 * 4
-    # a copy's size is rounded up to 256 bytes: 3 x 5 -> 3 rows of 8 floats = 96 -> 256 bytes
+    # a copy's size is rounded up to 256 bytes: 3 x 5 -> 3 rows of 32 floats = 384 -> 512 bytes
     a, b, c = torch.empty(3, 5), torch.empty(5, 8), torch.empty(3, 8)
-    assert kb08.workspace_bytes([a, b], [c], []) == 256
+    assert kb08.workspace_bytes([a, b], [c], []) == _copy_bytes(3, 5) == 512
 
 
 @pytest.mark.slow

@@ -24,10 +24,12 @@
 // cluster size, Hopper kernel only). PAD = 1 (default; only matters with WGMMA = 1): a call
 // with K >= 1 whose A or B is not TMA-legal (odd strides such as kb08's K = 2949, N = 5921, or
 // misaligned pointers) asks for a workspace (evo_workspace_bytes) holding a row-padded copy of
-// each such operand -- its contiguous extent rounded up to a multiple of 4 floats, 256-byte
+// each such operand -- its contiguous extent rounded up to a multiple of PAD_LD floats (32:
+// 128-byte rows; 4, the TMA minimum, leaves box rows straddling 128-byte lines, which cost the
+// bf16 template 29% of its GEMM time), 256-byte
 // aligned, batch strides following -- made by pad_rows_kernel on `stream`; the Hopper kernel
 // then reads the copies (logical extents unchanged, padded strides). Workspace bytes: the sum
-// over the padded operands of round_up(rows * round_up(cols, 4) * 4, 256), rows = L * (M or K)
+// over the padded operands of round_up(rows * round_up(cols, PAD_LD) * 4, 256), rows = L * (M or K)
 // for A, L * (K or N) for B, cols the contiguous extent. That path is compiled but NOT yet run
 // or timed on a GPU. With PAD = 0 such calls, and with any PAD calls with K = 0, run the
 // mma.sync kernel below (workspace 0, as before PAD existed). Any M, N >= 1 and any K >= 1: TMA
@@ -145,6 +147,7 @@
 // @tunable WGMMA = 0 in {0, 1}
 // @tunable PERSIST = 0 in {0, 1}
 // @tunable PAD = 1 in {0, 1}
+// @tunable PAD_LD = 32 in {4, 32}
 // @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
 // @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
 // @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
@@ -200,6 +203,9 @@
 #endif
 #ifndef PAD
 #define PAD 1
+#endif
+#ifndef PAD_LD
+#define PAD_LD 32   // padded row strides: multiples of this many floats (32: 128-byte rows)
 #endif
 #if WGMMA
 #include <cutlass/arch/barrier.h>
@@ -1301,7 +1307,7 @@ enum RunPath { kNothing = 0, kSync = 1, kHopper = 2 };
 struct Operand {
   int64_t rows;     // stored rows of all batches together (L * (M or K) for A, L * (K or N) for B)
   int64_t cols;     // contiguous extent: K or M for A, N or K for B
-  int64_t ld;       // row stride the kernel uses: cols, or the padded copy's round_up(cols, 4)
+  int64_t ld;       // row stride the kernel uses: cols, or the padded copy's round_up(cols, PAD_LD)
   int64_t batch;    // batch stride the kernel uses (elements)
   int64_t ws_off;   // byte offset of the padded copy in the workspace; -1: read in place
 };
@@ -1386,7 +1392,7 @@ inline int make_plan(const EvoTensor* in, int n_in, const EvoTensor& c, Plan& pl
   pl.path = kSync;
 #if WGMMA
   // Hopper path: TMA needs 16-byte aligned bases and row strides (== `vec`); PAD = 1 gives an
-  // operand that has neither a padded copy in the workspace (row stride round_up(cols, 4),
+  // operand that has neither a padded copy in the workspace (row stride round_up(cols, PAD_LD),
   // 256-byte aligned), so such calls run it too. K = 0 stays on the mma.sync kernel (it writes
   // the zeros); M, N edges and a K tail are TMA zero fill plus the predicated epilogue (masked
   // to the triangle for EPILOGUE = 1 / 2).
@@ -1394,13 +1400,13 @@ inline int make_plan(const EvoTensor* in, int n_in, const EvoTensor& c, Plan& pl
     Operand qa = pl.a, qb = pl.b;
     int64_t ws = 0;
     if (!a_ok) {
-      qa.ld = round_up(qa.cols, 4);
+      qa.ld = round_up(qa.cols, PAD_LD);
       qa.batch = (TRANS_A ? K : M) * qa.ld;
       qa.ws_off = ws;
       ws += round_up(qa.rows * qa.ld * 4, kWsAlign);
     }
     if (!b_ok) {
-      qb.ld = round_up(qb.cols, 4);
+      qb.ld = round_up(qb.cols, PAD_LD);
       qb.batch = (TRANS_B ? N : K) * qb.ld;
       qb.ws_off = ws;
       ws += round_up(qb.rows * qb.ld * 4, kWsAlign);
