@@ -65,7 +65,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD", "PAD_LD"]
+            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD", "PAD_LD", "TMA_STORE"]
 
 
 def _src(task: str | None = None) -> str:
@@ -105,7 +105,10 @@ def test_template_shape():
     assert len(blocks) == 4 and not any(re.search(r"^#if", b[3:], re.M) for b in blocks)
     rest = re.sub(r"^#if WGMMA\n.*?^#endif", "", raw, flags=re.S | re.M)
     code = "\n".join(line.split("//")[0] for line in rest.splitlines())
-    assert not re.search(r"wgmma|wg::|tma|WGMMA", code.replace("#ifndef WGMMA\n#define WGMMA 0", ""), re.I)
+    guards = ("#ifndef WGMMA\n#define WGMMA 0", "#ifndef TMA_STORE\n#define TMA_STORE 0")
+    for g in guards:
+        code = code.replace(g, "")
+    assert not re.search(r"wgmma|wg::|tma|WGMMA", code, re.I)
     assert "atomic" not in raw.replace("no atomics", "")
     for banned in ("cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaEventCreate"):
         assert banned not in raw
@@ -451,6 +454,7 @@ def test_host_layout_check(request, name):
 WGMMA_BUILDS = {
     "kb01": ("kb01_square", {}),
     "kb18_bm64_s3_cvt": ("kb18_trans_both", {"BM": "64", "STAGES": "3", "TF32_CVT": "1"}),
+    "kb09": ("kb09_tall_skinny", {}),   # the seed: PERSIST + TMA_STORE
 }
 
 
@@ -487,6 +491,9 @@ def test_wgmma_constraint():
     assert ok(WGMMA=1, SPLIT_K=16) and not ok(SPLIT_K=16) and ok(SPLIT_K=8)
     # PERSIST (one CTA per SM looping over tiles): Hopper kernel, one CTA per tile's K
     assert ok(WGMMA=1, PERSIST=1) and not ok(PERSIST=1) and not ok(WGMMA=1, PERSIST=1, SPLIT_K=2)
+    # TMA_STORE: Hopper kernel, SPLIT_K = 1, and its 64 KB tile buffer counts: 3 stages fit, 4 not
+    assert ok(WGMMA=1, TMA_STORE=1, STAGES=3) and not ok(WGMMA=1, TMA_STORE=1, STAGES=4)
+    assert not ok(TMA_STORE=1, STAGES=3) and not ok(WGMMA=1, TMA_STORE=1, STAGES=3, SPLIT_K=2)
     policy = pytest.importorskip("evaluators.policy")
     for task in ("kb01_square", "kb16_trans_a", "kb17_trans_b", "kb18_trans_both", "kb14_upper"):
         s = _src(task)
@@ -540,6 +547,26 @@ def test_wgmma_sass_has_hgmma_tf32(request, tmp_path):
             if pending:
                 unfenced.append(line.strip()[:100])
     assert arrives >= 3 and not unfenced, unfenced
+
+
+@pytest.mark.slow
+def test_tma_store_sass(request, tmp_path):
+    """kb09's seed (TMA_STORE = 1): the tile leaves by bulk tensor stores (four 32 x 128 boxes
+    of the swizzled buffer), its issuer waits for their reads (DEPBAR on the bulk-group
+    scoreboard), and the shared-memory writes before them are fenced for the async proxy."""
+    from toolchain import cuobjdump
+    from toolchain import sass as _sass
+
+    cuobjdump()
+    so = tmp_path / "k.so"
+    so.write_bytes(_wgmma_build(request, "kb09").so_bytes)
+    kernel = _sass(so)
+    kernel = kernel[kernel.index("gemm_3xtf32_wgmma_kernel"):]
+    kernel = kernel[:kernel.find("Function :") if "Function :" in kernel else len(kernel)]
+    assert len(re.findall(r"UTMASTG\.3D", kernel)) == 4
+    first_store = kernel.index("UTMASTG")
+    assert "FENCE.VIEW.ASYNC.S" in kernel[:first_store]
+    assert not re.search(r"\b(LDL|STL)\b", kernel), "local memory (spills) in the TMA-store kernel"
 
 
 HOST_CHECK_WGMMA = r"""

@@ -143,10 +143,13 @@ _3X_LARGE_K = (("BM", "128"), ("BN", "128"), ("WARPS_M", "4"), ("WARPS_N", "4"),
                ("SPLIT_K", "16"), ("WGMMA", "1"))
 #: K = 64 / 32 with a 32768 x 32768 output: store-bound. The Hopper kernel runs persistent
 #: (PERSIST: one CTA per SM looping over tiles, so the producer loads and splits the next tile
-#: while the consumers store this one): kb07 1.73x, kb09 1.67x torch fp32 on an H200
-#: (benchmarks/probes/f32_3xtf32_fence.json, 2026-12-01) against 1.36x / 1.02x one tile per CTA.
+#: while the consumers store this one) and stores each tile by TMA from its own shared-memory
+#: buffer (TMA_STORE: the consumers go on to the next tile while the TMA engine drains this one;
+#: the 64 KB buffer leaves room for 3 stages): kb07 2.23x, kb09 1.94x torch fp32 on an H200
+#: (benchmarks/probes/f32_3xtf32_tma_store.json, 2026-12-01) against 1.69x / 1.63x with
+#: register stores (PERSIST alone) and 1.36x / 1.02x one tile per CTA.
 #: EPI_SMEM stages the mma.sync fallback's tile for full 128-byte row stores.
-_3X_SMALL_K = (("STAGES", "4"), ("EPI_SMEM", "1"), ("WGMMA", "1"), ("PERSIST", "1"))
+_3X_SMALL_K = (("STAGES", "3"), ("EPI_SMEM", "1"), ("WGMMA", "1"), ("PERSIST", "1"), ("TMA_STORE", "1"))
 #: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised),
 #: 128 x 128 x 32, 4 stages: 2.07-2.35x torch fp32 on the dense shapes on an H200
 #: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01; 4 stages were also the
@@ -163,11 +166,11 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     "kb06_large_k": _f32_3xtf32(
         "C = A @ B, 3xTF32 wgmma, K split over a 16-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
     ),
-    "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32 wgmma, persistent: store-bound, the next tile loads during the stores",
+    "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32 wgmma, persistent, TMA-store epilogue: store-bound, the next tile computes during the stores",
                                 tunables=_3X_SMALL_K),
     "kb08_irregular": _f32_3xtf32("C = A @ B on unaligned shapes, 3xTF32 wgmma: A and B copied into row-padded "
                                   "workspace buffers, then TMA", tunables=_3X_WG),
-    "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32 wgmma, persistent: store-bound, the next tile loads during the stores",
+    "kb09_tall_skinny": _f32_3xtf32("C = A @ B, K = 32, 3xTF32 wgmma, persistent, TMA-store epilogue: store-bound, the next tile computes during the stores",
                                     tunables=_3X_SMALL_K),
     "kb10_3d": _f32_3xtf32("[B, M, K] @ [K, N], 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
     "kb11_4d": _f32_3xtf32("einsum bijl,lk->bijk, 3xTF32: leading dims of A fold into M", tunables=_3X_WG),
