@@ -1,7 +1,9 @@
 """An exported champion on a real GPU (H100/H200): it loads in a fresh Python that has torch
 but not cute-evo, passes its own test_op.py, and runs as fast as the evaluation recorded.
 
-The kb19_relu seed is compiled, evaluated by the real isolated harness (correctness + timing,
+The kb19_relu seed -- and the gemm_bf16_irregular seed, whose kernel asks for a workspace
+(evo_abi.h: padded operand copies) that the exported op must allocate -- is compiled,
+evaluated by the real isolated harness (correctness + timing,
 50 reps, L2 flushed), stored as a run's confirmed champion and exported; then, in fresh
 subprocesses whose PYTHONPATH holds only torch's site-packages (and whose import system
 refuses cute-evo's packages), the export's pytest file runs and the op is timed the same way
@@ -25,14 +27,14 @@ from evo.records import Candidate, Operator
 
 pytestmark = pytest.mark.gpu
 
-TASK = "kb19_relu"
+TASKS = ("kb19_relu", "gemm_bf16_irregular")
 TOLERANCE = 0.05  # the op must be within 5% of the recorded median
 
 BLOCKER = ENGINE_IMPORT_BLOCKER
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+@pytest.fixture(scope="module", params=TASKS)
+def exported(request, tmp_path_factory):
     from evaluators.compile import compile_candidate
     from evaluators.pipeline import evaluate_built
     from evaluators.policy import check_policy
@@ -40,6 +42,7 @@ def exported(tmp_path_factory):
     from evo.store import Store
     from evo.tasks.seeds import seed_params, seed_source
 
+    TASK = request.param
     tmp = tmp_path_factory.mktemp("export-gpu")
     cs = CompileSettings(cache_dir=str(tmp / "cache"))
     hs = HarnessSettings(trials=5, warmup=10, reps=50, flush_mb=256, timeout_s=600)
@@ -107,7 +110,7 @@ def test_exported_op_matches_its_recorded_time(exported):
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = ref.make_inputs(row["shape"], gen, ref.DISTRIBUTIONS[0], "cuda")
         flush = torch.empty(int(m["timings"].get("flush_mb", 256)) * 2**20, dtype=torch.uint8, device="cuda")
-        fn = torch.ops.evo.{TASK}
+        fn = getattr(torch.ops.evo, m["op"].split("::")[-1])
         for _ in range(10):
             y = fn(*x)
         torch.cuda.synchronize()
