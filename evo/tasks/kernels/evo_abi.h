@@ -83,3 +83,15 @@ static inline bool evo_is_contiguous(const EvoTensor& t) {
 static inline bool evo_is_aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
 }
+
+// Convenience for candidates with a workspace (see "device scratch" above): true when `out`
+// holds exactly the task's `n_task_out` outputs and `bytes` <= 0, or those plus the appended
+// workspace `out[n_task_out]` (EVO_U8, 1-D, at least `bytes`, non-null, `align`-byte aligned)
+// and `bytes` > 0. evo_launch returns cudaErrorInvalidValue otherwise.
+static inline bool evo_workspace_ok(const EvoTensor* out, int n_out, int n_task_out, int64_t bytes, int align) {
+  if (bytes <= 0) return n_out == n_task_out;
+  if (n_out != n_task_out + 1) return false;
+  const EvoTensor& w = out[n_task_out];
+  return w.dtype == EVO_U8 && w.ndim == 1 && w.shape[0] >= bytes && w.data != nullptr &&
+         evo_is_aligned(w.data, align);
+}

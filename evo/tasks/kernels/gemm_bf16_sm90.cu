@@ -543,15 +543,11 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   Plan plan;
   cudaError_t err = make_plan(in, n_in, out, n_out, plan);
   if (err != cudaSuccess) return err;
-  if (n_out != 1 + (plan.ws_bytes > 0 ? 1 : 0)) return cudaErrorInvalidValue;
+  if (!evo_workspace_ok(out, n_out, 1, plan.ws_bytes, 256)) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   Params p = plan.p;
   if (plan.pad) {
-    const EvoTensor& ws = out[1];
-    if (ws.dtype != EVO_U8 || ws.ndim != 1 || ws.shape[0] < plan.ws_bytes ||
-        !evo_is_aligned(ws.data, 256))
-      return cudaErrorInvalidValue;
-    char* base = static_cast<char*>(ws.data);
+    char* base = static_cast<char*>(out[1].data);
     bf16* a_pad = reinterpret_cast<bf16*>(base);
     err = pad_rows(p.A, a_pad, int64_t(p.L) * p.M, p.K, plan.lda_pad, stream);
     if (err != cudaSuccess) return err;
