@@ -65,7 +65,7 @@ MMA_PTX = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 CVT_PTX = "cvt.rna.tf32.f32"
 
 TUNABLES = ["BM", "BN", "BK", "STAGES", "WARPS_M", "WARPS_N", "GROUP_M", "SPLIT_K", "EPI_SMEM", "MIN_BLOCKS",
-            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD", "PAD_LD", "TMA_STORE"]
+            "TF32_CVT", "PROMOTE", "WGMMA", "PERSIST", "PAD", "PAD_LD", "TMA_STORE", "SPLIT_WS"]
 
 
 def _src(task: str | None = None) -> str:
@@ -120,7 +120,7 @@ def test_seed_table_mirrors_the_fp32_gemm_seeds():
         assert spec.template == TEMPLATE
         # same task config as the FFMA seed: same tensors, same layouts, same epilogue
         assert dict(spec.defines) == dict(F32_FFMA_SEEDS[task].defines), task
-    assert dict(F32_3XTF32_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_K"] == "16"   # Hopper cluster
+    assert dict(F32_3XTF32_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_WS"] == "1"   # one wave of slices
     assert dict(F32_3XTF32_SEEDS["kb09_tall_skinny"].tunable_defaults)["EPI_SMEM"] == "1"
 
 
@@ -220,10 +220,12 @@ def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int 
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     m = outcome.result.metrics
-    # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel and the PAD row copy with
-    # WGMMA = 1; the copy kernel is built whatever PAD, only launched with PAD = 1)
+    # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel, the PAD row copy and the
+    # SPLIT_WS reduction with WGMMA = 1; those two are built whatever PAD / SPLIT_WS, launched only
+    # when a call needs them)
     assert len(m["kernels"]) == n_kernels, m["kernels"]
-    assert any("pad_rows_kernel" in k for k in m["kernels"]) == (n_kernels == 4), m["kernels"]
+    assert any("pad_rows_kernel" in k for k in m["kernels"]) == (n_kernels == 5), m["kernels"]
+    assert any("splitk_reduce_kernel" in k for k in m["kernels"]) == (n_kernels == 5), m["kernels"]
     assert not m.get("wgmma_serialized", False), outcome.result.artifacts.get("wgmma_serialization")
     assert m["spill_stores"] == 0 and m["spill_loads"] == 0, m
     assert m["stack_frame"] == 0, m
@@ -244,7 +246,7 @@ def _distinct_seeds() -> list[str]:
 def test_seed_compiles_for_sm90a_without_spills(request, task):
     src = _src(task)
     params = _defaults(src)
-    m = _build(request, task, src, params, n_kernels=4 if params["WGMMA"] == "1" else 2).result.metrics
+    m = _build(request, task, src, params, n_kernels=5 if params["WGMMA"] == "1" else 2).result.metrics
     print(task, {k: (v["registers"], v["spill_stores"]) for k, v in m["kernels"].items()})
 
 
@@ -317,10 +319,25 @@ def test_ptx_uses_tf32_tensor_core_mma(request, cvt):
 
 @pytest.mark.slow
 def test_split_k_ptx_reads_peers_through_dsmem(request):
-    src = _src("kb06_large_k")
-    ptx = _nvcc_cached(request, "ptx-kb06", ["-arch=sm_90a", "-ptx"], src, ".ptx")
+    spec = F32_3XTF32_SEEDS["kb06_large_k"]
+    tun = dict(spec.tunable_defaults) | {"SPLIT_K": "16", "SPLIT_WS": "0"}   # the cluster split
+    src = render(dataclasses.replace(spec, tunable_defaults=tuple(tun.items())))
+    assert violated_constraints(src) == []
+    ptx = _nvcc_cached(request, "ptx-kb06-cluster", ["-arch=sm_90a", "-ptx"], src, ".ptx")
     assert "mapa.shared::cluster" in ptx and "ld.shared::cluster.v4.f32" in ptx
     assert "barrier.cluster.arrive" in ptx and "barrier.cluster.wait" in ptx
+    assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
+
+
+@pytest.mark.slow
+def test_workspace_split_k_ptx_has_no_cluster_and_no_atomics(request):
+    """kb06's seed (SPLIT_WS = 1): independent CTAs per K slice (no cluster launch, no
+    distributed shared memory) whose partial tiles a second kernel sums in a fixed order, so
+    the result stays bitwise deterministic: no atomics anywhere."""
+    src = _src("kb06_large_k")
+    ptx = _nvcc_cached(request, "ptx-kb06-ws", ["-arch=sm_90a", "-ptx"], src, ".ptx")
+    assert "splitk_reduce_kernel" in ptx
+    assert "ld.shared::cluster" not in ptx and "barrier.cluster" not in ptx
     assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
 
 
@@ -463,7 +480,7 @@ def _wgmma_build(request, name: str):
     src = _src(task)
     full = {**_defaults(src), "WGMMA": "1", **params}
     assert violated_constraints(src, full) == [], violated_constraints(src, full)
-    return _build(request, task, src, full, n_kernels=4)
+    return _build(request, task, src, full, n_kernels=5)
 
 
 def test_wgmma_constraint():
@@ -494,6 +511,10 @@ def test_wgmma_constraint():
     # TMA_STORE: Hopper kernel, SPLIT_K = 1, and its 64 KB tile buffer counts: 3 stages fit, 4 not
     assert ok(WGMMA=1, TMA_STORE=1, STAGES=3) and not ok(WGMMA=1, TMA_STORE=1, STAGES=4)
     assert not ok(TMA_STORE=1, STAGES=3) and not ok(WGMMA=1, TMA_STORE=1, STAGES=3, SPLIT_K=2)
+    # SPLIT_WS (K slices through the workspace, a second reduce kernel): Hopper kernel, one CTA
+    # per slice, so neither with a cluster split nor with the persistent loop
+    assert ok(WGMMA=1, SPLIT_WS=1) and not ok(SPLIT_WS=1)
+    assert not ok(WGMMA=1, SPLIT_WS=1, SPLIT_K=2) and not ok(WGMMA=1, SPLIT_WS=1, PERSIST=1)
     policy = pytest.importorskip("evaluators.policy")
     for task in ("kb01_square", "kb16_trans_a", "kb17_trans_b", "kb18_trans_both", "kb14_upper"):
         s = _src(task)

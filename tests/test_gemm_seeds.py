@@ -91,7 +91,7 @@ def test_task_config_matches_the_task():
     assert d["kb18_trans_both"] == {"TRANS_A": "1", "TRANS_B": "1", "EPILOGUE": "0"}
     assert d["kb14_upper"]["EPILOGUE"] == "1" and d["kb15_lower"]["EPILOGUE"] == "2"
     assert d["gemm_bias_gelu_bf16"]["EPILOGUE"] == "1" and d["gemm_silu_mul_bf16"]["EPILOGUE"] == "2"
-    assert dict(GEMM_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_K"] == "16"   # 16-CTA cluster on the Hopper kernel
+    assert dict(GEMM_SEEDS["kb06_large_k"].tunable_defaults)["SPLIT_WS"] == "1"   # workspace split-K, Hopper kernel
 
 
 def test_constraints_reject_oversized_configs():

@@ -109,17 +109,26 @@ F32_FFMA_SEEDS: dict[str, SeedSpec] = {
     "kb18_trans_both": _f32("C = A.T @ B.T with A [K, M], B [N, K]", trans_a=True, trans_b=True),
 }
 
+#: PERSIST: one CTA per SM loops over the tiles, so the producer refills the ring for the next
+#: tile while the consumers run this one's epilogue. On an H200 (benchmarks/probes/bf16_persist.json,
+#: 2026-12-01): SwiGLU 1.078x -> 1.124x torch, gemm_bf16 8192^3 0.960x -> 0.969x, 4096^3 0.881x ->
+#: 0.898x cuBLAS; bmm_bf16 (128 batches of 512 x 2048) lost (0.76x), the irregular shape gained
+#: nothing (3.61x), so those two stay one tile per CTA.
+_BF16_PERSIST = (("PERSIST", "1"),)
+
 BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
-    "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages"),
+    "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages, persistent",
+                       tunables=_BF16_PERSIST),
     "gemm_bf16_irregular": _bf16(
-        "C = A @ B with unaligned K/N: predicated ld.global producer into swizzled smem + wgmma"
+        "C = A @ B with unaligned K/N: operands padded into the workspace, then TMA + wgmma"
     ),
     "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, batch on gridDim.y"),
-    "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue", epilogue="bias_gelu"),
+    "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent", epilogue="bias_gelu",
+                                 tunables=_BF16_PERSIST),
     "gemm_silu_mul_bf16": _bf16(
-        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile",
+        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile, persistent",
         epilogue="silu_mul",
-        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64")),
+        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST),
     ),
 }
 
@@ -134,13 +143,15 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
 _f32_3xtf32 = functools.partial(_f32, template=GEMM_F32_3XTF32_TEMPLATE)
 
 
-#: 256 x 524288 x 256 on the Hopper kernel: 128 x 128 tiles, K split over a 16-CTA cluster
-#: (4 x 16 = 64 CTAs, 32768-deep K slices, DSMEM reduction): 1.13x torch fp32 on an H200
-#: (benchmarks/probes/f32_3xtf32_split_k.json, 2026-12-01) against 0.82x for 128 x 64 tiles
-#: (128 CTAs; 8- or 16-CTA clusters alike), 0.64x for 64 x 64 and 0.50x for the mma.sync kernel.
+#: 256 x 524288 x 256 on the Hopper kernel: 128 x 128 tiles, K split through the workspace
+#: (SPLIT_WS: floor(132 SMs / 4 tiles) = 33 CTAs per tile, one wave of 132 independent CTAs each
+#: writing a partial tile, then a reduction kernel sums them in slice order): 2.11x torch fp32 on
+#: an H200 (benchmarks/probes/f32_3xtf32_split_ws.json, 2026-12-01) against 1.09x for the
+#: 16-CTA cluster split (4 x 16 = 64 CTAs: half the SMs idle; cluster sizes cap it) and 1.43x
+#: for 128 x 64 tiles (BN = 64 wgmmas run below rate).
 #: WARPS 4 x 4 keep its mma.sync fallback (unaligned calls) free of spills.
 _3X_LARGE_K = (("BM", "128"), ("BN", "128"), ("WARPS_M", "4"), ("WARPS_N", "4"), ("STAGES", "4"),
-               ("SPLIT_K", "16"), ("WGMMA", "1"))
+               ("SPLIT_WS", "1"), ("WGMMA", "1"))
 #: K = 64 / 32 with a 32768 x 32768 output: store-bound. The Hopper kernel runs persistent
 #: (PERSIST: one CTA per SM looping over tiles, so the producer loads and splits the next tile
 #: while the consumers store this one) and stores each tile by TMA from its own shared-memory
@@ -164,7 +175,8 @@ F32_3XTF32_SEEDS: dict[str, SeedSpec] = {
     "kb02_standard": _f32_3xtf32("C = A @ B, 3xTF32: TMA + RS tf32 wgmma, warp-specialised, 4-stage mbarrier ring", tunables=_3X_WG),
     "kb03_bmm": _f32_3xtf32("C[l] = A[l] @ B[l] (batch on gridDim.y), 3xTF32", tunables=_3X_WG),
     "kb06_large_k": _f32_3xtf32(
-        "C = A @ B, 3xTF32 wgmma, K split over a 16-CTA cluster with a DSMEM reduction", tunables=_3X_LARGE_K
+        "C = A @ B, 3xTF32 wgmma, K split over one wave of CTAs (partials in the workspace, "
+        "then an ordered reduction)", tunables=_3X_LARGE_K
     ),
     "kb07_small_k": _f32_3xtf32("C = A @ B, K = 64, 3xTF32 wgmma, persistent, TMA-store epilogue: store-bound, the next tile computes during the stores",
                                 tunables=_3X_SMALL_K),

@@ -61,6 +61,7 @@
 // @tunable GELU_FAST = 2 in {0, 1, 2}
 // @tunable PAD = 1 in {0, 1}
 // @tunable PAD_LD = 64 in {8, 64}
+// @tunable PERSIST = 0 in {0, 1}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
@@ -91,6 +92,9 @@
 #endif
 #ifndef PAD_LD
 #define PAD_LD 64   // padded row strides are multiples of this many elements (64: 128-byte rows)
+#endif
+#ifndef PERSIST
+#define PERSIST 0
 #endif
 
 namespace evo_bf16 {
@@ -155,7 +159,10 @@ CUTE_DEVICE float gelu_erf(float x) {
   return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
 #endif
 }
-CUTE_DEVICE float silu(float x) { return x / (1.f + __expf(-x)); }
+// x sigmoid(x) with the fast exp and division: __fdividef(x, y) is 0 for y > 2^126 (x very
+// negative, exp overflowing to Inf), the correct limit; an IEEE division cost ~20 instructions per
+// value in an epilogue that is not overlapped with any maths.
+CUTE_DEVICE float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
 // Fallback producer, for operands whose rows are only 2-byte aligned (TMA and 16-byte loads
 // impossible). g/c/s are (8, I, J) thread partitions of one (X, TILE_K) tile whose mode 0 runs
@@ -232,13 +239,35 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
                            typename Cfg::SmemLayoutB{});
 
   const int wg = threadIdx.x / 128;
-  const int l = blockIdx.y;
-  const int tile = blockIdx.x;
-  const int group_size = GROUP_M * p.tiles_n;
-  const int first_m = (tile / group_size) * GROUP_M;
-  const int gm = min(p.tiles_m - first_m, GROUP_M);
-  const int m_blk = first_m + (tile % group_size) % gm;
-  const int n_blk = (tile % group_size) / gm;
+  // Work units w = l * tiles_m * tiles_n + tile, tiles in grouped raster order (GROUP_M tile rows
+  // per group). One per CTA (grid (tiles, L)), or with PERSIST (TMA kernel) CTA b takes
+  // w = b, b + gridDim.x, ... (grid min(work, #SMs)): the ring positions carry over, so the
+  // producer loads the next tile's first stages while the consumers store this one.
+  constexpr bool kPersist = PERSIST != 0 && kTMA;
+  // (evaluated by each role after its setmaxnreg: values computed before it and live across
+  // it were spilled around the register reallocation)
+  struct Sched { int first, end, step; };
+  auto sched = [&]() {
+    const int tiles_mn = p.tiles_m * p.tiles_n;
+    Sched q;
+    q.first = kPersist ? int(blockIdx.x) : int(blockIdx.y) * tiles_mn + int(blockIdx.x);
+    q.end = kPersist ? tiles_mn * p.L : q.first + 1;
+    q.step = kPersist ? int(gridDim.x) : 1;
+    return q;
+  };
+  struct Work { int m_blk, n_blk, l; };
+  auto work_of = [&](int w) {
+    const int tiles_mn = p.tiles_m * p.tiles_n;
+    Work u;
+    u.l = w / tiles_mn;
+    const int tile = w % tiles_mn;
+    const int group_size = GROUP_M * p.tiles_n;
+    const int first_m = (tile / group_size) * GROUP_M;
+    const int gm = min(p.tiles_m - first_m, GROUP_M);
+    u.m_blk = first_m + (tile % group_size) % gm;
+    u.n_blk = (tile % group_size) / gm;
+    return u;
+  };
   const int k_tiles = (p.K + TILE_K - 1) / TILE_K;
 
   if (threadIdx.x == 0) {
@@ -254,26 +283,35 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   if (wg == 0) {
     // ------------------------------- producer ------------------------------------------
     if constexpr (kTMA) {
-      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<56>();
       if (threadIdx.x / 32 == 0 && elect_one_sync()) {
         Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
         Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
-        Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _))(_, _, m_blk, _, l);
-        Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _))(_, _, n_blk, _, l);
+        Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
+        Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
         auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
         auto [tBgB, tBsB0] = tma_partition(tma_b0, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
         auto [tBgB_, tBsB1] = tma_partition(tma_b1, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
         int stage = 0, phase = 0;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
-          copy(tma_a.with(full[stage]), tAgA(_, kt), tAsA(_, stage));
-          copy(tma_b0.with(full[stage]), tBgB(_, kt), tBsB0(_, stage));
-          if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, kt), tBsB1(_, stage));
-          if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+        const Sched sc = sched();
+#pragma unroll 1
+        for (int w = sc.first; w < sc.end; w += sc.step) {
+          const Work u = work_of(w);
+#pragma unroll 1
+          for (int kt = 0; kt < k_tiles; ++kt) {
+            cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
+            copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
+            copy(tma_b0.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+            if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
+            if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+          }
         }
       }
     } else {
+      // (never persistent: one work unit)
+      const Work u0 = work_of(sched().first);
+      const int m_blk = u0.m_blk, n_blk = u0.n_blk, l = u0.l;
       const int t = threadIdx.x;
       Tensor mA = make_tensor(make_gmem_ptr(p.A + l * p.a_l), make_shape(p.M, p.K), make_stride(p.lda, _1{}));
       Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(m_blk, _));
@@ -315,7 +353,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
-    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<224>();
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(threadIdx.x - 128);
     Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
@@ -325,63 +363,80 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     Tensor tCrB0 = thr.make_fragment_B(tCsB0);
     Tensor tCrB1 = thr.make_fragment_B(tCsB1);
 
-    Tensor mC = make_tensor(make_gmem_ptr(p.C + l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
-    Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(m_blk, n_blk));
-    Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
-                           make_coord(m_blk, n_blk));
-    Tensor tCgC = thr.partition_C(gC);
-    Tensor tCcC = thr.partition_C(cC);
-    Tensor acc0 = thr.partition_fragment_C(gC);
-    Tensor acc1 = thr.partition_fragment_C(gC);   // used only by the dual (silu_mul) epilogue
-    clear(acc0);
-    if constexpr (kNB == 2) clear(acc1);
-    mma.accumulate_ = GMMA::ScaleOut::One;
+    // Ring positions carry over from one work unit to the next (PERSIST).
+    int stage = 0, phase = 0;
+    const Sched sc = sched();
+#pragma unroll 1
+    for (int w = sc.first; w < sc.end; w += sc.step) {
+      // Accumulators first; C's views are made after the main loop (nothing of them stays live
+      // across it: the persistent loop otherwise spills under the kernel's 168-register bound).
+      Tensor acc0 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
+      Tensor acc1 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
+      // acc1: only the dual (silu_mul) epilogue.
+      clear(acc0);
+      if constexpr (kNB == 2) clear(acc1);
+      mma.accumulate_ = GMMA::ScaleOut::One;
 
-    warpgroup_fence_operand(acc0);
-    if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
-    int stage = 0, phase = 0, prev = -1;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        gemm(mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
-        if constexpr (kNB == 2) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+      warpgroup_fence_operand(acc0);
+      if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+      int prev = -1;
+#pragma unroll 1
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+          gemm(mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
+          if constexpr (kNB == 2) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();                     // the batch of the previous stage has retired
+        if (prev >= 0) cutlass::arch::ClusterBarrier::arrive(&empty[prev]);
+        prev = stage;
+        if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
       }
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();                     // the batch of the previous stage has retired
+      warpgroup_wait<0>();
+      // The last stage is free too: with PERSIST the producer refills it (the next tile) while
+      // this epilogue runs.
       if (prev >= 0) cutlass::arch::ClusterBarrier::arrive(&empty[prev]);
-      prev = stage;
-      if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc0);
-    if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+      warpgroup_fence_operand(acc0);
+      if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
 
-    // ------------------------------- epilogue ------------------------------------------
-    // GMMA accumulators come in pairs of adjacent columns: values i, i+1 (i even) are
-    // (m, n) and (m, n + 1).
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc0); i += 2) {
-      const int m = get<0>(tCcC(i));
-      const int n = get<1>(tCcC(i));
-      if (m >= p.M) continue;
-      float v0 = acc0(i), v1 = acc0(i + 1);
-      if constexpr (EPILOGUE == 1) {
-        const float b0 = n < p.N ? float(p.bias[n]) : 0.f;
-        const float b1 = n + 1 < p.N ? float(p.bias[n + 1]) : 0.f;
-        v0 = gelu_erf(v0 + b0);
-        v1 = gelu_erf(v1 + b1);
-      } else if constexpr (EPILOGUE == 2) {
-        v0 = silu(v0) * acc1(i);
-        v1 = silu(v1) * acc1(i + 1);
-      }
-      if (p.c_vec && n + 1 < p.N) {
-        __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
-        *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = pair;
-      } else {
-        if (n < p.N) tCgC(i) = bf16(v0);
-        if (n + 1 < p.N) tCgC(i + 1) = bf16(v1);
+      // ----------------------------- epilogue ------------------------------------------
+      const Work u = work_of(w);
+      Tensor mC = make_tensor(make_gmem_ptr(p.C + u.l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+      Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(u.m_blk, u.n_blk));
+      Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                             make_coord(u.m_blk, u.n_blk));
+      Tensor tCgC = thr.partition_C(gC);
+      Tensor tCcC = thr.partition_C(cC);
+      // GMMA accumulators come in pairs of adjacent columns: values i, i+1 (i even) are
+      // (m, n) and (m, n + 1).
+      // Bias through the read-only path (ld.global.nc): its loads need not wait behind this loop's
+      // stores to C, which a plain load must (the compiler cannot prove bias and C apart).
+      const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc0); i += 2) {
+        const int m = get<0>(tCcC(i));
+        const int n = get<1>(tCcC(i));
+        if (m >= p.M) continue;
+        float v0 = acc0(i), v1 = acc0(i + 1);
+        if constexpr (EPILOGUE == 1) {
+          const float b0 = n < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n)) << 16) : 0.f;   // exact
+          const float b1 = n + 1 < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n + 1)) << 16) : 0.f;
+          v0 = gelu_erf(v0 + b0);
+          v1 = gelu_erf(v1 + b1);
+        } else if constexpr (EPILOGUE == 2) {
+          v0 = silu(v0) * acc1(i);
+          v1 = silu(v1) * acc1(i + 1);
+        }
+        if (p.c_vec && n + 1 < p.N) {
+          __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
+          *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = pair;
+        } else {
+          if (n < p.N) tCgC(i) = bf16(v0);
+          if (n + 1 < p.N) tCgC(i + 1) = bf16(v1);
+        }
       }
     }
   }
@@ -394,6 +449,15 @@ cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const&
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(unsigned(p.tiles_m * p.tiles_n), unsigned(p.L), 1);
+  if constexpr (PERSIST != 0 && kTMA) {   // one CTA per SM (one fits), each looping over tiles
+    int dev = 0, sms = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.L;
+    grid = dim3(unsigned(work < sms ? work : sms), 1, 1);
+  }
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, ta, tb0, tb1);
   return cudaGetLastError();
 }
@@ -490,6 +554,8 @@ inline cudaError_t make_plan(const EvoTensor* in, int n_in, const EvoTensor* out
       if (w3.shape[i] != b.shape[i]) return cudaErrorInvalidValue;
   }
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || L > 65535) return cudaErrorInvalidValue;
+  // work-unit indices (l * tiles + tile) are ints, whatever the tile size (>= 64 x 64)
+  if (((M + 63) / 64) * ((N + 63) / 64) * L > INT32_MAX) return cudaErrorInvalidValue;
   if (M == 0 || N == 0 || L == 0) {
     plan.empty = true;
     return cudaSuccess;

@@ -157,6 +157,7 @@
 // @tunable PAD = 1 in {0, 1}
 // @tunable PAD_LD = 32 in {4, 32}
 // @tunable TMA_STORE = 0 in {0, 1}
+// @tunable SPLIT_WS = 0 in {0, 1}
 // @constraint BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0
 // @constraint BM / WARPS_M >= 32 && BM / WARPS_M <= 64 && BN / WARPS_N >= 16 && BN / WARPS_N <= 64
 // @constraint (BM / WARPS_M) * (BN / WARPS_N) <= 2048
@@ -168,6 +169,7 @@
 // @constraint PERSIST == 0 || (WGMMA == 1 && SPLIT_K == 1)
 // @constraint PAD == 1 || WGMMA == 1
 // @constraint TMA_STORE == 0 || (WGMMA == 1 && SPLIT_K == 1)
+// @constraint SPLIT_WS == 0 || (WGMMA == 1 && SPLIT_K == 1 && PERSIST == 0)
 // @constraint WGMMA == 0 || (BK == 32 && BM <= 128 && BN <= 128 && STAGES * (BM + BN) * BK * 4 + TRANS_A * 2 * BM * BK * 4 + 4 * BN * BK * 4 + TMA_STORE * BM * BN * 4 + 2048 <= 232448)
 #ifndef BM
 #define BM 128
@@ -219,6 +221,9 @@
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
+#endif
+#ifndef SPLIT_WS
+#define SPLIT_WS 0
 #endif
 #if WGMMA
 #include <cutlass/arch/barrier.h>
@@ -740,6 +745,8 @@ struct Params {
   int c_vec2;       // 1 when 8-byte stores of column pairs to C are legal
   int c_vec4;       // 1 when 16-byte stores of 4 columns (n % 4 == 0) to C are legal
   int c_tma;        // TMA_STORE and C is TMA-legal (N % 4 == 0, 16-byte aligned): tma_c is valid
+  int splits;       // SPLIT_WS: K slices per tile (1: no split); > 1: partial tiles go to `part`
+  float* part;      // SPLIT_WS partials: [L * tiles_m * tiles_n][splits][BM][BN] fp32 (workspace)
 };
 
 CUTE_DEVICE void split(float x, uint32_t& big, uint32_t& small) {
@@ -967,18 +974,21 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
   Tensor sSmall = make_tensor(make_smem_ptr(smemSmall), SmemLayoutBop{});
 
   const int wg = threadIdx.x / 128;
-  const int krank = blockIdx.x % SPLIT_K;   // == rank in the (SPLIT_K, 1, 1) cluster
+  // K slices per tile: SPLIT_K (a cluster, compile time) or p.splits (SPLIT_WS: independent
+  // CTAs writing partial tiles to the workspace; 1 without it). At most one of them exceeds 1.
+  const int nsplit = SPLIT_K > 1 ? SPLIT_K : (SPLIT_WS ? p.splits : 1);
+  const int krank = blockIdx.x % nsplit;    // SPLIT_K: == rank in the (SPLIT_K, 1, 1) cluster
   // Work units w = l * tiles_m * tiles_n + tile. PERSIST = 0: one per CTA (blockIdx.x / SPLIT_K,
   // batch blockIdx.y); PERSIST = 1: CTA b takes w = b, b + gridDim.x, ... (gridDim.x <= #SMs),
   // so the producer loads and splits the next tile while the consumers store this one.
   const int tiles_mn = p.tiles_m * p.tiles_n;
-  const int w_first = PERSIST ? int(blockIdx.x) : int(blockIdx.y) * tiles_mn + int(blockIdx.x) / SPLIT_K;
+  const int w_first = PERSIST ? int(blockIdx.x) : int(blockIdx.y) * tiles_mn + int(blockIdx.x) / nsplit;
   const int w_end = PERSIST ? tiles_mn * p.L : w_first + 1;
   const int w_step = PERSIST ? int(gridDim.x) : 1;
   // This CTA's K slice: k-tiles [kt0, kt0 + k_tiles) (split-K: slice krank of SPLIT_K; a
   // slice may be empty when K is short, then the CTA contributes zeros).
   const int k_all = (p.K + BK - 1) / BK;     // >= 1 (the host sends K = 0 to the mma.sync kernel)
-  const int k_per = (k_all + SPLIT_K - 1) / SPLIT_K;
+  const int k_per = (k_all + nsplit - 1) / nsplit;
   const int kt0 = krank * k_per;
   const int k_slice = max(0, min(k_all, kt0 + k_per) - kt0);
   struct Work { int m_blk, n_blk, l, k_tiles; };
@@ -1180,8 +1190,24 @@ gemm_3xtf32_wgmma_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRI
             if (!keep(get<0>(tCcC(i)), get<1>(tCcC(i)))) accS(i) = 0.f;
         }
         bool stored = false;
+        if constexpr (SPLIT_WS != 0) {
+          if (p.splits > 1) {
+            // SPLIT_WS: the whole partial tile (masked like C, zeros past M, N from the TMA
+            // fill) goes to its workspace slot, row-major BM x BN; splitk_reduce sums the
+            // slots of a tile in slice order after this kernel (stream order).
+            float* slot = p.part + ((int64_t(u.l * p.tiles_m + u.m_blk) * p.tiles_n + u.n_blk) * nsplit + krank) *
+                                       int64_t(BM * BN);
+            Tensor gP = make_tensor(make_gmem_ptr(slot), make_layout(make_shape(Int<BM>{}, Int<BN>{}),
+                                                                     make_stride(Int<BN>{}, _1{})));
+            Tensor tCgP = thr.partition_C(gP);
+            CUTE_UNROLL
+            for (int i = 0; i < size(accS); i += 2)
+              *reinterpret_cast<float2*>(&tCgP(i)) = make_float2(accS(i), accS(i + 1));
+            stored = true;
+          }
+        }
         if constexpr (kTmaStore) {
-          if (p.c_tma) {
+          if (p.c_tma && !stored) {
             // The previous tile's bulk store has read the buffer (its issuer waits), then every
             // consumer writes its fragment, fences the async proxy, and the issuer stores the
             // tile (TMA clips rows >= M, columns >= N) without waiting for the write to land.
@@ -1286,6 +1312,48 @@ __global__ void __launch_bounds__(256) pad_rows_kernel(const float* __restrict__
   }
 }
 
+// SPLIT_WS: C tile (l, m_blk, n_blk) = the sum of its `splits` partial tiles, in slice order
+// (deterministic), masked rows >= M / columns >= N not stored. Grid (BM * BN / 4 / 256,
+// L * tiles_m * tiles_n): one float4 of a tile per thread, consecutive threads along a row.
+__global__ void __launch_bounds__(256) splitk_reduce_kernel(Params p) {
+  const int slot = blockIdx.y;
+  const int q = blockIdx.x * 256 + threadIdx.x;   // float4 index within the tile
+  const int r = q / (BN / 4), c = (q % (BN / 4)) * 4;
+  const int n_blk = slot % p.tiles_n;
+  const int m_blk = (slot / p.tiles_n) % p.tiles_m;
+  const int l = slot / (p.tiles_n * p.tiles_m);
+  const int m = m_blk * BM + r, n = n_blk * BN + c;
+  if (m >= p.M) return;
+  const float4* src = reinterpret_cast<const float4*>(p.part + int64_t(slot) * p.splits * (BM * BN)) + q;
+  float4 s = src[0];
+  for (int k = 1; k < p.splits; ++k) {
+    const float4 v = src[int64_t(k) * (BM * BN / 4)];
+    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+  }
+  store4(p, p.C + l * p.c_l + int64_t(m) * p.N, m, n, s);
+}
+static_assert(BM * BN % 1024 == 0, "splitk_reduce: whole 256-thread blocks per tile");
+constexpr int64_t BM_BN_BYTES = int64_t(BM) * BN * 4;   // one fp32 partial tile
+
+// SPLIT_WS: K slices per tile for a call with `work` tiles (batch included) and `k_tiles`
+// k-tiles of BK, on the current device: when the tiles fill at most half of the SMs, enough
+// slices to give every SM one CTA (floor(SMs / work)), but no slice shorter than
+// kMinSliceKTiles k-tiles (its partial-tile traffic would outweigh its maths). 1: no split
+// (also when the device cannot be queried: evo_workspace_bytes and evo_launch then agree).
+constexpr int64_t kMinSliceKTiles = 4;
+inline int ws_splits(int64_t work, int64_t k_tiles) {
+  if (!SPLIT_WS || SPLIT_K > 1 || PERSIST) return 1;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();   // the failed query leaves its (non-sticky) error as the last error: clear it
+    return 1;
+  }
+  if (work <= 0 || 2 * work > sms) return 1;
+  int64_t s = sms / work;
+  if (s > k_tiles / kMinSliceKTiles) s = k_tiles / kMinSliceKTiles;
+  return s >= 2 ? int(s) : 1;
+}
+
 constexpr int kPadThreads = 256;
 constexpr int64_t kPadMaxBlocks = 2048;   // ~2 waves of 8 blocks per SM on 132 SMs; rows beyond loop
 
@@ -1360,7 +1428,7 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
     const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.L;
     cfg.gridDim = dim3(unsigned(work < sms ? work : sms), 1, 1);
   } else {
-    cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K), unsigned(p.L), 1);
+    cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K * p.splits), unsigned(p.L), 1);
   }
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmemBytes;
@@ -1374,6 +1442,10 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
   cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, kernel, p, tma_a, tma_b, tma_c);
   if (err != cudaSuccess) return err;
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits <= 1) return err;
+  const dim3 rgrid(unsigned(BM * BN / 4 / 256), unsigned(int64_t(p.L) * p.tiles_m * p.tiles_n), 1);
+  splitk_reduce_kernel<<<rgrid, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -1403,10 +1475,13 @@ struct Plan {
   bool vec;         // 16-byte copies legal on the operands as given (== TMA-legal in place)
   Operand a, b;
   int64_t ws_bytes; // workspace bytes (0: none)
+  int splits;       // SPLIT_WS: K slices per tile (1: none)
+  int64_t part_off; // SPLIT_WS: byte offset of the partial tiles in the workspace (-1: none)
 };
 
 constexpr int64_t kWsAlign = 256;   // each padded copy starts on a 256-byte boundary
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 
 // Validates the call (inputs `in`, the output C = `c`) and plans it. cudaErrorInvalidValue for
 // inputs outside the contract (evo_workspace_bytes: -1), else cudaSuccess with `pl` filled.
@@ -1446,6 +1521,8 @@ inline int make_plan(const EvoTensor* in, int n_in, const EvoTensor& c, Plan& pl
   pl.L = L;
   pl.path = kNothing;
   pl.ws_bytes = 0;
+  pl.splits = 1;
+  pl.part_off = -1;
   if (M == 0 || N == 0 || L == 0) return cudaSuccess;   // K == 0 runs: the epilogue writes zeros
 
   Params& p = pl.p;
@@ -1501,6 +1578,12 @@ inline int make_plan(const EvoTensor* in, int n_in, const EvoTensor& c, Plan& pl
       pl.path = kHopper;
       pl.a = qa;
       pl.b = qb;
+      const int64_t work = int64_t(p.tiles_m) * p.tiles_n * L;
+      pl.splits = wg::ws_splits(work, (K + BK - 1) / BK);
+      if (pl.splits > 1) {          // the partial tiles follow the padded copies
+        pl.part_off = ws;
+        ws += round_up(work * pl.splits * wg::BM_BN_BYTES, kWsAlign);
+      }
       pl.ws_bytes = ws;
     }
   }
@@ -1523,6 +1606,8 @@ inline int run_plan(const Plan& pl, const EvoTensor* ws, cudaStream_t stream) {
     q.c_vec2 = p.c_vec2;
     q.c_vec4 = p.c_vec4;
     q.c_tma = TMA_STORE && p.c_vec4;   // N % 4 == 0 and a 16-byte aligned C: what TMA needs
+    q.splits = pl.splits;
+    q.part = pl.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(ws->data) + pl.part_off) : nullptr;
     const float* A = p.A;
     const float* B = p.B;
     // Padded copies first, on the same stream (PAD = 1 and an operand TMA cannot read in place).
