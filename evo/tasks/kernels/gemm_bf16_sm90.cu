@@ -35,6 +35,10 @@
 //     threads of word loads and permutes, is the bottleneck). A rewrite that read B by TMA
 //     through a k-permuted "super-row" view (commit 581ac72) crashed there with an illegal
 //     instruction, and its all-manual path ran 0.44x; it was reverted.
+// PERSIST = 1 (TMA kernel only): min(tiles x L, #SMs) CTAs loop over the work units (grouped
+// raster, batch folded in), ring positions carrying over; the consumers release a tile's last
+// stage before its epilogue, so the producer fills the ring with the next tile meanwhile
+// (H200: SwiGLU 1.08x -> 1.12x torch, gemm_bf16 8192^3 0.960x -> 0.969x cuBLAS).
 // Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
 // every store predicated, so any M, N, K works.
 //

@@ -63,7 +63,12 @@
 // C must be TMA-legal (N % 4 == 0, 16-byte aligned), else the register stores run.
 // A consumer releases an A stage only after fence.proxy.async: the refill is
 // a TMA (async-proxy) write, and without the fence one warp's fragment rows of a tile came out
-// wrong (kb09 with PERSIST = 1). No allocation, no atomics, one launch: deterministic.
+// wrong (kb09 with PERSIST = 1). SPLIT_WS = 1 (SPLIT_K = 1, PERSIST = 0): a call whose tiles
+// fill at most half of the SMs splits K over floor(SMs / tiles) independent CTAs per tile (no
+// slice under 4 k-tiles); each writes its partial tile into the workspace and
+// splitk_reduce_kernel then sums them in slice order (kb06: 4 tiles x 33 slices, 1.09x -> 2.11x
+// torch fp32 on an H200 against the 16-CTA cluster split, which fills only 64 SMs).
+// No allocation, no atomics, one launch (two with SPLIT_WS's reduction): deterministic.
 //
 // Verified on the CPU for both paths (tests/test_gemm_3xtf32.py): for every seed of
 // evo.tasks.gemm_seeds.F32_3XTF32_SEEDS the rendered source passes the static policy, its
@@ -118,8 +123,9 @@
 // then stores them: deterministic without a workspace. Grouped rasterisation over GROUP_M
 // tile rows.
 //
-// No allocation, no atomics, one launch on `stream` (two or three with PAD's copies, all on
-// `stream`, into the caller's workspace): bitwise deterministic by construction.
+// No allocation, no atomics, one launch on `stream` (plus PAD's copies and SPLIT_WS's
+// reduction, all on `stream`, through the caller's workspace): bitwise deterministic by
+// construction.
 // ABI: evo_abi.h. Returns cudaErrorInvalidValue for inputs outside the contract above, and for
 // a missing, extra, too small or misaligned workspace tensor; evo_workspace_bytes and
 // evo_launch share one host-side plan (make_plan), so the former says -1 exactly where the
