@@ -185,18 +185,30 @@ def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
     """Issue 8's SASS check for the bf16 seed: both instantiations (TMA producer and the
     predicated ld.global fallback) run their maths on HGMMA bf16 -> fp32, the TMA one loads with
     UTMALDG, and neither touches local memory (no spills, no stack arrays)."""
+    kernels = _bf16_sass(request, tmp_path, "gemm_bf16")
+    for name, body in kernels.items():
+        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+        if "Lb1E" in name:
+            assert "UTMALDG" in body, name
+
+
+def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]:
+    """SASS of the bf16 template's two GEMM instantiations (TMA: "Lb1E", fallback: "Lb0E") of a
+    seed built with its tunable defaults plus ``overrides``, by function name."""
     from toolchain import cuobjdump, sass, toolchain
 
     cuobjdump()                                   # skips before the build when it is missing
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
     from evo.records import Candidate
-    from evo.tunables import parse_tunables
+    from evo.tunables import parse_tunables, violated_constraints
 
-    src = render(GEMM_SEEDS["gemm_bf16"])
-    params = {t.name: t.default for t in parse_tunables(src)}
+    src = render(GEMM_SEEDS[task])
+    params = {t.name: t.default for t in parse_tunables(src)} | overrides
+    assert violated_constraints(src, params) == []
     settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=900)
-    outcome = compile_mod.compile_candidate(Candidate.create(task="gemm_bf16", source=src, params=params), settings)
+    outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=src, params=params), settings)
     assert outcome.ok, outcome.result.reason
     assert not outcome.result.metrics.get("wgmma_serialized", False)
     so = tmp_path / "k.so"
@@ -207,8 +219,22 @@ def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
     kernels = {name: body for name, body in functions.items()
                if name.startswith("_ZN8evo_bf16") and "pad_rows" not in name}
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), list(functions)
+    return kernels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["gemm_bf16", "gemm_silu_mul_bf16"])
+def test_bf16_cluster_multicast_sass(request, tmp_path, task):
+    """CLUSTER_M = 2 (2-CTA clusters along M sharing B): the TMA kernel loads B by multicast
+    TMA, releases stages to the peer CTA by remote mbarrier arrives, meets the peer at cluster
+    barriers (start and exit), and stays free of local memory; the fallback kernel is unchanged
+    (no cluster)."""
+    kernels = _bf16_sass(request, tmp_path, task, CLUSTER_M="2")
     for name, body in kernels.items():
-        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         if "Lb1E" in name:
-            assert "UTMALDG" in body, name
+            assert "UTMALDG.3D.MULTICAST" in body, name
+            assert re.search(r"SYNCS\.ARRIVE\.TRANS64\.RED", body), name   # mbarrier arrive on the peer
+            assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body, name
+        else:
+            assert "MULTICAST" not in body and "UCGABAR" not in body, name

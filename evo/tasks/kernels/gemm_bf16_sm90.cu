@@ -39,6 +39,11 @@
 // raster, batch folded in), ring positions carrying over; the consumers release a tile's last
 // stage before its epilogue, so the producer fills the ring with the next tile meanwhile
 // (H200: SwiGLU 1.08x -> 1.12x torch, gemm_bf16 8192^3 0.960x -> 0.969x cuBLAS).
+// CLUSTER_M = 2 (TMA kernel): 2-CTA clusters along M share the B tile(s): each CTA loads its
+// own A and one slice of B multicast into both CTAs' stages; every stage's empty barrier counts
+// the consumer warpgroups of both CTAs (one local and one remote arrive per warpgroup). H200:
+// validated on every check shape of gemm_bf16 / bias+GELU / SwiGLU / irregular / bmm; +1-3% on
+// the fused GEMMs (inside the run-to-run spread), so no seed uses it yet (docs/kernels.md).
 // Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
 // every store predicated, so any M, N, K works.
 //
@@ -47,6 +52,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
+#include <cute/arch/cluster_sm90.hpp>
 #include "evo_abi.h"
 
 // @evo:task-config
@@ -66,6 +72,7 @@
 // @tunable PAD = 1 in {0, 1}
 // @tunable PAD_LD = 64 in {8, 64}
 // @tunable PERSIST = 0 in {0, 1}
+// @tunable CLUSTER_M = 1 in {1, 2}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
@@ -99,6 +106,9 @@
 #endif
 #ifndef PERSIST
 #define PERSIST 0
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1   // TMA kernel: CTAs per cluster along M sharing (multicasting) the B tile
 #endif
 
 namespace evo_bf16 {
@@ -243,32 +253,43 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
                            typename Cfg::SmemLayoutB{});
 
   const int wg = threadIdx.x / 128;
-  // Work units w = l * tiles_m * tiles_n + tile, tiles in grouped raster order (GROUP_M tile rows
-  // per group). One per CTA (grid (tiles, L)), or with PERSIST (TMA kernel) CTA b takes
-  // w = b, b + gridDim.x, ... (grid min(work, #SMs)): the ring positions carry over, so the
-  // producer loads the next tile's first stages while the consumers store this one.
+  // CLUSTER_M = 2 (TMA kernel): clusters of 2 CTAs along M, tiles (2 i, n) and (2 i + 1, n);
+  // each CTA loads its own A tile and one half of the shared B tile(s), multicast into both
+  // CTAs' stages, so B crosses L2 -> SM once per pair. A stage is refilled only when the
+  // consumers of both CTAs have released it (each CTA's empty barrier counts both).
+  constexpr int kCM = kTMA ? CLUSTER_M : 1;
+  static_assert(kCM == 1 || kCM == 2, "CLUSTER_M in {1, 2}");
+  // Work units w = l * tiles_mc * tiles_n + tile over the cluster tiles (tiles_mc = tile rows /
+  // kCM rounded up; a cluster tile is kCM CTA tiles stacked along M), in grouped raster order
+  // (GROUP_M cluster-tile rows per group). One per cluster (grid (tiles x kCM, L)), or with
+  // PERSIST (TMA kernel) cluster c takes w = c, c + #clusters, ... (#clusters: what fits at
+  // once): the ring positions carry over, so the producer loads the next tile's first stages
+  // while the consumers store this one.
   constexpr bool kPersist = PERSIST != 0 && kTMA;
   // (evaluated by each role after its setmaxnreg: values computed before it and live across
   // it were spilled around the register reallocation)
   struct Sched { int first, end, step; };
   auto sched = [&]() {
-    const int tiles_mn = p.tiles_m * p.tiles_n;
+    const int tiles_mn = ((p.tiles_m + kCM - 1) / kCM) * p.tiles_n;
+    const int cid = int(blockIdx.x) / kCM;
     Sched q;
-    q.first = kPersist ? int(blockIdx.x) : int(blockIdx.y) * tiles_mn + int(blockIdx.x);
+    q.first = kPersist ? cid : int(blockIdx.y) * tiles_mn + cid;
     q.end = kPersist ? tiles_mn * p.L : q.first + 1;
-    q.step = kPersist ? int(gridDim.x) : 1;
+    q.step = kPersist ? int(gridDim.x) / kCM : 1;
     return q;
   };
   struct Work { int m_blk, n_blk, l; };
   auto work_of = [&](int w) {
-    const int tiles_mn = p.tiles_m * p.tiles_n;
+    const int tiles_mc = (p.tiles_m + kCM - 1) / kCM;
+    const int tiles_mn = tiles_mc * p.tiles_n;
     Work u;
     u.l = w / tiles_mn;
     const int tile = w % tiles_mn;
     const int group_size = GROUP_M * p.tiles_n;
     const int first_m = (tile / group_size) * GROUP_M;
-    const int gm = min(p.tiles_m - first_m, GROUP_M);
-    u.m_blk = first_m + (tile % group_size) % gm;
+    const int gm = min(tiles_mc - first_m, GROUP_M);
+    // (CTA rank in the cluster == blockIdx.x % kCM: the cluster spans consecutive x)
+    u.m_blk = (first_m + (tile % group_size) % gm) * kCM + (kCM > 1 ? int(blockIdx.x) % kCM : 0);
     u.n_blk = (tile % group_size) / gm;
     return u;
   };
@@ -278,11 +299,18 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     CUTE_UNROLL
     for (int s = 0; s < NSTAGE; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], kTMA ? 1 : 128);
-      cutlass::arch::ClusterBarrier::init(&empty[s], Cfg::kNWG * 128);
+      // kCM = 1: every consumer thread arrives; kCM = 2: one thread per consumer warpgroup of
+      // each CTA of the cluster (after its wgmma wait, which covers the warpgroup's reads)
+      cutlass::arch::ClusterBarrier::init(&empty[s], kCM == 1 ? Cfg::kNWG * 128 : Cfg::kNWG * kCM);
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kCM > 1) {     // the peer's barriers are initialised before any multicast or arrive
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   if (wg == 0) {
     // ------------------------------- producer ------------------------------------------
@@ -294,8 +322,11 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
         Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
         auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-        auto [tBgB, tBsB0] = tma_partition(tma_b0, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
-        auto [tBgB_, tBsB1] = tma_partition(tma_b1, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
+        // kCM = 2: this CTA's slice of the B box (multicast to both), rank = blockIdx.x % 2
+        const int crank = kCM > 1 ? int(blockIdx.x) % kCM : 0;
+        auto [tBgB, tBsB0] = tma_partition(tma_b0, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
+        auto [tBgB_, tBsB1] = tma_partition(tma_b1, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
+        constexpr uint16_t kMcast = uint16_t((1u << kCM) - 1);
         int stage = 0, phase = 0;
         const Sched sc = sched();
 #pragma unroll 1
@@ -306,8 +337,13 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
             copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
-            copy(tma_b0.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
-            if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
+            if constexpr (kCM > 1) {
+              copy(tma_b0.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+              if constexpr (kNB == 2) copy(tma_b1.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
+            } else {
+              copy(tma_b0.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+              if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
+            }
             if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
           }
         }
@@ -367,6 +403,19 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     Tensor tCrB0 = thr.make_fragment_B(tCsB0);
     Tensor tCrB1 = thr.make_fragment_B(tCsB1);
 
+    // Stage release: kCM = 1 every consumer thread arrives on this CTA's empty barrier; kCM = 2
+    // thread 0 of each consumer warpgroup arrives on this CTA's, thread 32 on the peer's (the
+    // peer multicasts its half of B into this stage too).
+    const int wtid = int(threadIdx.x) % 128;
+    auto release = [&](int st) {
+      if constexpr (kCM == 1) {
+        cutlass::arch::ClusterBarrier::arrive(&empty[st]);
+      } else {
+        const uint32_t peer = uint32_t(blockIdx.x % kCM) ^ 1u;
+        if (wtid == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
+        cutlass::arch::ClusterBarrier::arrive(&empty[st], peer, wtid == 32);
+      }
+    };
     // Ring positions carry over from one work unit to the next (PERSIST).
     int stage = 0, phase = 0;
     const Sched sc = sched();
@@ -395,14 +444,14 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         }
         warpgroup_commit_batch();
         warpgroup_wait<1>();                     // the batch of the previous stage has retired
-        if (prev >= 0) cutlass::arch::ClusterBarrier::arrive(&empty[prev]);
+        if (prev >= 0) release(prev);
         prev = stage;
         if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
       }
       warpgroup_wait<0>();
       // The last stage is free too: with PERSIST the producer refills it (the next tile) while
       // this epilogue runs.
-      if (prev >= 0) cutlass::arch::ClusterBarrier::arrive(&empty[prev]);
+      if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
       if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
 
@@ -444,6 +493,12 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       }
     }
   }
+  if constexpr (kCM > 1) {
+    // Neither CTA leaves while the peer may still arrive on its barriers or multicast into its
+    // stages (every thread of both CTAs gets here: no role returns early).
+    cute::cluster_arrive();
+    cute::cluster_wait();
+  }
 }
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
@@ -452,17 +507,39 @@ cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const&
   auto kernel = gemm_bf16_kernel<BM, BN, NSTAGE, kTMA, TmaA, TmaB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(unsigned(p.tiles_m * p.tiles_n), unsigned(p.L), 1);
-  if constexpr (PERSIST != 0 && kTMA) {   // one CTA per SM (one fits), each looping over tiles
-    int dev = 0, sms = 0;
-    err = cudaGetDevice(&dev);
+  constexpr int kCM = kTMA ? CLUSTER_M : 1;
+  const int64_t tiles_c = int64_t((p.tiles_m + kCM - 1) / kCM) * p.tiles_n;   // cluster tiles
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(tiles_c * kCM), unsigned(p.L), 1);
+  cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = kCM > 1 ? 1 : 0;
+  if constexpr (PERSIST != 0 && kTMA) {
+    // As many clusters as fit at once (one CTA per SM; with kCM = 2 the hardware's count of
+    // co-resident 2-CTA clusters), each looping over the cluster tiles.
+    int slots = 0;
+    if constexpr (kCM > 1) {
+      cfg.gridDim = dim3(unsigned(kCM), 1, 1);
+      err = cudaOccupancyMaxActiveClusters(&slots, kernel, &cfg);
+    } else {
+      int dev = 0;
+      err = cudaGetDevice(&dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&slots, cudaDevAttrMultiProcessorCount, dev);
+    }
     if (err != cudaSuccess) return err;
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.L;
-    grid = dim3(unsigned(work < sms ? work : sms), 1, 1);
+    if (slots < 1) return cudaErrorInvalidConfiguration;   // the CTA does not fit at all
+    const int64_t work = tiles_c * p.L;
+    cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCM), 1, 1);
   }
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, ta, tb0, tb1);
+  err = cudaLaunchKernelEx(&cfg, kernel, p, ta, tb0, tb1);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 
@@ -474,10 +551,12 @@ cudaError_t launch_tma(Params p, cudaStream_t stream) {
                              make_shape(Int<BM>{}, Int<TILE_K>{}));
   Tensor mB0 = make_tensor(make_gmem_ptr(p.B[0]), make_shape(p.N, p.K, p.L), make_stride(_1{}, p.ldb, p.b_l));
   Tensor mB1 = make_tensor(make_gmem_ptr(p.B[kNB - 1]), make_shape(p.N, p.K, p.L), make_stride(_1{}, p.ldb, p.b_l));
-  auto tma_b0 = make_tma_atom(SM90_TMA_LOAD{}, mB0, typename Cfg::SmemLayoutB{}(_, _, 0),
-                              make_shape(Int<BN>{}, Int<TILE_K>{}));
-  auto tma_b1 = make_tma_atom(SM90_TMA_LOAD{}, mB1, typename Cfg::SmemLayoutB{}(_, _, 0),
-                              make_shape(Int<BN>{}, Int<TILE_K>{}));
+  // CLUSTER_M = 2: B boxes split in two slices, each CTA of a cluster loads one, multicast
+  using BLoad = cute::conditional_t<(CLUSTER_M > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
+  auto tma_b0 = make_tma_atom(BLoad{}, mB0, typename Cfg::SmemLayoutB{}(_, _, 0),
+                              make_shape(Int<BN>{}, Int<TILE_K>{}), Int<CLUSTER_M>{});
+  auto tma_b1 = make_tma_atom(BLoad{}, mB1, typename Cfg::SmemLayoutB{}(_, _, 0),
+                              make_shape(Int<BN>{}, Int<TILE_K>{}), Int<CLUSTER_M>{});
   p.tiles_m = int((p.M + BM - 1) / BM);
   p.tiles_n = int((p.N + BN - 1) / BN);
   return launch<BM, BN, NSTAGE, true>(p, tma_a, tma_b0, tma_b1, stream);
