@@ -804,3 +804,44 @@ def test_wgmma_host_layout_check(request, name):
     proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
+
+
+SPLIT_COUNT_CHECK = r"""
+// Host-only: the SPLIT_WS slice count of the rendered kernel (no GPU, no device query).
+#include "KERNEL_FILE"
+#include <cstdio>
+int main() {
+  using evo_3xtf32::wg::split_count;
+  const long long cases[][3] = {{4, 16384, 132}, {4, 16384, 64}, {66, 16384, 132}, {67, 16384, 132},
+                                {256, 128, 132}, {1, 8, 132}, {1, 7, 132}, {2, 1000, 132}, {0, 100, 132}};
+  for (auto& c : cases) std::printf("%lld %lld %lld %d\n", c[0], c[1], c[2], split_count(c[0], c[1], c[2]));
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_split_ws_slice_count(request):
+    """kb06's plan: 4 tiles on 132 SMs split 33 ways (one wave); splitting stops when the tiles
+    fill more than half of the SMs, and no slice is shorter than 4 k-tiles (K = 128)."""
+    src = _src("kb06_large_k")
+    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
+    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
+    kernel.write_text(src)
+    program = SPLIT_COUNT_CHECK.replace("KERNEL_FILE", str(kernel))
+    exe = _nvcc_cached(request, "split-count", ["-arch=sm_90a", "-O1"], program, "")
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = {tuple(map(int, line.split()[:3])): int(line.split()[3]) for line in proc.stdout.splitlines()}
+    assert got == {
+        (4, 16384, 132): 33,    # kb06: 4 x 33 = 132 CTAs
+        (4, 16384, 64): 16,
+        (66, 16384, 132): 2,    # exactly half the SMs: still split
+        (67, 16384, 132): 1,    # more than half: no split
+        (256, 128, 132): 1,     # kb01-sized grids never split
+        (1, 8, 132): 2,         # 8 k-tiles: two slices of 4
+        (1, 7, 132): 1,         # a second slice would be shorter than 4 k-tiles
+        (2, 1000, 132): 66,
+        (0, 100, 132): 1,
+    }
+

@@ -190,3 +190,21 @@ def test_without_pad_or_wgmma_no_workspace(request, overrides):
     a, b, c = torch.empty(M8, K8), torch.empty(K8, N8), torch.empty(M8, N8)
     assert _raw(lib, [a, b], [c]) == 0
     assert _raw(lib, [a, b], [torch.empty(M8, N8 + 1)]) < 0        # same validation either way
+
+
+@pytest.mark.slow
+def test_split_ws_without_a_device_does_not_split(request):
+    """kb06's seed (SPLIT_WS = 1) sizes its partial tiles by the device's SM count. Where no
+    device can be queried (this machine), evo_workspace_bytes and evo_launch's plan agree on no
+    split: the kb06 shape asks for no workspace and a workspace is rejected. On an H200 the same
+    call asks for 4 tiles x 33 slices x 64 KB (docs/kernels.md; the slice count itself is pinned
+    by tests/test_gemm_3xtf32.py::test_split_ws_slice_count)."""
+    from evaluators.pipeline import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: the split follows its SM count (checked by evo bench on the GPU)")
+    lib, params = _build(request, "kb06_large_k")
+    assert params["SPLIT_WS"] == "1" and params["WGMMA"] == "1"
+    a, b, c = torch.empty(256, 524288), torch.empty(524288, 256), torch.empty(256, 256)
+    assert _raw(lib, [a, b], [c]) == 0
+    assert _launch(lib, [a, b], [c, torch.empty(4 * 33 * 128 * 128 * 4, dtype=torch.uint8)]) == INVALID

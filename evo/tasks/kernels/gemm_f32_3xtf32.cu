@@ -1342,22 +1342,27 @@ static_assert(BM * BN % 1024 == 0, "splitk_reduce: whole 256-thread blocks per t
 constexpr int64_t BM_BN_BYTES = int64_t(BM) * BN * 4;   // one fp32 partial tile
 
 // SPLIT_WS: K slices per tile for a call with `work` tiles (batch included) and `k_tiles`
-// k-tiles of BK, on the current device: when the tiles fill at most half of the SMs, enough
-// slices to give every SM one CTA (floor(SMs / work)), but no slice shorter than
-// kMinSliceKTiles k-tiles (its partial-tile traffic would outweigh its maths). 1: no split
-// (also when the device cannot be queried: evo_workspace_bytes and evo_launch then agree).
+// k-tiles of BK on `sms` SMs: when the tiles fill at most half of the SMs, enough slices to give
+// every SM one CTA (floor(sms / work)), but no slice shorter than kMinSliceKTiles k-tiles (its
+// partial-tile traffic would outweigh its maths). 1: no split. Pure, so host-only tests pin it.
 constexpr int64_t kMinSliceKTiles = 4;
+CUTE_HOST_DEVICE constexpr int split_count(int64_t work, int64_t k_tiles, int64_t sms) {
+  if (!SPLIT_WS || SPLIT_K > 1 || PERSIST || work <= 0 || 2 * work > sms) return 1;
+  int64_t s = sms / work;
+  if (s > k_tiles / kMinSliceKTiles) s = k_tiles / kMinSliceKTiles;
+  return s >= 2 ? int(s) : 1;
+}
+// split_count on the current device; 1 when the device cannot be queried (evo_workspace_bytes
+// and evo_launch then agree: neither splits).
 inline int ws_splits(int64_t work, int64_t k_tiles) {
-  if (!SPLIT_WS || SPLIT_K > 1 || PERSIST) return 1;
+  if (!SPLIT_WS || SPLIT_K > 1 || PERSIST || k_tiles / kMinSliceKTiles < 2)
+    return 1;                           // never splits whatever the SM count: no device query
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();   // the failed query leaves its (non-sticky) error as the last error: clear it
     return 1;
   }
-  if (work <= 0 || 2 * work > sms) return 1;
-  int64_t s = sms / work;
-  if (s > k_tiles / kMinSliceKTiles) s = k_tiles / kMinSliceKTiles;
-  return s >= 2 ? int(s) : 1;
+  return split_count(work, k_tiles, sms);
 }
 
 constexpr int kPadThreads = 256;
