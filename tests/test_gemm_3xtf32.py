@@ -341,6 +341,16 @@ def test_workspace_split_k_ptx_has_no_cluster_and_no_atomics(request):
     assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
 
 
+def _run_host_program(request, src: str, program: str, key: str, args: list[str]) -> subprocess.CompletedProcess:
+    """Builds `program` (a host-only C++ program whose ``#include "KERNEL_FILE"`` pulls in the
+    rendered kernel `src`) with nvcc, cached under `key`, and runs it (no GPU needed)."""
+    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
+    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
+    kernel.write_text(src)
+    exe = _nvcc_cached(request, key, args, program.replace("KERNEL_FILE", str(kernel)), "")
+    return subprocess.run([exe], capture_output=True, text=True, timeout=60)
+
+
 HOST_CHECK = r"""
 // Host-only check of the kernel's CuTe layouts (no GPU): includes the rendered kernel.
 #include "KERNEL_FILE"
@@ -450,13 +460,8 @@ def test_host_layout_check(request, name):
     assert violated_constraints(_config_src(ta, tb), tunables) == [], violated_constraints(_config_src(ta, tb), tunables)
     # the bare template (no task-config block): TRANS_A / TRANS_B come in as -D flags
     src = render(SeedSpec(TEMPLATE, (), "layout check"))
-    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
-    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
-    kernel.write_text(src)
-    program = HOST_CHECK.replace("KERNEL_FILE", str(kernel))
     args = ["-arch=sm_90a", *[f"-D{k}={v}" for k, v in params.items()]]
-    exe = _nvcc_cached(request, f"host-{name}", args, program, "")
-    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    proc = _run_host_program(request, src, HOST_CHECK, f"host-{name}", args)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
 
 
@@ -795,13 +800,8 @@ def test_wgmma_host_layout_check(request, name):
     tunables = {k: v for k, v in params.items() if not k.startswith("TRANS_")}
     assert violated_constraints(_config_src(ta, tb), tunables) == []
     src = render(SeedSpec(TEMPLATE, (), "wgmma layout check"))
-    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
-    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
-    kernel.write_text(src)
-    program = HOST_CHECK_WGMMA.replace("KERNEL_FILE", str(kernel))
     args = ["-arch=sm_90a", "-O1", *[f"-D{k}={v}" for k, v in params.items()]]
-    exe = _nvcc_cached(request, f"wgmma-host-{name}", args, program, "")
-    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    proc = _run_host_program(request, src, HOST_CHECK_WGMMA, f"wgmma-host-{name}", args)
     print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
 
@@ -825,12 +825,7 @@ def test_split_ws_slice_count(request):
     """kb06's plan: 4 tiles on 132 SMs split 33 ways (one wave); splitting stops when the tiles
     fill more than half of the SMs, and no slice is shorter than 4 k-tiles (K = 128)."""
     src = _src("kb06_large_k")
-    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
-    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
-    kernel.write_text(src)
-    program = SPLIT_COUNT_CHECK.replace("KERNEL_FILE", str(kernel))
-    exe = _nvcc_cached(request, "split-count", ["-arch=sm_90a", "-O1"], program, "")
-    proc = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    proc = _run_host_program(request, src, SPLIT_COUNT_CHECK, "split-count", ["-arch=sm_90a", "-O1"])
     assert proc.returncode == 0, proc.stderr
     got = {tuple(map(int, line.split()[:3])): int(line.split()[3]) for line in proc.stdout.splitlines()}
     assert got == {

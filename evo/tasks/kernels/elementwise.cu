@@ -287,11 +287,8 @@ __global__ void __launch_bounds__(BLOCK) rowscale_kernel(const T* __restrict__ s
 
 // ---------------------------------------------------------------- host side
 static int64_t grid_for(int64_t work_tiles) {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    sms = 132;
-  }
+  int sms = evo_sm_count();
+  if (sms < 1) sms = 132;   // (no device to ask: an H100/H200's count; the launch reports the error)
   // GRID_MULT = 0: one tile per block (no persistence); else GRID_MULT blocks per SM.
   int64_t grid = GRID_MULT == 0 ? work_tiles : int64_t(sms) * GRID_MULT;
   if (work_tiles < grid) grid = work_tiles;

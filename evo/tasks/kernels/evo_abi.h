@@ -84,6 +84,37 @@ static inline bool evo_is_aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
 }
 
+// Convenience for host code that sizes a grid by the device: the current device's SM count,
+// 0 when it cannot be queried (no device, no driver; the failed query's error is cleared so it
+// does not surface as the launch's cudaGetLastError).
+static inline int evo_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+// Convenience for cudaLaunchKernelEx: a launch configuration on `stream` with thread-block
+// clusters of (cluster_x, 1, 1) CTAs when cluster_x > 1 (gridDim.x must then be a multiple of
+// it). `attr` holds the cluster attribute and must outlive the launch.
+static inline cudaLaunchConfig_t evo_launch_config(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                                                   unsigned cluster_x, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = cluster_x;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster_x > 1 ? 1 : 0;
+  return cfg;
+}
+
 // Convenience for candidates with a workspace (see "device scratch" above): true when `out`
 // holds exactly the task's `n_task_out` outputs and `bytes` <= 0, or those plus the appended
 // workspace `out[n_task_out]` (EVO_U8, 1-D, at least `bytes`, non-null, `align`-byte aligned)

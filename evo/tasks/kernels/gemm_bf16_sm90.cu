@@ -326,7 +326,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         const int crank = kCM > 1 ? int(blockIdx.x) % kCM : 0;
         auto [tBgB, tBsB0] = tma_partition(tma_b0, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
         auto [tBgB_, tBsB1] = tma_partition(tma_b1, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
-        constexpr uint16_t kMcast = uint16_t((1u << kCM) - 1);
+        constexpr uint16_t kMcast = uint16_t((1u << kCM) - 1);   // (SM90_TMA_LOAD ignores it: kCM = 1)
         int stage = 0, phase = 0;
         const Sched sc = sched();
 #pragma unroll 1
@@ -337,13 +337,8 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
             copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
-            if constexpr (kCM > 1) {
-              copy(tma_b0.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
-              if constexpr (kNB == 2) copy(tma_b1.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
-            } else {
-              copy(tma_b0.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
-              if constexpr (kNB == 2) copy(tma_b1.with(full[stage]), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
-            }
+            copy(tma_b0.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+            if constexpr (kNB == 2) copy(tma_b1.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
             if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
           }
         }
@@ -509,18 +504,9 @@ cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const&
   if (err != cudaSuccess) return err;
   constexpr int kCM = kTMA ? CLUSTER_M : 1;
   const int64_t tiles_c = int64_t((p.tiles_m + kCM - 1) / kCM) * p.tiles_n;   // cluster tiles
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(tiles_c * kCM), unsigned(p.L), 1);
-  cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCM;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = kCM > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(tiles_c * kCM), unsigned(p.L), 1), dim3(Cfg::kThreads, 1, 1),
+                                             Cfg::kSmemBytes, stream, kCM, &attr);
   if constexpr (PERSIST != 0 && kTMA) {
     // As many clusters as fit at once (one CTA per SM; with kCM = 2 the hardware's count of
     // co-resident 2-CTA clusters), each looping over the cluster tiles.
@@ -528,13 +514,11 @@ cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const&
     if constexpr (kCM > 1) {
       cfg.gridDim = dim3(unsigned(kCM), 1, 1);
       err = cudaOccupancyMaxActiveClusters(&slots, kernel, &cfg);
+      if (err != cudaSuccess) return err;
     } else {
-      int dev = 0;
-      err = cudaGetDevice(&dev);
-      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&slots, cudaDevAttrMultiProcessorCount, dev);
+      slots = evo_sm_count();
     }
-    if (err != cudaSuccess) return err;
-    if (slots < 1) return cudaErrorInvalidConfiguration;   // the CTA does not fit at all
+    if (slots < 1) return cudaErrorInvalidConfiguration;   // no device, or the CTA does not fit at all
     const int64_t work = tiles_c * p.L;
     cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCM), 1, 1);
   }

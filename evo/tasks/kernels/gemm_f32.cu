@@ -366,18 +366,9 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
   cudaError_t err = cudaFuncSetAttribute(gemm_f32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(tiles), unsigned(L), 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = SPLIT_K;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(tiles), unsigned(L), 1), dim3(kThreads, 1, 1), smem, stream,
+                                             SPLIT_K, &attr);
   err = cudaLaunchKernelEx(&cfg, gemm_f32_kernel, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();

@@ -647,18 +647,9 @@ cudaError_t launch(const Params& p, int64_t L, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(gemm_3xtf32_kernel<kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(smem));
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * kSplitSync), unsigned(L), 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kSplitSync;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = kSplitSync > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * kSplitSync), unsigned(L), 1),
+                                             dim3(kThreads, 1, 1), smem, stream, kSplitSync, &attr);
   err = cudaLaunchKernelEx(&cfg, gemm_3xtf32_kernel<kVec>, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
@@ -1357,12 +1348,7 @@ CUTE_HOST_DEVICE constexpr int split_count(int64_t work, int64_t k_tiles, int64_
 inline int ws_splits(int64_t work, int64_t k_tiles) {
   if (!SPLIT_WS || SPLIT_K > 1 || PERSIST || k_tiles / kMinSliceKTiles < 2)
     return 1;                           // never splits whatever the SM count: no device query
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();   // the failed query leaves its (non-sticky) error as the last error: clear it
-    return 1;
-  }
-  return split_count(work, k_tiles, sms);
+  return split_count(work, k_tiles, evo_sm_count());   // 0 SMs (no device): no split
 }
 
 constexpr int kPadThreads = 256;
@@ -1429,28 +1415,15 @@ inline cudaError_t launch(const float* A, const float* B, int64_t lda, int64_t l
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err != cudaSuccess) return err;
   }
-  cudaLaunchConfig_t cfg = {};
+  dim3 grid(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K * p.splits), unsigned(p.L), 1);
   if constexpr (PERSIST) {   // one CTA per SM (1 CTA fits per SM), each looping over tiles
-    int dev = 0, sms = 0;
-    err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
+    const int sms = evo_sm_count();
+    if (sms < 1) return cudaErrorNoDevice;
     const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.L;
-    cfg.gridDim = dim3(unsigned(work < sms ? work : sms), 1, 1);
-  } else {
-    cfg.gridDim = dim3(unsigned(int64_t(p.tiles_m) * p.tiles_n * SPLIT_K * p.splits), unsigned(p.L), 1);
+    grid = dim3(unsigned(work < sms ? work : sms), 1, 1);
   }
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;   // split-K: the K slices of a tile
-  attr[0].val.clusterDim.x = SPLIT_K;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = SPLIT_K > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;   // split-K: a (SPLIT_K, 1, 1) cluster holds the K slices of a tile
+  cudaLaunchConfig_t cfg = evo_launch_config(grid, dim3(kThreads, 1, 1), kSmemBytes, stream, SPLIT_K, &attr);
   err = cudaLaunchKernelEx(&cfg, kernel, p, tma_a, tma_b, tma_c);
   if (err != cudaSuccess) return err;
   err = cudaGetLastError();

@@ -288,18 +288,9 @@ static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t co
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(rows * cl));
-  cfg.blockDim = dim3(BLOCK);
-  cfg.dynamicSmemBytes = MODE == kSmem ? smem_bytes : 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cl);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cl > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(rows * cl)), dim3(BLOCK), MODE == kSmem ? smem_bytes : 0,
+                                             stream, unsigned(cl), &attr);
   return cudaLaunchKernelEx(&cfg, kernel, x, w, y, cols, cl, eps);
 }
 
