@@ -27,8 +27,9 @@ and logs one WARNING for what is missing):
   WARNING), file size (``fsize_mb``: a candidate cannot fill the disk through its logs),
   core dumps off. Never the address space: CUDA reserves far more than it uses.
 - **filesystem writes** (opt-in, ``landlock_fs`` / ``EVO_SANDBOX_LANDLOCK_FS=1``): Landlock
-  allows writes only below the job directory, ``/dev`` (GPU device files) and any
-  ``extra_writable`` path. Off by default: reads are never restricted, and it is the layer
+  allows writes only below the job directory, ``/dev`` (GPU device files), the child's own
+  ``/proc/self`` (the CUDA driver writes there in ``cuInit``) and any ``extra_writable`` path.
+  Off by default: reads are never restricted, and it is the layer
   most likely to meet site specifics (MPS pipes, shared caches). Without it the candidate
   can write wherever its user can; see docs/SECURITY.md.
 
@@ -452,7 +453,10 @@ def sandbox_launch(
     if s.landlock and caps.landlock_abi > 0:
         ll = {"fs": bool(s.landlock_fs), "net": s.network and caps.landlock_abi >= 4,
               "signal": caps.landlock_abi >= 6,
-              "writable": [str(jd), "/dev", *s.extra_writable]}
+              # /proc/self resolves (in the wrapper, which execs the child in place) to the
+              # child's own /proc entry: the CUDA driver writes there during cuInit, which
+              # otherwise fails with CUDA_ERROR_OPERATING_SYSTEM (304; seen on an H200 host)
+              "writable": [str(jd), "/dev", "/proc/self", *s.extra_writable]}
         if ll["fs"] or ll["net"] or ll["signal"]:
             cfg["landlock"] = ll
             parts = [n for n, on in (("fs-writes", ll["fs"]), ("tcp-deny", ll["net"]), ("signal-scope", ll["signal"]))

@@ -230,3 +230,17 @@ def test_load_kernel_rejects_non_libraries(tmp_path):
     p.write_bytes(b"not an elf")
     with pytest.raises(abi.KernelLoadError, match="could not load"):
         abi.load_kernel(p)
+
+
+def test_selftest_rejects_an_unknown_task_before_building_anything(tmp_path):
+    """A typo in the self-test's task list (e.g. ``EVO_SELFTEST_TASKS``) is our error, named
+    with the valid names before any of the (slow, parallel) builds starts."""
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.selftest import run_selftest
+    from evo.tasks.registry import UnknownTaskError
+
+    cache = tmp_path / "cc"
+    with pytest.raises(UnknownTaskError, match="kb01_square"):
+        run_selftest(["kb19_relu", "kb01_square_matmul"], CompileSettings(cache_dir=str(cache)),
+                     HarnessSettings())
+    assert not cache.exists() or not any(cache.iterdir())

@@ -60,6 +60,12 @@ CHILD = textwrap.dedent(r'''
             seen[name] = "ok"
         except OSError as e:
             seen[name] = "blocked: %s" % e
+    try:   # the CUDA driver writes below /proc/self in cuInit (error 304 when it cannot)
+        with open("/proc/self/comm", "w") as f:
+            f.write("evo-child")
+        seen["write_proc_self"] = "ok"
+    except OSError as e:
+        seen["write_proc_self"] = "blocked: %s" % e
     victim = args.get("victim")
     if victim:
         try:
@@ -210,6 +216,7 @@ def test_landlock_write_protection(child, tmp_path):
     rep = _run(child, tmp_path, {"outside": str(outside)}, sandbox=sb.SandboxSettings(landlock_fs=True))
     seen = _seen(rep)
     assert seen["write_jobdir"] == "ok"
+    assert seen["write_proc_self"] == "ok"      # else CUDA cannot initialise (error 304)
     assert seen["write_outside"].startswith("blocked") and not outside.exists()
     assert "fs-writes" in rep.env["sandbox"]
     # default: writes are not restricted (documented in docs/SECURITY.md)
