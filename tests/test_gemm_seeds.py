@@ -104,6 +104,20 @@ def test_constraints_reject_oversized_configs():
     assert tunables.violated_constraints(render(GEMM_SEEDS["gemm_bf16"]), {"STAGES": "7"})  # > 227 KB smem
 
 
+def test_bf16_pingpong_constraints():
+    """PINGPONG: one warpgroup holds a whole tile's accumulators (<= 128 x 128 fp32 values, 128
+    registers a thread), and it needs the persistent loop and no cluster."""
+    tunables = pytest.importorskip("evo.tunables")
+    gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
+    dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])   # PERSIST = 1, two accumulators
+    ok = lambda src, **kv: not tunables.violated_constraints(src, {k: str(v) for k, v in kv.items()})
+    assert ok(gemm, PINGPONG=1, TILE_N=128, STAGES=6) and ok(gemm, PINGPONG=1, TILE_M=64, STAGES=5)
+    assert not ok(gemm, PINGPONG=1)                                   # 128 x 256: 256 registers
+    assert not ok(gemm, PINGPONG=1, TILE_N=128, PERSIST=0)
+    assert not ok(gemm, PINGPONG=1, TILE_N=128, CLUSTER_M=2)
+    assert ok(dual, PINGPONG=1, TILE_M=64) and not ok(dual, PINGPONG=1)
+
+
 # ------------------------------------------------------------------------------------------
 # real compiles (cached)
 # ------------------------------------------------------------------------------------------
@@ -220,6 +234,26 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
                if name.startswith("_ZN8evo_bf16") and "pad_rows" not in name}
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), list(functions)
     return kernels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6"}),
+                                            ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5"})])
+def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
+    """PINGPONG = 1: the TMA kernel's consumer warpgroups take turns through an order barrier
+    (named barriers 1 and 2 of 256 threads: BAR.SYNC and BAR.ARV), still run HGMMA, and stay free of local
+    memory with a whole tile's accumulators in one warpgroup; the fallback kernel has no order
+    barrier."""
+    kernels = _bf16_sass(request, tmp_path, task, PINGPONG="1", **tiles)
+    for name, body in kernels.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
+        if "Lb1E" in name:
+            # 256 threads (0x100) on a barrier id in a register: not __syncthreads' BAR.SYNC 0x0
+            assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x100", body), name
+            assert re.search(r"\bBAR\.ARV R\d+, 0x100", body), name
+        else:
+            assert not re.search(r"\bBAR\.ARV\b", body), name
 
 
 @pytest.mark.slow

@@ -44,6 +44,10 @@
 // the consumer warpgroups of both CTAs (one local and one remote arrive per warpgroup). H200:
 // validated on every check shape of gemm_bf16 / bias+GELU / SwiGLU / irregular / bmm; +1-3% on
 // the fused GEMMs (inside the run-to-run spread), so no seed uses it yet (docs/kernels.md).
+// PINGPONG = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = 1): each consumer warpgroup owns whole
+// tiles (the CTA's work units alternate between the two), main loops take turns through an
+// order barrier, one warpgroup's epilogue runs under the other's maths. Validated on an H200;
+// slower than the cooperative tiles on every task shape here (docs/kernels.md), so no seed uses it.
 // Epilogue: straight from the accumulators to global memory (bf16x2 stores when aligned),
 // every store predicated, so any M, N, K works.
 //
@@ -73,10 +77,12 @@
 // @tunable PAD_LD = 64 in {8, 64}
 // @tunable PERSIST = 0 in {0, 1}
 // @tunable CLUSTER_M = 1 in {1, 2}
+// @tunable PINGPONG = 0 in {0, 1}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
+// @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
 #ifndef TILE_M
 #define TILE_M 128
 #endif
@@ -110,6 +116,9 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1   // TMA kernel: CTAs per cluster along M sharing (multicasting) the B tile
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0    // TMA kernel with PERSIST: each consumer warpgroup owns whole tiles, alternately
+#endif
 
 namespace evo_bf16 {
 using namespace cute;
@@ -130,9 +139,12 @@ struct Params {
   int c_vec;               // bf16x2 stores legal
 };
 
-template <int BM, int BN, int NSTAGE>
+// kPP (PINGPONG on the TMA kernel): two consumer warpgroups, each computing whole BM x BN tiles
+// (one wgmma warpgroup per tile); otherwise the kNWG consumer warpgroups split one tile by rows.
+template <int BM, int BN, int NSTAGE, bool kPP = false>
 struct Config {
-  static constexpr int kNWG = BM == 64 ? 1 : 2;          // consumer warpgroups
+  static constexpr int kNWG = (kPP || BM != 64) ? 2 : 1;   // consumer warpgroups
+  static constexpr int kMmaWG = kPP ? 1 : kNWG;            // consumer warpgroups sharing one tile
   static constexpr int kThreads = 128 * (kNWG + 1);
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>{},
                                              make_shape(Int<BM>{}, Int<TILE_K>{}, Int<NSTAGE>{})));
@@ -144,7 +156,7 @@ struct Config {
   static constexpr int kSmemBytes = kABytes + kNB * kBBytes + 2 * NSTAGE * 8 + 1024;  // +align slack
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<BN>, Int<TILE_K>>,
                                                       GMMA::Major::K, GMMA::Major::MN>());
-  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kNWG>, _1, _1>>{}));
+  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{}));
 };
 
 #ifndef GELU_FAST
@@ -236,10 +248,11 @@ CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
 }
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
-__global__ void __launch_bounds__(Config<BM, BN, NSTAGE>::kThreads, 1)
+__global__ void __launch_bounds__(Config<BM, BN, NSTAGE, kTMA && PINGPONG>::kThreads, 1)
 gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b0,
                  CUTE_GRID_CONSTANT TmaB const tma_b1) {
-  using Cfg = Config<BM, BN, NSTAGE>;
+  constexpr bool kPP = kTMA && PINGPONG != 0;
+  using Cfg = Config<BM, BN, NSTAGE, kPP>;
   extern __shared__ char smem_raw[];
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* smemA = reinterpret_cast<bf16*>(base);
@@ -266,6 +279,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // once): the ring positions carry over, so the producer loads the next tile's first stages
   // while the consumers store this one.
   constexpr bool kPersist = PERSIST != 0 && kTMA;
+  static_assert(!kPP || (kPersist && kCM == 1), "PINGPONG needs PERSIST = 1 and CLUSTER_M = 1");
   // (evaluated by each role after its setmaxnreg: values computed before it and live across
   // it were spilled around the register reallocation)
   struct Sched { int first, end, step; };
@@ -299,9 +313,10 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     CUTE_UNROLL
     for (int s = 0; s < NSTAGE; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], kTMA ? 1 : 128);
-      // kCM = 1: every consumer thread arrives; kCM = 2: one thread per consumer warpgroup of
-      // each CTA of the cluster (after its wgmma wait, which covers the warpgroup's reads)
-      cutlass::arch::ClusterBarrier::init(&empty[s], kCM == 1 ? Cfg::kNWG * 128 : Cfg::kNWG * kCM);
+      // kCM = 1: every thread of the warpgroup(s) reading the stage arrives (kPP: the one
+      // warpgroup whose tile it holds); kCM = 2: one thread per consumer warpgroup of each CTA
+      // of the cluster (after its wgmma wait, which covers the warpgroup's reads)
+      cutlass::arch::ClusterBarrier::init(&empty[s], kCM == 1 ? Cfg::kMmaWG * 128 : Cfg::kNWG * kCM);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -390,7 +405,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     // ------------------------------- consumers -----------------------------------------
     if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<224>();
     typename Cfg::TiledMma mma;
-    auto thr = mma.get_thread_slice(threadIdx.x - 128);
+    auto thr = mma.get_thread_slice(kPP ? threadIdx.x % 128 : threadIdx.x - 128);
     Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
     Tensor tCsB0 = thr.partition_B(sB0);
     Tensor tCsB1 = thr.partition_B(sB1);
@@ -411,11 +426,30 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         cutlass::arch::ClusterBarrier::arrive(&empty[st], peer, wtid == 32);
       }
     };
-    // Ring positions carry over from one work unit to the next (PERSIST).
+    // Ring positions carry over from one work unit to the next (PERSIST). kPP: the CTA's work
+    // units alternate between the two consumer warpgroups (warpgroup c takes the CTA's units
+    // c, c + 2, ...), and the producer loads them in order, so a warpgroup skips the other's
+    // k_tiles ring positions before each of its own units. Main loops take turns (an order
+    // barrier: a warpgroup starts one only after the other has issued its previous unit's last
+    // wgmma), so one warpgroup's epilogue runs under the other's maths, and -- required for
+    // correctness, not only speed -- no warpgroup waits on a ring position more than one phase
+    // ahead of its barrier (mbarrier waits compare phase parity only).
     int stage = 0, phase = 0;
+    auto skip = [&](int n) {
+      const int pos = stage + n;
+      phase ^= (pos / NSTAGE) & 1;
+      stage = pos % NSTAGE;
+    };
+    const int pp_wg = kPP ? wg - 1 : 0;
+    if (pp_wg) skip(k_tiles);
     const Sched sc = sched();
 #pragma unroll 1
-    for (int w = sc.first; w < sc.end; w += sc.step) {
+    for (int w = sc.first + pp_wg * sc.step; w < sc.end; w += (kPP ? 2 : 1) * sc.step) {
+      // Order barrier kPP: named barrier 1 + c is "warpgroup c may start"; the other warpgroup
+      // arrives on it (bar.arrive, 128 threads) after its main loop, this one syncs (128).
+      if constexpr (kPP) {
+        if (w != sc.first) asm volatile("bar.sync %0, 256;" :: "r"(1 + pp_wg) : "memory");
+      }
       // Accumulators first; C's views are made after the main loop (nothing of them stays live
       // across it: the persistent loop otherwise spills under the kernel's 168-register bound).
       Tensor acc0 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
@@ -443,12 +477,17 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         prev = stage;
         if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
       }
+      if constexpr (kPP) {   // the other warpgroup's next unit (if any) may start its main loop
+        if (w + sc.step < sc.end) asm volatile("bar.arrive %0, 256;" :: "r"(2 - pp_wg) : "memory");
+      }
       warpgroup_wait<0>();
       // The last stage is free too: with PERSIST the producer refills it (the next tile) while
       // this epilogue runs.
       if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
       if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+
+      if constexpr (kPP) skip(k_tiles);   // the other warpgroup's next unit
 
       // ----------------------------- epilogue ------------------------------------------
       const Work u = work_of(w);
@@ -498,7 +537,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
 cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
-  using Cfg = Config<BM, BN, NSTAGE>;
+  using Cfg = Config<BM, BN, NSTAGE, kTMA && PINGPONG>;
   auto kernel = gemm_bf16_kernel<BM, BN, NSTAGE, kTMA, TmaA, TmaB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
