@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -193,9 +194,12 @@ def run_selftest(
             builds.append((t, name, text, params if name == "half" else {}))
     hs = dataclasses.replace(harness_settings, check_only=True)
     rows: list[SelftestRow] = []
+    log.info("self-test: building %d kernels for %d tasks", len(builds), len(tasks))
+    t0 = time.monotonic()
     with cf.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 4) as pool:
         futs = [pool.submit(_build, t, n, s, p, compile_settings) for t, n, s, p in builds]
         built = [f.result() for f in futs]
+    log.info("self-test: built in %.0f s; checking each on the GPU", time.monotonic() - t0)
     for task, name, cand, outcome in built:
         res = outcome.result  # type: ignore[attr-defined]
         if not res.passed or not outcome.so_bytes:  # type: ignore[attr-defined]

@@ -1,7 +1,9 @@
 """Self-test of the evaluator on the GPU: for every task, the null, zero, copy, constant and
 half-written kernels must all FAIL correctness (shared/EVALUATION.md).
 
-``EVO_SELFTEST_TASKS=kb19_relu,kb23_softmax`` restricts the tasks (default: all).
+``EVO_SELFTEST_TASKS=kb19_relu,kb23_softmax`` restricts the tasks (default: all 41, five
+kernels each: give that its own device call). Progress (builds, then one line per kernel):
+``-o log_cli=true --log-cli-level=INFO``.
 """
 
 from __future__ import annotations
