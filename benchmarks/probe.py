@@ -17,7 +17,8 @@ by the evaluator's protocol (``evaluators.isolation.run_isolated``; reference ti
 process, L2 flushed, medians). ``time-only`` skips the correctness trials: use it only for
 tunable sweeps of a kernel whose correctness a ``check+time`` entry establishes in the same
 spec. A short table (label, task, shape, ours ms, torch ms, speedup, % of SOL, status) is
-printed last and written to ``DIR/probe.md``; per-variant JSON goes to ``DIR/<n>.json``.
+printed last and written to ``DIR/probe.md``, which is rewritten after every variant (a run cut
+short by a device-call limit keeps the rows it finished); per-variant JSON goes to ``DIR/<n>.json``.
 This is a development tool: benchmarks/RESULTS.md comes from ``evo bench``.
 """
 
@@ -85,6 +86,20 @@ def _compile_all(cands: list, jobs: int) -> list:
         return list(pool.map(lambda c: compile_candidate(c, cs), cands))
 
 
+TABLE_HEAD = ["| label | task | shape | ours ms | torch ms | speedup | % SOL | status |",
+              "|---|---|---|---|---|---|---|---|"]
+
+
+def _write_table(out: Path, rows: list[str], pending: int) -> list[str]:
+    """Write ``out/probe.md`` atomically (rows so far, plus a line naming unfinished variants)."""
+    table = TABLE_HEAD + rows
+    tail = [f"\n{pending} variant(s) not finished yet"] if pending else []
+    tmp = out / "probe.md.tmp"
+    tmp.write_text("\n".join(table + tail) + "\n")
+    os.replace(tmp, out / "probe.md")
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="+", type=Path, help="JSON spec file(s)")
@@ -111,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
     for i, (e, c, b) in enumerate(zip(entries, cands, built)):
+        _write_table(args.out, rows, len(entries) - i)
         if args.budget_s and time.monotonic() - t0 > args.budget_s:
             rows.append(f"| {e['label']} | {e['task']} | | | | | | skipped: budget |")
             continue
@@ -137,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if not rep.timings:
             rows.append(f"| {e['label']} | {e['task']} | | | | | | ok ({e['mode']}, {task.dtype}) |")
         log.info("%d/%d %s done (%.0f s)", i + 1, len(entries), e["label"], time.monotonic() - t0)
-    table = ["| label | task | shape | ours ms | torch ms | speedup | % SOL | status |",
-             "|---|---|---|---|---|---|---|---|"] + rows
-    (args.out / "probe.md").write_text("\n".join(table) + "\n")
+    table = _write_table(args.out, rows, 0)
     print("\n".join(table))
     return 0
 

@@ -55,3 +55,39 @@ def test_committed_probe_specs_resolve(spec):
         declared = {t.name for t in parse_tunables(probe._source(e["task"], e["source"]))}
         assert set(e["params"]) <= declared, (e["label"], set(e["params"]) - declared)
         assert e["mode"] in ("check+time", "time-only", "check")
+
+
+def test_table_is_on_disk_after_each_variant_so_a_cut_run_keeps_its_rows(tmp_path, monkeypatch):
+    """A device call's time limit can kill the probe mid-spec: the rows finished so far must
+    already be in probe.md (here the second variant's harness run dies)."""
+    import evaluators.isolation as iso
+    from evaluators.isolation import HarnessReport
+    from evo.records import StageResult, Status
+
+    probe = _probe()
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps([{"label": "first", "task": "kb19_relu", "source": "seed", "mode": "check"},
+                                {"label": "second", "task": "kb19_relu", "source": "seed", "mode": "check"}]))
+
+    class Built:   # a compile outcome that passed (the probe reads these two fields)
+        class result:
+            passed = True
+        so_bytes = b"\x7fELF"
+
+    monkeypatch.setattr(probe, "_compile_all", lambda cands, jobs: [Built() for _ in cands])
+    calls = []
+
+    def fake_run(job, settings):
+        calls.append(job.mode)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("the device call's limit")
+        return HarnessReport(stages=(StageResult("correctness", Status.OK),
+                                     StageResult("timing", Status.SKIPPED)))
+
+    monkeypatch.setattr(iso, "run_isolated", fake_run)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        probe.main([str(spec), "--out", str(out), "--jobs", "1"])
+    text = (out / "probe.md").read_text()
+    assert "| first | kb19_relu |" in text and "ok (check" in text
+    assert "| second |" not in text and "1 variant(s) not finished yet" in text
