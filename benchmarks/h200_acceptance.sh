@@ -3,7 +3,8 @@
 #   seeds  every task's seed: compile, check on every shape, time vs torch -> $OUT/SEEDS.md
 #   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
-#   tests  the gpu-marked tests (harness, self-test, exploits, export, profile) -> $OUT/gpu_tests.txt
+#   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks,
+#          exploits, self-test) -> $OUT/gpu_tests.txt (a line per file), $OUT/gpu_<file>.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
@@ -46,8 +47,19 @@ print(f"optimize prompts quoting profile numbers: {len(quoted)} of {sum(c['kind'
 PY
       ;;
     tests)
-      python -m pytest -m gpu -q -rs tests/gpu > "$out/gpu_tests.txt" 2>&1
-      tail -n 15 "$out/gpu_tests.txt" ;;
+      # One bounded pytest per file (a hang or a slow file cannot eat the call, and every file
+      # gets a verdict line); the self-test (41 tasks x 5 kernels, long builds) goes last with
+      # progress lines. EVO_GPU_TEST_TIMEOUT (s, per file) and EVO_SELFTEST_TASKS narrow it.
+      per=${EVO_GPU_TEST_TIMEOUT:-300}
+      : > "$out/gpu_tests.txt"
+      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_adversarial_gpu test_selftest; do
+        t1=$(date +%s)
+        timeout "$per" python -m pytest -m gpu -q -rs -p no:cacheprovider -o log_cli=true --log-cli-level=INFO \
+          "tests/gpu/$f.py" > "$out/gpu_$f.txt" 2>&1
+        rc=$?
+        echo "$f rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)') in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$out/gpu_$f.txt")" \
+          | tee -a "$out/gpu_tests.txt"
+      done ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
