@@ -174,15 +174,14 @@ def run_selftest(
 
     A kernel that does not compile is a failure of the self-test itself (raised as
     ``RuntimeError`` naming the kernel and the compiler's message): the point is to
-    exercise the GPU checks, not the compiler. An unknown task name raises
-    :class:`~evo.tasks.registry.UnknownTaskError` (with the valid names) before anything is built.
+    exercise the GPU checks, not the compiler. ``tasks`` are task names or ``"family:<name>"``;
+    an unknown one raises :class:`~evo.tasks.registry.UnknownTaskError` (with the valid names)
+    before anything is built.
     """
-    from evo.tasks.registry import get_task
+    from evo.tasks.registry import tasks_for
     from evo.tasks.seeds import UnknownSeedError, seed_params, seed_source
 
-    tasks = list(tasks)
-    for t in tasks:
-        get_task(t)   # fail fast: a typo must not cost a whole parallel build first
+    tasks = [t.name for t in tasks_for(list(tasks))]   # a typo must not cost a parallel build first
     builds = []
     for t in tasks:
         try:

@@ -139,8 +139,12 @@ struct Params {
   int c_vec;               // bf16x2 stores legal
 };
 
-// kPP (PINGPONG on the TMA kernel): two consumer warpgroups, each computing whole BM x BN tiles
-// (one wgmma warpgroup per tile); otherwise the kNWG consumer warpgroups split one tile by rows.
+// PINGPONG applies to the TMA kernel only (the fallback kernel is never persistent).
+template <bool kTMA>
+constexpr bool kPingPong = kTMA && PINGPONG != 0;
+
+// kPP (kPingPong): two consumer warpgroups, each computing whole BM x BN tiles (one wgmma
+// warpgroup per tile); otherwise the kNWG consumer warpgroups split one tile by rows.
 template <int BM, int BN, int NSTAGE, bool kPP = false>
 struct Config {
   static constexpr int kNWG = (kPP || BM != 64) ? 2 : 1;   // consumer warpgroups
@@ -248,10 +252,10 @@ CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
 }
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
-__global__ void __launch_bounds__(Config<BM, BN, NSTAGE, kTMA && PINGPONG>::kThreads, 1)
+__global__ void __launch_bounds__(Config<BM, BN, NSTAGE, kPingPong<kTMA>>::kThreads, 1)
 gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b0,
                  CUTE_GRID_CONSTANT TmaB const tma_b1) {
-  constexpr bool kPP = kTMA && PINGPONG != 0;
+  constexpr bool kPP = kPingPong<kTMA>;
   using Cfg = Config<BM, BN, NSTAGE, kPP>;
   extern __shared__ char smem_raw[];
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -428,20 +432,14 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     };
     // Ring positions carry over from one work unit to the next (PERSIST). kPP: the CTA's work
     // units alternate between the two consumer warpgroups (warpgroup c takes the CTA's units
-    // c, c + 2, ...), and the producer loads them in order, so a warpgroup skips the other's
-    // k_tiles ring positions before each of its own units. Main loops take turns (an order
+    // c, c + 2, ...), and the producer loads them in order, so the CTA's unit j starts at ring
+    // position j * k_tiles, whichever warpgroup reads it. Main loops take turns (an order
     // barrier: a warpgroup starts one only after the other has issued its previous unit's last
     // wgmma), so one warpgroup's epilogue runs under the other's maths, and -- required for
     // correctness, not only speed -- no warpgroup waits on a ring position more than one phase
     // ahead of its barrier (mbarrier waits compare phase parity only).
     int stage = 0, phase = 0;
-    auto skip = [&](int n) {
-      const int pos = stage + n;
-      phase ^= (pos / NSTAGE) & 1;
-      stage = pos % NSTAGE;
-    };
     const int pp_wg = kPP ? wg - 1 : 0;
-    if (pp_wg) skip(k_tiles);
     const Sched sc = sched();
 #pragma unroll 1
     for (int w = sc.first + pp_wg * sc.step; w < sc.end; w += (kPP ? 2 : 1) * sc.step) {
@@ -449,6 +447,9 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // arrives on it (bar.arrive, 128 threads) after its main loop, this one syncs (128).
       if constexpr (kPP) {
         if (w != sc.first) asm volatile("bar.sync %0, 256;" :: "r"(1 + pp_wg) : "memory");
+        const int64_t pos = int64_t((w - sc.first) / sc.step) * k_tiles;
+        stage = int(pos % NSTAGE);
+        phase = int((pos / NSTAGE) & 1);
       }
       // Accumulators first; C's views are made after the main loop (nothing of them stays live
       // across it: the persistent loop otherwise spills under the kernel's 168-register bound).
@@ -486,8 +487,6 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
       if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
-
-      if constexpr (kPP) skip(k_tiles);   // the other warpgroup's next unit
 
       // ----------------------------- epilogue ------------------------------------------
       const Work u = work_of(w);
@@ -537,7 +536,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
 cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
-  using Cfg = Config<BM, BN, NSTAGE, kTMA && PINGPONG>;
+  using Cfg = Config<BM, BN, NSTAGE, kPingPong<kTMA>>;
   auto kernel = gemm_bf16_kernel<BM, BN, NSTAGE, kTMA, TmaA, TmaB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;

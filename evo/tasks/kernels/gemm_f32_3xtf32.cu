@@ -1346,9 +1346,8 @@ CUTE_HOST_DEVICE constexpr int split_count(int64_t work, int64_t k_tiles, int64_
 // split_count on the current device; 1 when the device cannot be queried (evo_workspace_bytes
 // and evo_launch then agree: neither splits).
 inline int ws_splits(int64_t work, int64_t k_tiles) {
-  if (!SPLIT_WS || SPLIT_K > 1 || PERSIST || k_tiles / kMinSliceKTiles < 2)
-    return 1;                           // never splits whatever the SM count: no device query
-  return split_count(work, k_tiles, evo_sm_count());   // 0 SMs (no device): no split
+  if (split_count(work, k_tiles, INT64_MAX) == 1) return 1;   // no split on any device: no query
+  return split_count(work, k_tiles, evo_sm_count());          // 0 SMs (no device): no split
 }
 
 constexpr int kPadThreads = 256;
