@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=200.0)
+    ap.add_argument("--same-process-timing", action="store_true",
+                    help="check+time in one process (the evaluator's fresh_timing_process = false)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting variants after this many seconds")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     entries = [e for p in args.spec for e in _load(p)]
     cands = [_candidate(e["task"], e["source"], e["params"]) for e in entries]
-    hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout)
+    hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout,
+                         fresh_timing_process=not args.same_process_timing)
     t0 = time.monotonic()
     built = _compile_all(cands, args.jobs)
     log.info("compiled %d variants in %.0f s", len(built), time.monotonic() - t0)

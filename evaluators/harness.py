@@ -4,7 +4,8 @@ Runs in a fresh process that owns nothing but one candidate. Steps:
 
 1. read ``JOBDIR/job.json`` (written by :func:`evaluators.isolation.run_isolated`);
 2. import the task (user task files first), initialise CUDA on the one visible GPU, turn
-   TF32 off, create the harness stream, poison the allocator (allocate + fill NaN + free a
+   TF32 off, create the harness stream, (a gated job: wait for ``JOBDIR/go``, see
+   :func:`_wait_for_gate`), poison the allocator (allocate + fill NaN + free a
    large block back to the driver, so memory a kernel allocates holds NaN, not old results);
 3. ``ctypes``-load ``JOBDIR/kernel.so`` (``evaluators.abi``);
 4. correctness (``evaluators.correctness``) unless ``time-only``; timing
@@ -135,6 +136,20 @@ def _poison_allocator(torch: Any) -> int:
     return n
 
 
+def _wait_for_gate(jobdir: Path, state: _State) -> None:
+    """Block until the parent creates ``JOBDIR/go`` (job key ``gate``).
+
+    A timing process is started next to the correctness process so that its start-up
+    overlaps the trials; the GPU must see none of its work (allocator poisoning, the
+    candidate, the timing) until the correctness process has exited. The parent kills this
+    process if correctness fails, and its timeout starts when it opens the gate.
+    """
+    state.progress({"stage": "setup", "step": "waiting for the correctness process"})
+    go = jobdir / "go"
+    while not go.exists():
+        time.sleep(0.005)
+
+
 def _sol_fn(task: Any) -> Any:
     """shape -> speed-of-light ms for this GPU, or a function returning None (with a warning)."""
     try:
@@ -179,6 +194,8 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     torch.set_float32_matmul_precision("highest")
     stream = torch.cuda.Stream()
     env = _env_info(torch, settings)
+    if job.get("gate"):
+        _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
     stages: list[StageResult] = []
     fitness = None

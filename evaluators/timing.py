@@ -14,7 +14,8 @@ rep so clock and thermal drift hit both alike:
 - median and IQR of each; every sample is stored in the metrics;
 - after the timed calls the candidate's output is poisoned, recomputed and compared with its
   first output: a kernel that changes behaviour after many calls (a call counter, a cache
-  keyed by pointer) is ``incorrect``;
+  keyed by pointer) is ``incorrect``; so is a first timed output that fails the task's
+  tolerance against the fp64 ground truth (a kernel that computes only when it is checked);
 - speed-of-light: a candidate median under ``evo.tasks.gpus.speed_of_light_ms`` is physically
   impossible and ``invalid``; a speedup > 10x over the reference sets
   ``metrics["needs_reconfirm"]`` (the engine re-times it in a fresh process first).
@@ -169,6 +170,30 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
     return StageResult("timing", Status.OK, "", metrics)
 
 
+def _verify_timed_output(task: Any, shape: dict[str, int], outputs: Sequence[Any], *, gen_seed: int,
+                         dist: str, device: Any) -> str | None:
+    """The ``incorrect`` reason when ``outputs`` (from the timed inputs) fail the task's tolerance."""
+    import torch
+
+    from evaluators.correctness import _as_tuple, _tolerance_fns, _upcast, output_dtype, worst_element
+
+    check, _ = _tolerance_fns()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(gen_seed)
+    with torch.no_grad():
+        inputs = tuple(task.make_inputs(shape, gen, dist, device))
+        truth = _as_tuple(task.reference(*_upcast(inputs, getattr(torch, task.reference_dtype))))
+    del inputs
+    task_dtype = getattr(torch, task.dtype)
+    for k, (o, r) in enumerate(zip(outputs, truth)):
+        ok, why, _m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype))
+        if not ok:
+            return (f"shape {shape}, output {k}: the output of the timed calls is wrong ({why}; "
+                    f"{worst_element(o, r)}) although the correctness stage passed: the kernel "
+                    "behaves differently when timed")
+    return None
+
+
 def time_shapes(
     task: Any,
     kernel: Any,
@@ -310,6 +335,17 @@ def time_shapes(
                     {"shapes": [s.shape for s in all_samples]},
                     seconds=time.monotonic() - t_start,
                 )
+        # The timed output must also be right, not only stable: timing may run in a process of
+        # its own (HarnessSettings.fresh_timing_process), and a kernel that can tell it from the
+        # correctness process (its first call is a benchmark shape) could otherwise time a
+        # cheap wrong answer. Ground truth as in the correctness stage, from inputs regenerated
+        # from the seed (the kernel had write access to the timed ones).
+        del copies, outs
+        wrong = _verify_timed_output(task, shape, first, gen_seed=trial_seed(seed, 1000 + si, 0), dist=dist,
+                                     device=dev)
+        if wrong:
+            return StageResult("timing", Status.INCORRECT, wrong, {"shapes": [s.shape for s in all_samples]},
+                               seconds=time.monotonic() - t_start)
         sol: float | None = None
         try:
             sol = sol_ms(shape)
@@ -317,7 +353,7 @@ def time_shapes(
             log.warning("no speed-of-light bound for %s %s: %s", task.name, shape, e)
         all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol,
                                         tuple(base_ms)))
-        del copies, outs, first, base
+        del first, base
         torch.cuda.empty_cache()
     res = summarize(all_samples)
     metrics = dict(res.metrics)

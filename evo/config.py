@@ -285,6 +285,7 @@ class EvaluatorConfig(_Section):
     reps: int = Field(50, ge=10)
     flush_mb: int = Field(256, ge=64)
     timeout_s: float = Field(300.0, gt=0)
+    fresh_timing_process: bool = True
 
 
 class RayConfig(_Section):
@@ -410,7 +411,8 @@ class Config(_Section):
         """The ``[evaluator]`` section as the GPU harness's settings record."""
         e = self.evaluator
         return HarnessSettings(
-            trials=e.trials, warmup=e.warmup, reps=e.reps, flush_mb=e.flush_mb, timeout_s=float(e.timeout_s)
+            trials=e.trials, warmup=e.warmup, reps=e.reps, flush_mb=e.flush_mb, timeout_s=float(e.timeout_s),
+            fresh_timing_process=e.fresh_timing_process,
         )
 
     def profile_settings(self):

@@ -244,3 +244,22 @@ def test_selftest_rejects_an_unknown_task_before_building_anything(tmp_path):
         run_selftest(["kb19_relu", "kb01_square_matmul"], CompileSettings(cache_dir=str(cache)),
                      HarnessSettings())
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_timed_output_is_checked_against_the_ground_truth():
+    """The timing stage's last check: the first timed output, from inputs regenerated from
+    the seed, must pass the tolerance (a kernel right only when checked is ``incorrect``)."""
+    from evaluators.timing import _verify_timed_output
+
+    shape = dict(TASK.shapes[0])
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(trial_seed(7, 1000, 0))
+    (x,) = TASK.make_inputs(shape, gen, "normal", "cpu")
+    kw = dict(gen_seed=trial_seed(7, 1000, 0), dist="normal", device="cpu")
+    assert _verify_timed_output(TASK, shape, [torch.relu(x)], **kw) is None
+    wrong = torch.relu(x)
+    wrong[0, 0] = 5.0 + abs(float(x[0, 0]))
+    why = _verify_timed_output(TASK, shape, [wrong], **kw)
+    assert why is not None and "timed calls is wrong" in why and "(0, 0)" in why
+    # a different seed means different inputs: the right answer to other inputs is wrong here
+    assert _verify_timed_output(TASK, shape, [torch.relu(x)], **{**kw, "gen_seed": 1}) is not None

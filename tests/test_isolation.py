@@ -151,3 +151,48 @@ def test_job_validation():
 def test_stage_json_roundtrip():
     s = StageResult("timing", Status.INVALID, "too fast", {"a": [1.0, 2.0]}, {"x": "y"}, 1.5)
     assert stage_from_json(json.loads(json.dumps(stage_to_json(s)))) == s
+
+
+def _modes_job(tmp_path, task: str = "kb19_relu") -> tuple[HarnessJob, Path]:
+    log = tmp_path / "calls.txt"
+    return HarnessJob(task=task, candidate_id=str(log), so_bytes=SO, mode="check+time", seed=99), log
+
+
+def test_check_and_time_run_in_two_fresh_processes_with_one_seed(tmp_path):
+    job, log = _modes_job(tmp_path)
+    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=str(FIX / "modes.py"), workdir=tmp_path)
+    assert log.read_text().splitlines() == ["check 99", "time-only 99"]
+    c, t = rep.stage("correctness"), rep.stage("timing")
+    assert c.status is Status.OK and c.metrics["process"] == "check"
+    assert t.status is Status.OK and t.metrics["process"] == "time-only"
+    assert [s.stage for s in rep.stages] == ["correctness", "timing"]
+    assert rep.fitness == 3.0 and rep.timings[0].speedup == 3.0 and rep.passed
+    assert rep.env["mode"] == "check+time" and rep.env["timing_process"] == "fresh"
+    assert rep.seconds > 0
+    # the timing process was started (gated) while the correctness process still ran
+    gated_at = float(Path(str(log) + ".gated").read_text().split()[1])
+    check_end = float(Path(str(log) + ".ends").read_text().splitlines()[0].split()[1])
+    assert gated_at < check_end
+
+
+def test_failed_correctness_starts_no_timing_process(tmp_path):
+    job, log = _modes_job(tmp_path, task="bad")
+    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=str(FIX / "modes.py"), workdir=tmp_path)
+    assert log.read_text().splitlines() == ["check 99"]
+    assert rep.stage("correctness").status is Status.INCORRECT
+    t = rep.stage("timing")
+    assert t.status is Status.SKIPPED and t.reason == "not run: correctness incorrect"
+    assert rep.fitness is None and not rep.passed and rep.env["mode"] == "check+time"
+    # the gated timing process (if it got as far as noting its pid) was killed unread
+    gated = Path(str(log) + ".gated")
+    if gated.exists():
+        pid = int(gated.read_text().split()[0])
+        assert _wait_dead(pid), f"gated timing process {pid} survived"
+
+
+def test_same_process_timing_when_asked(tmp_path):
+    job, log = _modes_job(tmp_path)
+    rep = run_isolated(job, HarnessSettings(timeout_s=30, fresh_timing_process=False),
+                       entry=str(FIX / "modes.py"), workdir=tmp_path)
+    assert log.read_text().splitlines() == ["check+time 99"]
+    assert rep.fitness == 3.0 and "timing_process" not in rep.env

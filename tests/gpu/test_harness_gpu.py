@@ -114,7 +114,9 @@ def test_side_stream_is_caught_by_timing(built):
 
 
 def test_call_counter_is_caught_after_timing(built):
-    rep = _run(built, "call_counter", mode="check+time", bench=(0,))
+    # reps=30: its counter (24) runs out inside the timing process too, which starts from 0
+    rep = _run(built, "call_counter", mode="check+time", bench=(0,),
+               settings=HarnessSettings(trials=5, warmup=2, reps=30, flush_mb=256, timeout_s=180))
     assert rep.stage("correctness").status is Status.OK
     t = rep.stage("timing")
     assert t.status is Status.INCORRECT and "output changed" in t.reason
