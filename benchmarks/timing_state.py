@@ -1,24 +1,27 @@
-"""Does a kernel's timed speed depend on what the process did before? (diagnostic, GPU only)
+"""Does a kernel's timed speed depend on what its process did before? (diagnostic, GPU only)
 
-    python benchmarks/timing_state.py --task gelu_bf16 [--param ITEMS=2 ...] [--reps 30]
+    python benchmarks/timing_state.py --task gelu_bf16 [--param ITEMS=2 ...] [--reps 30] [--trace]
+    python benchmarks/timing_state.py --task gelu_bf16 --offsets [--variant ITEMS=4 ...]
 
-Why: the gelu_bf16 seed measured 1.53 ms when its process only timed it (``time-only``) and
-1.68 ms when the correctness stage ran first in the same process (``check+time``, which is
-what ``evo bench`` and the search do). This script separates the candidate causes in one
-process that is set up exactly like the harness child (TF32 off, harness stream, poisoned
-allocator), timing the task's first benchmark shape in three states:
+Why it exists: timed right after the correctness trials in the same process, memory-bound
+kernels (and torch's references) measured up to 11% slower than in a fresh process; this is
+what made ``check+time`` time in a process of its own (docs/evaluator.md, "Timing in a fresh
+process"). The script runs in one process set up like the harness child (TF32 off, harness
+stream, poisoned allocator) and times the task's first benchmark shape in three states:
 
-  fresh      nothing ran before;
-  checked    after the real correctness stage (``evaluators.correctness.check_correctness``)
-             and the harness's release step, i.e. where the timing stage of check+time starts;
-  again      a second time right after.
+  fresh                  nothing ran before;
+  checked                after the real correctness stage and the harness's release step
+                         (where the timing stage of the one-process protocol starts);
+  checked, extra first   the same, but the extra measurements below run before the timing stage.
 
-In each state it reports: the real timing stage (``evaluators.timing.time_shapes``: ours and
-the torch reference); a plain ``copy_`` of the input (the memory system's state alone); ours
-with a GPU spin of ~100 us queued before the start event (hides a host-side launch gap: if
-this is faster than the timing stage's number, the host was late, not the kernel slow); the
-host time of one ``evo_launch`` call; and the SM / memory clocks from nvidia-smi. A short
-table is printed last. Nothing here changes the harness; it only measures.
+In each state: the real timing stage (``evaluators.timing.time_shapes``: ours and the torch
+reference) twice in a row, each with new buffers; a plain ``copy_`` of the input; ours with a
+~100 us GPU spin queued before the start event (hides a host-side launch gap); ours by a plain
+loop; the host time of one ``evo_launch``; SM / memory clocks; where the output lay relative
+to the input. ``--trace`` first traces a 256 MB memset's bandwidth for 1.5 s after several
+kinds of frees. ``--offsets`` instead times the kernel, each ``--variant`` and ``copy_`` with
+the output at fixed distances from the input in one pool. A short table is printed last; JSON
+goes to ``--out``. Nothing here changes the harness; it only measures.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         _poison_allocator(torch)
 
     def extra(label: str) -> dict:
-        """copy_, ours behind a GPU spin, host launch time: same inputs as the timing stage."""
+        """copy_, ours behind a GPU spin, host launch time, on new inputs of the timing shape."""
         shape = dict(task.shapes[0])
         gen = torch.Generator(device="cuda")
         gen.manual_seed(1234)
