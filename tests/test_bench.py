@@ -157,3 +157,17 @@ def test_profile_misses_profiles_each_missing_task_once_and_reports_profiler_err
     assert why[("kb01_square", "M=8 x N=8 x K=8")].startswith("compute-bound: SM 91%")
     assert "math_pipe_throttle 40%" in why[("kb01_square", "M=8 x N=8 x K=8")]
     assert why[("kb19_relu", "R=2 x C=2")].startswith("not profiled: ncu: permission denied")
+
+
+def test_gap_marks_a_target_beyond_the_speed_of_light():
+    """silu_bf16 on an H200: 1.25x over torch's 1.605 ms needs 1.284 ms, under the ~1.34 ms
+    bound at datasheet bandwidth; a reachable miss keeps its plain percentage."""
+    from evo.bench import BenchRow, Targets, results_table
+
+    def row(task, torch_ms, ours_ms, pct_sol):
+        return BenchRow(task, "R=1 x C=1", "bfloat16", torch_ms, ours_ms, torch_ms / ours_ms, "-", pct_sol, "ok")
+
+    tg = Targets(task={"silu_bf16": 1.25, "gemm_silu_mul_bf16": 1.2})
+    lines = results_table([row("silu_bf16", 1.6051, 1.5124, 88.7), row("gemm_silu_mul_bf16", 3.3223, 2.9319, 66.4)], tg)
+    assert "| -15% (beyond speed of light: needs 1.284 ms, bound 1.341 ms) |" in lines[2]
+    assert lines[3].endswith("| 1.20 | -6% | ok |")
