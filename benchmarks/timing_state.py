@@ -50,9 +50,24 @@ def _clocks() -> str:
         return f"n/a ({e})"
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+def _kernel(task: str, params: dict[str, str], out: Path):
+    """The task's seed with ``params`` as tunables, compiled (cached) and loaded."""
+    from evaluators import abi
+    from evaluators.base import CompileSettings
+    from evaluators.compile import compile_candidate
+    from evo.records import Candidate, Operator
+    from evo.tasks.seeds import seed_source
+
+    c = Candidate.create(task, seed_source(task), params, operator=Operator.SEED)
+    b = compile_candidate(c, CompileSettings(cache_dir=str(ROOT / ".evo" / "cache")))
+    if not b.ok:
+        raise SystemExit(f"compile of {task} {params} failed: {b.result.reason}")
+    path = out / f"{c.id[:16]}.so"
+    path.write_bytes(b.so_bytes)
+    try:
+        return abi.load_kernel(path)
+    finally:
+        path.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,31 +89,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from evaluators import abi
-    from evaluators.base import CompileSettings
-    from evaluators.compile import compile_candidate
     from evaluators.correctness import check_correctness
     from evaluators.harness import _poison_allocator
-    from evaluators.timing import time_shapes
-    from evo.records import Candidate, Operator
+    from evaluators.timing import median, time_shapes
     from evo.tasks import get_task
-    from evo.tasks.seeds import seed_source
 
     task = get_task(args.task)
     params = dict(p.split("=", 1) for p in args.param)
-    cand = Candidate.create(task.name, seed_source(task.name), params, operator=Operator.SEED)
-    built = compile_candidate(cand, CompileSettings(cache_dir=str(ROOT / ".evo" / "cache")))
-    if not built.ok:
-        raise SystemExit(f"compile failed: {built.result.reason}")
-    so = args.out / "kernel.so"
-    so.write_bytes(built.so_bytes)
 
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     stream = torch.cuda.Stream()
     _poison_allocator(torch)
-    kernel = abi.load_kernel(so)
+    kernel = _kernel(task.name, params, args.out)
     scalars = tuple(float(s) for s in task.scalars)
     handle = int(stream.cuda_stream)
 
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         _poison_allocator(torch)
 
-    def extra(label: str) -> dict:
+    def extra() -> dict:
         """copy_, ours behind a GPU spin, host launch time, on new inputs of the timing shape."""
         shape = dict(task.shapes[0])
         gen = torch.Generator(device="cuda")
@@ -165,22 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             ev[1].record(stream)
             torch.cuda.synchronize()
             res["ours_plain"].append(ev[0].elapsed_time(ev[1]))
-        res_m = {k: _median(v) for k, v in res.items()}
+        res_m = {k: median(v) for k, v in res.items()}
         res_m["placement"] = f"{(outs[0].data_ptr() - ins[0].data_ptr()) / 2**20:+.0f} MiB"
         del ins, outs, flush
         torch.cuda.empty_cache()
         return res_m
-
-    def build(extra_params: dict[str, str]):
-        c = Candidate.create(task.name, seed_source(task.name), {**params, **extra_params}, operator=Operator.SEED)
-        b = compile_candidate(c, CompileSettings(cache_dir=str(ROOT / ".evo" / "cache")))
-        if not b.ok:
-            raise SystemExit(f"compile of {extra_params} failed: {b.result.reason}")
-        path = args.out / f"variant{abs(hash(c.id)) % 10**8}.so"
-        path.write_bytes(b.so_bytes)
-        k = abi.load_kernel(path)
-        path.unlink()
-        return k
 
     def offsets() -> list[tuple[str, str, float]]:
         """Each variant (and copy_) with the output placed at input + nbytes + d in one pool."""
@@ -197,12 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         kernels = [("seed" if not params else ",".join(args.param), kernel)]
-        kernels += [(v, build(dict(p.split("=", 1) for p in v.split(",")))) for v in args.variant]
+        kernels += [(v, _kernel(task.name, {**params, **dict(p.split("=", 1) for p in v.split(","))}, args.out)) for v in args.variant]
         out = []
         for d in ds:
             y = pool[nb + (d << 20): 2 * nb + (d << 20)].view(xin.dtype).view(xin.shape)
-            fns = [(lab, (lambda k=k: k.launch((xin,), (y,), scalars, handle))) for lab, k in kernels]
-            fns.append(("copy_", lambda: y.copy_(xin)))
+            fns = [(lab, (lambda k=k, y=y, x=xin: k.launch((x,), (y,), scalars, handle))) for lab, k in kernels]
+            fns.append(("copy_", lambda y=y, x=xin: y.copy_(x)))
             for lab, fn in fns:
                 fn()
                 ts = []
@@ -213,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     ev[1].record(stream)
                     torch.cuda.synchronize()
                     ts.append(ev[0].elapsed_time(ev[1]))
-                out.append((f"+{nb / 2**20:.0f} {d:+d} MiB", lab, _median(ts)))
+                out.append((f"+{nb / 2**20:.0f} {d:+d} MiB", lab, median(ts)))
                 log.info("offset %s", out[-1])
         del pool, xin, flush
         torch.cuda.empty_cache()
@@ -234,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         bins = []
         for b in range(int(seconds / bin_s)):
             ms = [m for t, m in samples if b * bin_s <= t < (b + 1) * bin_s]
-            bins.append((256 << 20) / (_median(ms) * 1e-3) / 1e9 if ms else float("nan"))
+            bins.append((256 << 20) / (median(ms) * 1e-3) / 1e9 if ms else float("nan"))
         log.info("trace %s: %s", label, " ".join(f"{g:.0f}" for g in bins))
         del buf
         return bins
@@ -272,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("correctness %s in %.1f s %s", c.status.value, time.monotonic() - t0, c.reason[:200])
                 release()
             clk = _clocks()
-            e = extra(state) if extra_first else {}
+            e = extra() if extra_first else {}
             n0 = len(ptrs)
             sh = []
             for _ in range(2):   # the timing stage twice in a row: a state that persists shows in both
@@ -282,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"timing {t.status.value}: {t.reason}")
                 sh.append(t.metrics["shapes"][0])
             if not extra_first:
-                e = extra(state)
+                e = extra()
             places = sorted({f"{(o - i) / 2**20:+.0f} MiB" for i, o in ptrs[n0:]})
             row = {"state": state, "ours_ms": sh[0]["median_ms"], "torch_ms": sh[0]["ref_median_ms"],
                    "speedup": sh[0]["speedup"], "ours2_ms": sh[1]["median_ms"], "torch2_ms": sh[1]["ref_median_ms"],

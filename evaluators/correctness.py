@@ -149,6 +149,24 @@ def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+def ground_truth(task: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The task's reference on copies of ``inputs`` upcast to ``task.reference_dtype`` (fp64
+    for fp32 tasks), TF32 as the caller set it: what every candidate output is checked against."""
+    return _as_tuple(task.reference(*_upcast(inputs, getattr(torch, task.reference_dtype))))
+
+
+def first_wrong_output(task: Any, outputs: Sequence[torch.Tensor], truth: Sequence[torch.Tensor]) -> str | None:
+    """``None`` when every output passes the task's tolerance against ``truth``, else
+    "output k: why; worst element" for the first that does not."""
+    check, _ = _tolerance_fns()
+    task_dtype = getattr(torch, task.dtype)
+    for k, (o, r) in enumerate(zip(outputs, truth)):
+        ok, why, _m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype))
+        if not ok:
+            return f"output {k}: {why}; {worst_element(o, r)}"
+    return None
+
+
 def _jsonable(m: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in m.items():
@@ -246,7 +264,7 @@ def check_correctness(
             launch(inputs, outs)
             sync()
             with torch.no_grad():  # the ground truth, from the saved copies of the inputs
-                refs = _as_tuple(task.reference(*_upcast(saved, ref_dtype)))
+                refs = ground_truth(task, saved)
             for k, (x, s) in enumerate(zip(inputs, saved)):
                 if not same_bits(x, s):
                     n = int((x.reshape(-1) != s.reshape(-1)).sum()) if x.shape == s.shape else -1

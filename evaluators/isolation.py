@@ -485,8 +485,6 @@ class _Child:
         finally:
             # Anything the child left behind in its group (grandchildren) goes too.
             _kill_group(self.pgid)
-        for f in self._files:
-            f.flush()
         seconds = time.monotonic() - self.t0
         stderr = _tail(jobdir / "stderr.log")
         arts = {"stderr": stderr} if stderr else {}

@@ -172,26 +172,20 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
 
 def _verify_timed_output(task: Any, shape: dict[str, int], outputs: Sequence[Any], *, gen_seed: int,
                          dist: str, device: Any) -> str | None:
-    """The ``incorrect`` reason when ``outputs`` (from the timed inputs) fail the task's tolerance."""
+    """The ``incorrect`` reason when ``outputs`` (from the timed inputs, regenerated here from
+    their seed) fail the task's tolerance against the ground truth."""
     import torch
 
-    from evaluators.correctness import _as_tuple, _tolerance_fns, _upcast, output_dtype, worst_element
+    from evaluators.correctness import first_wrong_output, ground_truth
 
-    check, _ = _tolerance_fns()
     gen = torch.Generator(device=device)
     gen.manual_seed(gen_seed)
     with torch.no_grad():
-        inputs = tuple(task.make_inputs(shape, gen, dist, device))
-        truth = _as_tuple(task.reference(*_upcast(inputs, getattr(torch, task.reference_dtype))))
-    del inputs
-    task_dtype = getattr(torch, task.dtype)
-    for k, (o, r) in enumerate(zip(outputs, truth)):
-        ok, why, _m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype))
-        if not ok:
-            return (f"shape {shape}, output {k}: the output of the timed calls is wrong ({why}; "
-                    f"{worst_element(o, r)}) although the correctness stage passed: the kernel "
-                    "behaves differently when timed")
-    return None
+        truth = ground_truth(task, task.make_inputs(shape, gen, dist, device))
+    wrong = first_wrong_output(task, outputs, truth)
+    return None if wrong is None else (
+        f"shape {shape}, {wrong}: the output of the timed calls is wrong although the correctness "
+        "stage passed: the kernel behaves differently when timed")
 
 
 def time_shapes(
