@@ -272,3 +272,36 @@ def test_bf16_cluster_multicast_sass(request, tmp_path, task):
             assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body, name
         else:
             assert "MULTICAST" not in body and "UCGABAR" not in body, name
+
+
+def _longest_branch_free_run(body: str, opcode: str) -> int:
+    """Most ``opcode`` instructions between two branches (``BRA``) in one SASS listing."""
+    best = run = 0
+    for line in body.splitlines():
+        if re.search(r"\bBRA\b", line):
+            run = 0
+        elif re.search(rf"\b{re.escape(opcode)}\b", line):
+            run += 1
+            best = max(best, run)
+    return best
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "overrides", "values"), [
+    ("gemm_bias_gelu_bf16", {}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
+    ("gemm_silu_mul_bf16", {}, 128 * 128 // 256),
+])
+def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, values):
+    """EPI_FAST (the default): the TMA kernel stores a tile that lies wholly inside C with no
+    branch between its bf16x2 stores (one 32-bit STG per value pair), and the bias of bias+GELU
+    comes in one batch of 32-bit read-only loads (one per 8-column group, 256 / 8 = 32) issued
+    before the last wgmma wait, not one 16-bit load per value behind the previous store."""
+    kernels = _bf16_sass(request, tmp_path, task, **overrides)
+    tma = next(body for name, body in kernels.items() if "Lb1E" in name)
+    pairs = values // 2
+    run = _longest_branch_free_run(tma, "STG.E")
+    assert run >= pairs, f"longest branch-free run of STG.E is {run}, want {pairs}"
+    if task == "gemm_bias_gelu_bf16":
+        head = tma.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")[0]
+        batch = _longest_branch_free_run(head, "LDG.E.CONSTANT")
+        assert batch >= 32, f"bias loads before the last wgmma wait: {batch} in a row, want 32"

@@ -115,6 +115,12 @@ F32_FFMA_SEEDS: dict[str, SeedSpec] = {
 #: 0.898x cuBLAS; bmm_bf16 (128 batches of 512 x 2048) lost (0.76x), the irregular shape gained
 #: nothing (3.61x), so those two stay one tile per CTA.
 _BF16_PERSIST = (("PERSIST", "1"),)
+#: SwiGLU: 2-CTA clusters along M share (multicast) the W1 / W3 tiles. On an H200
+#: (benchmarks/probes/bf16_release.json, 2026-12-01, with the straight-line epilogue and the
+#: tanh SiLU): 1.147x / 1.146x torch against 1.128x / 1.138x without; clusters came out ahead
+#: in every pair measured that day (bf16_epilogue.json: 1.146x against 1.123x;
+#: bf16_cluster_ab.json: 1.137x against 1.130x), by less than the run-to-run spread each time.
+_SWIGLU_CLUSTER = (("CLUSTER_M", "2"),)
 
 BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages, persistent",
@@ -126,9 +132,10 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent", epilogue="bias_gelu",
                                  tunables=_BF16_PERSIST),
     "gemm_silu_mul_bf16": _bf16(
-        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile, persistent",
+        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile, persistent, "
+        "2-CTA clusters multicasting W1 / W3",
         epilogue="silu_mul",
-        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST),
+        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST, *_SWIGLU_CLUSTER),
     ),
 }
 
