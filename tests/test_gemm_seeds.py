@@ -115,7 +115,8 @@ def test_bf16_pingpong_constraints():
     assert not ok(gemm, PINGPONG=1)                                   # 128 x 256: 256 registers
     assert not ok(gemm, PINGPONG=1, TILE_N=128, PERSIST=0)
     assert not ok(gemm, PINGPONG=1, TILE_N=128, CLUSTER_M=2)
-    assert ok(dual, PINGPONG=1, TILE_M=64) and not ok(dual, PINGPONG=1)
+    assert not ok(dual, PINGPONG=1, TILE_M=64)                        # the SwiGLU seed runs clusters
+    assert ok(dual, PINGPONG=1, TILE_M=64, CLUSTER_M=1) and not ok(dual, PINGPONG=1, CLUSTER_M=1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6"}),
-                                            ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5"})])
+                                            ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5", "CLUSTER_M": "1"})])
 def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     """PINGPONG = 1: the TMA kernel's consumer warpgroups take turns through an order barrier
     (named barriers 1 and 2 of 256 threads: BAR.SYNC and BAR.ARV), still run HGMMA, and stay free of local

@@ -6,8 +6,9 @@ The kb19_relu seed -- and the gemm_bf16_irregular seed, whose kernel asks for a 
 evaluated by the real isolated harness (correctness + timing,
 50 reps, L2 flushed), stored as a run's confirmed champion and exported; then, in fresh
 subprocesses whose PYTHONPATH holds only torch's site-packages (and whose import system
-refuses cute-evo's packages), the export's pytest file runs and the op is timed the same way
-(L2 flush before each call, CUDA events, median of 50) against the manifest's median.
+refuses cute-evo's packages), the export's pytest file runs and the op and the exported
+reference are timed the same way (interleaved, L2 flush before each call, CUDA events, medians
+of 50): their ratio must match the manifest's recorded speedup.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from evo.records import Candidate, Operator
 pytestmark = pytest.mark.gpu
 
 TASKS = ("kb19_relu", "gemm_bf16_irregular")
-TOLERANCE = 0.05  # the op must be within 5% of the recorded median
+TOLERANCE = 0.05  # the op's speedup over the reference must be within 5% of the recorded one
 
 BLOCKER = ENGINE_IMPORT_BLOCKER
 
@@ -92,10 +93,23 @@ def test_exported_op_passes_its_own_tests_in_a_torch_only_python(exported):
     assert "passed" in r.stdout
 
 
-def test_exported_op_matches_its_recorded_time(exported):
+def test_exported_op_matches_its_recorded_speedup(exported):
+    """The exported op, timed against the exported reference in one fresh process (interleaved
+    rep by rep, L2 flushed before each call, CUDA events, medians of 50: the evaluator's
+    protocol), keeps the speedup the evaluation recorded to within 5%.
+
+    The ratio, not the op's absolute time: absolute times of memory-bound kernels move between
+    processes with where their buffers land (docs/evaluator.md, "Timing in a fresh process":
+    kb19_relu's exported op ran 3.158 ms against a recorded 2.995 ms on an H200 on 2026-12-01),
+    and such moves hit the reference too (torch's silu: 1.713 against 1.604 ms).
+    A GPU sleep queued after each flush keeps the GPU busy while Python dispatches the call, so
+    the events time GPU work, as the evaluator's do: the op's own host path (custom-op dispatch,
+    the workspace query and allocation, ctypes) takes tens of microseconds, which without it
+    showed up as GPU idle time in the irregular GEMM's 0.58 ms (0.637 ms measured on an H200,
+    2026-12-01), though a GPU-bound program never sees it."""
     manifest = json.loads((exported.directory / "manifest.json").read_text())
-    recorded = manifest["timings"]["shapes"][0]["median_ms"]
-    r = _torch_only_python(f"""
+    row0 = manifest["timings"]["shapes"][0]
+    r = _torch_only_python("""
         import importlib.util, json, statistics, torch
 
         def load(name):
@@ -105,30 +119,38 @@ def test_exported_op_matches_its_recorded_time(exported):
             return mod
 
         op, ref = load("op"), load("reference")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         m = json.load(open("manifest.json"))
         row = m["timings"]["shapes"][0]
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = ref.make_inputs(row["shape"], gen, ref.DISTRIBUTIONS[0], "cuda")
         flush = torch.empty(int(m["timings"].get("flush_mb", 256)) * 2**20, dtype=torch.uint8, device="cuda")
         fn = getattr(torch.ops.evo, m["op"].split("::")[-1])
-        for _ in range(10):
-            y = fn(*x)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(50):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            y = fn(*x)
-            end.record()
+        calls = {"op": lambda: fn(*x), "ref": lambda: ref.reference(*x)}
+        with torch.no_grad():
+            for _ in range(10):
+                for f in calls.values():
+                    f()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        print(json.dumps({{"median_ms": statistics.median(times), "recorded_ms": row["median_ms"]}}))
+            times = {k: [] for k in calls}
+            for _ in range(50):
+                for k, f in calls.items():
+                    flush.zero_()
+                    torch.cuda._sleep(1_000_000)   # ~0.5 ms of GPU work ahead of the timed call
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    f()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times[k].append(start.elapsed_time(end))
+        print(json.dumps({k + "_ms": statistics.median(v) for k, v in times.items()}))
     """, exported.directory)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["recorded_ms"] == recorded
-    ratio = got["median_ms"] / recorded
+    speedup = got["ref_ms"] / got["op_ms"]
+    ratio = speedup / row0["speedup"]
     assert abs(ratio - 1.0) <= TOLERANCE, (
-        f"exported op median {got['median_ms']:.4f} ms vs recorded {recorded:.4f} ms (x{ratio:.3f}); "
-        f"allowed +-{TOLERANCE:.0%}")
+        f"exported op {got['op_ms']:.4f} ms, reference {got['ref_ms']:.4f} ms: speedup {speedup:.3f}x against "
+        f"{row0['speedup']:.3f}x recorded ({row0['median_ms']:.4f} / {row0['ref_median_ms']:.4f} ms), "
+        f"x{ratio:.3f}; allowed +-{TOLERANCE:.0%}")

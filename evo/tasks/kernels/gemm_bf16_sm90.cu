@@ -43,7 +43,7 @@
 // own A and one slice of B multicast into both CTAs' stages; every stage's empty barrier counts
 // the consumer warpgroups of both CTAs (one local and one remote arrive per warpgroup). H200:
 // validated on every check shape of gemm_bf16 / bias+GELU / SwiGLU / irregular / bmm; +1-3% on
-// the fused GEMMs (inside the run-to-run spread), so no seed uses it yet (docs/kernels.md).
+// the fused GEMMs (inside the run-to-run spread); the SwiGLU seed uses it (docs/kernels.md).
 // PINGPONG = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = 1): each consumer warpgroup owns whole
 // tiles (the CTA's work units alternate between the two), main loops take turns through an
 // order barrier, one warpgroup's epilogue runs under the other's maths. Validated on an H200;
