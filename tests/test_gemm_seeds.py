@@ -306,3 +306,36 @@ def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, va
         head = tma.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")[0]
         batch = _longest_branch_free_run(head, "LDG.E.CONSTANT")
         assert batch >= 32, f"bias loads before the last wgmma wait: {batch} in a row, want 32"
+
+
+def test_bf16_streamk_constraints():
+    """STREAMK needs the persistent cooperative TMA kernel with one accumulator: no clusters, no
+    ping-pong, not the dual (SwiGLU) GEMM."""
+    tunables = pytest.importorskip("evo.tunables")
+    gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
+    dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])
+    ok = lambda src, **kv: not tunables.violated_constraints(src, {k: str(v) for k, v in kv.items()})
+    assert ok(gemm, STREAMK=1)
+    assert not ok(gemm, STREAMK=1, PERSIST=0)
+    assert not ok(gemm, STREAMK=1, CLUSTER_M=2)
+    assert not ok(gemm, STREAMK=1, PINGPONG=1, TILE_N=128)
+    assert not ok(dual, STREAMK=1, CLUSTER_M=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["gemm_bf16", "gemm_bias_gelu_bf16"])
+def test_bf16_streamk_sass(request, tmp_path, task):
+    """STREAMK = 1: the TMA kernel publishes partial tiles with a release store and waits for
+    them with acquire loads (gpu scope), syncs the 256 consumer threads on named barrier 1,
+    still runs HGMMA, and stays free of local memory; the fallback kernel (never persistent)
+    has none of it."""
+    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1")
+    for name, body in kernels.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
+        if "Lb1E" in name:
+            assert re.search(r"STG\.E\.STRONG\.GPU", body), name      # st.release.gpu
+            assert re.search(r"LDG\.E\.STRONG\.GPU", body), name      # ld.acquire.gpu
+            assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100", body), name
+        else:
+            assert not re.search(r"STRONG\.GPU", body), name

@@ -48,6 +48,11 @@
 // tiles (the CTA's work units alternate between the two), main loops take turns through an
 // order barrier, one warpgroup's epilogue runs under the other's maths. Validated on an H200;
 // slower than the cooperative tiles on every task shape here (docs/kernels.md), so no seed uses it.
+// STREAMK = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = 1, PINGPONG = 0, not the dual GEMM): when
+// the work units do not divide evenly among the persistent CTAs, the last two rounds are shared
+// out by k-iterations (stream-K; split units fixed up through fp32 partial tiles and flags in
+// the workspace; comment in the kernel). Validated on an H200 (every check passed); no faster
+// on the task shapes here (4096^3: 0.85x against 0.905x), so no seed uses it (docs/kernels.md).
 // Epilogue: straight from the accumulators to global memory. Tiles wholly inside C (bf16x2
 // stores legal, bias 4-byte aligned) take a straight-line path (bias loaded up front, no
 // predicates: EPI_FAST); edge tiles predicate every store, so any M, N, K works.
@@ -80,11 +85,13 @@
 // @tunable PERSIST = 0 in {0, 1}
 // @tunable CLUSTER_M = 1 in {1, 2}
 // @tunable PINGPONG = 0 in {0, 1}
+// @tunable STREAMK = 0 in {0, 1}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
+// @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && PINGPONG == 0 && EPILOGUE != 2)
 #ifndef TILE_M
 #define TILE_M 128
 #endif
@@ -121,6 +128,9 @@
 #ifndef PINGPONG
 #define PINGPONG 0    // TMA kernel with PERSIST: each consumer warpgroup owns whole tiles, alternately
 #endif
+#ifndef STREAMK
+#define STREAMK 0     // TMA kernel with PERSIST: the last two rounds of tiles split along K evenly
+#endif
 
 namespace evo_bf16 {
 using namespace cute;
@@ -140,6 +150,11 @@ struct Params {
   int tiles_m, tiles_n;
   int c_vec;               // bf16x2 stores legal
   int bias_vec;            // bias 4-byte aligned: its column pairs load as one 32-bit word
+  // STREAMK: work units >= sk_first are shared out as k-iteration ranges, CTA c taking
+  // sk_base + (c < sk_rem) of them; sk_first == #units: no stream-K region.
+  int sk_first, sk_base, sk_rem;
+  float* sk_partial;       // per CTA: one BM x BN fp32 partial tile (workspace)
+  int* sk_flags;           // per CTA: its partial is ready (zeroed before each launch)
 };
 
 // PINGPONG applies to the TMA kernel only (the fallback kernel is never persistent).
@@ -276,6 +291,31 @@ CUTE_DEVICE void ldg_tile(TG const& g, TC const& c, TS&& s, Ext const& ext) {
   }
 }
 
+// The (work unit, k-tile range) pieces one CTA (or one PINGPONG warpgroup) runs, in order:
+// data-parallel units w, w + step, ... below w_end, whole; then (STREAMK) the k-iterations
+// [g, g1) of the stream-K region, numbered unit by unit from unit sk_first on, cut at unit
+// boundaries. Producer and consumers walk the same sequence.
+// Only the cursor lives in registers; the loop-invariant bounds are recomputed from the
+// kernel parameters at each step (the producer runs with 56 registers).
+struct PieceIter {
+  int w, g;
+  CUTE_DEVICE bool next(int w_end, int step, int g1, int sk_first, int k_tiles, int& wo, int& kb, int& ke) {
+    if (w < w_end) {
+      wo = w; kb = 0; ke = k_tiles;
+      w += step;
+      return true;
+    }
+    if (g < g1) {
+      wo = sk_first + g / k_tiles;
+      kb = g % k_tiles;
+      ke = min(k_tiles, kb + (g1 - g));
+      g += ke - kb;
+      return true;
+    }
+    return false;
+  }
+};
+
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Config<BM, BN, NSTAGE, kPingPong<kTMA>>::kThreads, 1)
 gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTANT TmaB const tma_b0,
@@ -337,6 +377,34 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     return u;
   };
   const int k_tiles = (p.K + TILE_K - 1) / TILE_K;
+  // STREAMK (persistent TMA kernel, one CTA per cluster, cooperative tiles, one accumulator):
+  // the host leaves the last two rounds of units, (#units - sk_first) in [#CTAs, 2 #CTAs), to
+  // stream-K: their k-iterations are shared out evenly, CTA c taking one contiguous range, so no
+  // CTA idles in a last, partial round. A range covers at least one unit's worth, so a unit is
+  // split between at most two CTAs: the tail (k-tiles j..end) starts CTA c + 1's range and is
+  // published as an fp32 partial tile (workspace slot c + 1, then its flag, release); the head
+  // (0..j) ends CTA c's range, which waits for the flag (acquire), adds the partial to its own
+  // accumulators and runs the epilogue. The tail is published early in c + 1's stream-K phase
+  // and read at the end of c's, so the wait is normally already satisfied; the order of the
+  // sum is fixed, so results are deterministic for a given grid. It relies on all CTAs being
+  // resident at once, which the persistent grid (one CTA per SM) provides.
+  constexpr bool kSK = STREAMK != 0 && kPersist && kCM == 1 && !kPP && kNB == 1;
+  // CTA c's stream-K iterations start at sk_begin(c) and end at sk_begin(c + 1); the host sets
+  // sk_first below #units when there is a stream-K region and leaves it at INT32_MAX otherwise.
+  auto sk_begin = [&](int c) { return c * p.sk_base + min(c, p.sk_rem); };
+  auto make_pieces = [&](int start) {
+    PieceIter it;
+    it.w = start;
+    it.g = (kSK && p.sk_first != INT32_MAX) ? sk_begin(int(blockIdx.x)) : 0;
+    return it;
+  };
+  // next piece of `it` (step: the distance between one role's data-parallel units)
+  auto next_piece = [&](PieceIter& it, int step, int& w, int& kb, int& ke) {
+    const Sched sc = sched();
+    const int kt = (p.K + TILE_K - 1) / TILE_K;
+    const int g1 = (kSK && p.sk_first != INT32_MAX) ? sk_begin(int(blockIdx.x) + 1) : 0;
+    return it.next(kSK ? min(sc.end, p.sk_first) : sc.end, step, g1, p.sk_first, kt, w, kb, ke);
+  };
 
   if (threadIdx.x == 0) {
     CUTE_UNROLL
@@ -376,11 +444,12 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         constexpr uint16_t kMcast = uint16_t((1u << kCM) - 1);   // (SM90_TMA_LOAD ignores it: kCM = 1)
         int stage = 0, phase = 0;
         const Sched sc = sched();
+        PieceIter it = make_pieces(sc.first);
 #pragma unroll 1
-        for (int w = sc.first; w < sc.end; w += sc.step) {
+        for (int w, kb, ke; next_piece(it, sc.step, w, kb, ke);) {
           const Work u = work_of(w);
 #pragma unroll 1
-          for (int kt = 0; kt < k_tiles; ++kt) {
+          for (int kt = kb; kt < ke; ++kt) {
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
             copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
@@ -469,8 +538,11 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     int stage = 0, phase = 0;
     const int pp_wg = kPP ? wg - 1 : 0;
     const Sched sc = sched();
+    PieceIter it = make_pieces(sc.first + pp_wg * sc.step);
+    constexpr int kThr = Cfg::kNWG * 128;   // consumer threads (kSK: cooperative tiles)
+    const int ct = int(threadIdx.x) - 128;
 #pragma unroll 1
-    for (int w = sc.first + pp_wg * sc.step; w < sc.end; w += (kPP ? 2 : 1) * sc.step) {
+    for (int w, kb, ke; next_piece(it, (kPP ? 2 : 1) * sc.step, w, kb, ke);) {
       // Order barrier kPP: named barrier 1 + c is "warpgroup c may start"; the other warpgroup
       // arrives on it (bar.arrive, 128 threads) after its main loop, this one syncs (128).
       if constexpr (kPP) {
@@ -492,7 +564,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
       int prev = -1;
 #pragma unroll 1
-      for (int kt = 0; kt < k_tiles; ++kt) {
+      for (int kt = kb; kt < ke; ++kt) {
         cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
         warpgroup_arrive();
         CUTE_UNROLL
@@ -508,6 +580,21 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       }
       if constexpr (kPP) {   // the other warpgroup's next unit (if any) may start its main loop
         if (w + sc.step < sc.end) asm volatile("bar.arrive %0, 256;" :: "r"(2 - pp_wg) : "memory");
+      }
+      if constexpr (kSK) {
+        if (kb > 0) {   // a unit's tail: publish the partial for the previous CTA, no epilogue
+          warpgroup_wait<0>();
+          if (prev >= 0) release(prev);
+          warpgroup_fence_operand(acc0);
+          float4* part = reinterpret_cast<float4*>(p.sk_partial + int64_t(blockIdx.x) * (BM * BN));
+          CUTE_UNROLL
+          for (int q = 0; q < size(acc0) / 4; ++q)
+            part[q * kThr + ct] = make_float4(acc0(4 * q), acc0(4 * q + 1), acc0(4 * q + 2), acc0(4 * q + 3));
+          __threadfence();
+          asm volatile("bar.sync 1, %0;" :: "r"(kThr) : "memory");
+          if (ct == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p.sk_flags + blockIdx.x), "r"(1) : "memory");
+          continue;
+        }
       }
       // ----------------------------- epilogue ------------------------------------------
       // (its addresses and bias loads are issued before the last wgmma batch has retired)
@@ -546,6 +633,23 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
       if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+      if constexpr (kSK) {
+        if (ke < k_tiles) {   // a unit's head: add the next CTA's partial (its tail) first
+          if (ct == 0) {
+            int ready = 0;
+            do {
+              asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(ready) : "l"(p.sk_flags + blockIdx.x + 1) : "memory");
+            } while (ready == 0);
+          }
+          asm volatile("bar.sync 1, %0;" :: "r"(kThr) : "memory");
+          const float4* part = reinterpret_cast<const float4*>(p.sk_partial + int64_t(blockIdx.x + 1) * (BM * BN));
+          CUTE_UNROLL
+          for (int q = 0; q < size(acc0) / 4; ++q) {
+            const float4 v = __ldcg(part + q * kThr + ct);
+            acc0(4 * q) += v.x; acc0(4 * q + 1) += v.y; acc0(4 * q + 2) += v.z; acc0(4 * q + 3) += v.w;
+          }
+        }
+      }
       if (fast) {
         CUTE_UNROLL
         for (int i = 0; i < size(acc0); i += 2) {
@@ -601,7 +705,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
 }
 
 template <int BM, int BN, int NSTAGE, bool kTMA, class TmaA, class TmaB>
-cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
+cudaError_t launch(Params p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, cudaStream_t stream) {
   using Cfg = Config<BM, BN, NSTAGE, kPingPong<kTMA>>;
   auto kernel = gemm_bf16_kernel<BM, BN, NSTAGE, kTMA, TmaA, TmaB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
@@ -625,6 +729,18 @@ cudaError_t launch(Params const& p, TmaA const& ta, TmaB const& tb0, TmaB const&
     if (slots < 1) return cudaErrorInvalidConfiguration;   // no device, or the CTA does not fit at all
     const int64_t work = tiles_c * p.L;
     cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCM), 1, 1);
+    // STREAMK: the plan gave a workspace (p.sk_partial) only when the units do not divide
+    // evenly among the CTAs; the last two rounds go to stream-K (kernel comment).
+    const int64_t ctas = cfg.gridDim.x;
+    if (p.sk_partial != nullptr && kCM == 1 && !kPingPong<kTMA> && work > ctas && work % ctas != 0) {
+      const int64_t k_tiles = (p.K + TILE_K - 1) / TILE_K;
+      p.sk_first = int((work / ctas - 1) * ctas);
+      const int64_t total = (work - p.sk_first) * k_tiles;
+      p.sk_base = int(total / ctas);
+      p.sk_rem = int(total % ctas);
+      err = cudaMemsetAsync(p.sk_flags, 0, size_t(ctas) * sizeof(int), stream);
+      if (err != cudaSuccess) return err;
+    }
   }
   err = cudaLaunchKernelEx(&cfg, kernel, p, ta, tb0, tb1);
   if (err != cudaSuccess) return err;
@@ -690,6 +806,8 @@ struct Plan {
   bool pad = false;        // copy the operands into the workspace first
   int64_t lda_pad = 0, ldb_pad = 0;
   int64_t off_b = 0;       // byte offsets of the padded B operands in the workspace
+  int64_t off_sk = -1;     // STREAMK: byte offset of the partial tiles (then the flags); -1: none
+  int sk_ctas = 0;
   int64_t ws_bytes = 0;
 };
 
@@ -759,6 +877,21 @@ inline cudaError_t make_plan(const EvoTensor* in, int n_in, const EvoTensor* out
     plan.off_b = round_up(L * M * plan.lda_pad * 2, 256);
     plan.ws_bytes = plan.off_b + kNB * round_up(L * K * plan.ldb_pad * 2, 256);
   }
+  p.sk_first = INT32_MAX;
+  p.sk_base = p.sk_rem = 0;
+  p.sk_partial = nullptr;
+  p.sk_flags = nullptr;
+  // STREAMK: one fp32 partial tile and one flag per CTA of the persistent grid (one per SM),
+  // when the TMA kernel's units do not divide evenly among them.
+  if (STREAMK && PERSIST && CLUSTER_M == 1 && !PINGPONG && EPILOGUE != 2 && plan.tma) {
+    const int64_t units = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N) * L;
+    const int sms = evo_sm_count();
+    if (sms > 0 && units > sms && units % sms != 0) {
+      plan.sk_ctas = sms;
+      plan.off_sk = round_up(plan.ws_bytes, 256);
+      plan.ws_bytes = plan.off_sk + int64_t(sms) * TILE_M * TILE_N * 4 + round_up(int64_t(sms) * 4, 256);
+    }
+  }
   return cudaSuccess;
 }
 
@@ -802,6 +935,11 @@ EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_o
     if (kNB == 1) p.B[1] = p.B[0];
     p.ldb = plan.ldb_pad;
     p.b_l = p.L > 1 ? int64_t(p.K) * plan.ldb_pad : 0;
+  }
+  if (plan.off_sk >= 0) {
+    char* sk = static_cast<char*>(out[1].data) + plan.off_sk;
+    p.sk_partial = reinterpret_cast<float*>(sk);
+    p.sk_flags = reinterpret_cast<int*>(sk + int64_t(plan.sk_ctas) * TILE_M * TILE_N * 4);
   }
   if (plan.tma) return launch_tma<TILE_M, TILE_N, STAGES>(p, stream);
   p.tiles_m = int((p.M + TILE_M - 1) / TILE_M);
