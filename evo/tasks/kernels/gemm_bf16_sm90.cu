@@ -151,7 +151,7 @@ struct Params {
   int c_vec;               // bf16x2 stores legal
   int bias_vec;            // bias 4-byte aligned: its column pairs load as one 32-bit word
   // STREAMK: work units >= sk_first are shared out as k-iteration ranges, CTA c taking
-  // sk_base + (c < sk_rem) of them; sk_first == #units: no stream-K region.
+  // sk_base + (c < sk_rem) of them; no stream-K region: sk_first = INT32_MAX, sk_base = sk_rem = 0.
   int sk_first, sk_base, sk_rem;
   float* sk_partial;       // per CTA: one BM x BN fp32 partial tile (workspace)
   int* sk_flags;           // per CTA: its partial is ready (zeroed before each launch)
@@ -389,21 +389,22 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // sum is fixed, so results are deterministic for a given grid. It relies on all CTAs being
   // resident at once, which the persistent grid (one CTA per SM) provides.
   constexpr bool kSK = STREAMK != 0 && kPersist && kCM == 1 && !kPP && kNB == 1;
-  // CTA c's stream-K iterations start at sk_begin(c) and end at sk_begin(c + 1); the host sets
-  // sk_first below #units when there is a stream-K region and leaves it at INT32_MAX otherwise.
-  auto sk_begin = [&](int c) { return c * p.sk_base + min(c, p.sk_rem); };
+  // CTA c's stream-K iterations are [sk_begin(c), sk_begin(c + 1)). Without a stream-K region
+  // the host leaves sk_first at INT32_MAX and sk_base = sk_rem = 0: an empty range.
+  auto sk_begin = [&](int c) { return kSK ? c * p.sk_base + min(c, p.sk_rem) : 0; };
   auto make_pieces = [&](int start) {
     PieceIter it;
     it.w = start;
-    it.g = (kSK && p.sk_first != INT32_MAX) ? sk_begin(int(blockIdx.x)) : 0;
+    it.g = sk_begin(int(blockIdx.x));
     return it;
   };
-  // next piece of `it` (step: the distance between one role's data-parallel units)
+  // next piece of `it` (step: the distance between one role's data-parallel units); k_tiles is
+  // recomputed rather than kept live across the main loop
   auto next_piece = [&](PieceIter& it, int step, int& w, int& kb, int& ke) {
     const Sched sc = sched();
     const int kt = (p.K + TILE_K - 1) / TILE_K;
-    const int g1 = (kSK && p.sk_first != INT32_MAX) ? sk_begin(int(blockIdx.x) + 1) : 0;
-    return it.next(kSK ? min(sc.end, p.sk_first) : sc.end, step, g1, p.sk_first, kt, w, kb, ke);
+    return it.next(kSK ? min(sc.end, p.sk_first) : sc.end, step, sk_begin(int(blockIdx.x) + 1), p.sk_first, kt,
+                   w, kb, ke);
   };
 
   if (threadIdx.x == 0) {
@@ -650,17 +651,25 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           }
         }
       }
+      // The task's activation of the value pair (i, i + 1), bias b0, b1 (EPILOGUE 1 only).
+      auto activate = [&](int i, float& v0, float& v1, float b0, float b1) {
+        if constexpr (EPILOGUE == 1) {
+          v0 = gelu_erf(v0 + b0);
+          v1 = gelu_erf(v1 + b1);
+        } else if constexpr (EPILOGUE == 2) {
+          v0 = silu(v0) * acc1(i);
+          v1 = silu(v1) * acc1(i + 1);
+        }
+      };
       if (fast) {
         CUTE_UNROLL
         for (int i = 0; i < size(acc0); i += 2) {
           float v0 = acc0(i), v1 = acc0(i + 1);
           if constexpr (EPILOGUE == 1) {
             const uint32_t b = bias_w[(i / 4) % kNG];   // (n, n + 1): low, high half; exact
-            v0 = gelu_erf(v0 + __uint_as_float(b << 16));
-            v1 = gelu_erf(v1 + __uint_as_float(b & 0xffff0000u));
-          } else if constexpr (EPILOGUE == 2) {
-            v0 = silu(v0) * acc1(i);
-            v1 = silu(v1) * acc1(i + 1);
+            activate(i, v0, v1, __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
+          } else {
+            activate(i, v0, v1, 0.f, 0.f);
           }
           *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = __floats2bfloat162_rn(v0, v1);
         }
@@ -680,11 +689,9 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         if constexpr (EPILOGUE == 1) {
           const float b0 = n < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n)) << 16) : 0.f;   // exact
           const float b1 = n + 1 < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n + 1)) << 16) : 0.f;
-          v0 = gelu_erf(v0 + b0);
-          v1 = gelu_erf(v1 + b1);
-        } else if constexpr (EPILOGUE == 2) {
-          v0 = silu(v0) * acc1(i);
-          v1 = silu(v1) * acc1(i + 1);
+          activate(i, v0, v1, b0, b1);
+        } else {
+          activate(i, v0, v1, 0.f, 0.f);
         }
         if (p.c_vec && n + 1 < p.N) {
           __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
@@ -729,10 +736,11 @@ cudaError_t launch(Params p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, c
     if (slots < 1) return cudaErrorInvalidConfiguration;   // no device, or the CTA does not fit at all
     const int64_t work = tiles_c * p.L;
     cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCM), 1, 1);
-    // STREAMK: the plan gave a workspace (p.sk_partial) only when the units do not divide
-    // evenly among the CTAs; the last two rounds go to stream-K (kernel comment).
+    // STREAMK: make_plan gave a workspace (p.sk_partial) only when the units outnumber the
+    // CTAs (one per SM: this grid) and do not divide evenly among them; the last two rounds go
+    // to stream-K (kernel comment).
     const int64_t ctas = cfg.gridDim.x;
-    if (p.sk_partial != nullptr && kCM == 1 && !kPingPong<kTMA> && work > ctas && work % ctas != 0) {
+    if (p.sk_partial != nullptr && kCM == 1 && !kPingPong<kTMA>) {
       const int64_t k_tiles = (p.K + TILE_K - 1) / TILE_K;
       p.sk_first = int((work / ctas - 1) * ctas);
       const int64_t total = (work - p.sk_first) * k_tiles;
