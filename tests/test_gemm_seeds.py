@@ -339,3 +339,35 @@ def test_bf16_streamk_sass(request, tmp_path, task):
             assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100", body), name
         else:
             assert not re.search(r"STRONG\.GPU", body), name
+
+
+def test_bf16_dual_mma_constraints():
+    """DUAL_MMA is the dual (SwiGLU) GEMM's single 2 TILE_N-wide wgmma: only for that task,
+    and only while 2 TILE_N fits one wgmma (<= 256 columns)."""
+    tunables = pytest.importorskip("evo.tunables")
+    ok = lambda task, **kv: not tunables.violated_constraints(render(GEMM_SEEDS[task]),
+                                                              {k: str(v) for k, v in kv.items()})
+    assert ok("gemm_silu_mul_bf16", DUAL_MMA=1, TILE_N=128)
+    assert ok("gemm_silu_mul_bf16", DUAL_MMA=1, TILE_N=128, TILE_M=64)
+    assert not ok("gemm_silu_mul_bf16", DUAL_MMA=1, TILE_N=256, TILE_M=64)
+    assert not ok("gemm_bf16", DUAL_MMA=1, TILE_N=128)
+    assert not ok("gemm_bias_gelu_bf16", DUAL_MMA=1, TILE_N=128)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{}, {"CLUSTER_M": "1"}, {"TILE_M": "64", "CLUSTER_M": "1"}])
+def test_bf16_dual_mma_sass(request, tmp_path, overrides):
+    """DUAL_MMA = 1: the SwiGLU TMA kernel's main loop issues one 64 x 2 TILE_N HGMMA per
+    k-step (no 64 x TILE_N ones: the two B tiles are one operand), stays free of local memory,
+    and keeps the straight-line epilogue (one bf16x2 store per output pair, no branch between)."""
+    kernels = _bf16_sass(request, tmp_path, "gemm_silu_mul_bf16", DUAL_MMA="1", **overrides)
+    tn = int(overrides.get("TILE_N", "128"))
+    tm = int(overrides.get("TILE_M", "128"))
+    tma = next(body for name, body in kernels.items() if "Lb1E" in name)
+    for name, body in kernels.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+    widths = set(re.findall(r"HGMMA\.64x(\d+)x16\.F32\.BF16", tma))
+    assert widths == {str(2 * tn)}, widths
+    pairs = (tm // 2) * tn // 128 // 2          # output values per consumer thread / 2
+    run = _longest_branch_free_run(tma, "STG.E")
+    assert run >= pairs, f"longest branch-free run of STG.E is {run}, want {pairs}"

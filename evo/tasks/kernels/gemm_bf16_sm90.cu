@@ -86,12 +86,15 @@
 // @tunable CLUSTER_M = 1 in {1, 2}
 // @tunable PINGPONG = 0 in {0, 1}
 // @tunable STREAMK = 0 in {0, 1}
+// @tunable DUAL_MMA = 0 in {0, 1}
+// @tunable B_KFIRST = 0 in {0, 1}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
 // @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && PINGPONG == 0 && EPILOGUE != 2)
+// @constraint DUAL_MMA == 0 || (EPILOGUE == 2 && TILE_N <= 128)
 #ifndef TILE_M
 #define TILE_M 128
 #endif
@@ -131,12 +134,25 @@
 #ifndef STREAMK
 #define STREAMK 0     // TMA kernel with PERSIST: the last two rounds of tiles split along K evenly
 #endif
+#ifndef B_KFIRST
+#define B_KFIRST 0    // B's shared-memory atoms k-block first: 64 x 64 TMA boxes instead of 64 x 8
+#endif
+#ifndef DUAL_MMA
+#define DUAL_MMA 0    // dual GEMM: W1 and W3 tiles side by side, one 64 x 2BN wgmma for both
+#endif
 
 namespace evo_bf16 {
 using namespace cute;
 using bf16 = cutlass::bfloat16_t;
 
 constexpr int kNB = (EPILOGUE == 2) ? 2 : 1;   // B operands sharing the A tile
+// DUAL_MMA (dual GEMM only): each stage holds the W1 and W3 tiles side by side as one
+// 2BN-column B tile, and one m64 n(2BN) wgmma per k-step computes both accumulators, so every
+// A tile is read from shared memory once per k-step instead of twice (shared-memory reads per
+// MAC: 2 (64 + 2BN) / (64 * 2BN) against 2 (64 + BN) / (64 * BN): -17% for BN = 128, the
+// ratio of the plain GEMM's 128 x 256 tile).
+constexpr bool kDual = DUAL_MMA != 0 && kNB == 2;
+static_assert(!kDual || TILE_N <= 128, "DUAL_MMA needs TILE_N <= 128 (a wgmma is at most 256 wide)");
 static_assert(TILE_K == 64, "TILE_K must be 64 (one 128-byte swizzle atom of bf16)");
 
 struct Params {
@@ -170,15 +186,43 @@ struct Config {
   static constexpr int kThreads = 128 * (kNWG + 1);
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>{},
                                              make_shape(Int<BM>{}, Int<TILE_K>{}, Int<NSTAGE>{})));
-  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<bf16>{},
-                                             make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{})));
+  // B (N-major): one BN x TILE_K tile per operand and stage, in 64 x 8 swizzle atoms. B_KFIRST
+  // = 0: atoms ordered n-block first, so a contiguous run of shared memory is one 8-row slab of
+  // the tile and CuTe cuts the TMA load into 64 x 8 boxes (1 KB: 32 instructions per stage for
+  // a 256 x 64 tile); 1 (and kDual): k-block first, as CUTLASS lays out N-major B: each 64 x 64
+  // block is contiguous, one 8 KB box. kDual: a stage holds W1's tile, then W3's: the 2BN x TILE_K tile SmemLayoutBB (the wgmma's view)
+  // has uniform atom strides across the two, and each operand's view is SmemLayoutB with a
+  // stage stride of 2 tiles (W3's view starts one tile, BN x TILE_K elements, later).
+  using BAtom = GMMA::Layout_MN_SW128_Atom<bf16>;
+  using SmemLayoutB1Stage = decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}), Step<_2, _1>{}));
+  using LB1 = decltype(SmemLayoutB1Stage{}.layout_b());
+  using SmemLayoutBB = decltype(tile_to_shape(BAtom{}, make_shape(Int<kNB * BN>{}, Int<TILE_K>{}, Int<NSTAGE>{}),
+                                              Step<_2, _1, _3>{}));
+  using SmemLayoutB = cute::conditional_t<
+      kDual,
+      decltype(composition(SmemLayoutB1Stage{}.layout_a(), SmemLayoutB1Stage{}.offset(),
+                           make_layout(make_shape(get<0>(shape(LB1{})), get<1>(shape(LB1{})), Int<NSTAGE>{}),
+                                       make_stride(get<0>(stride(LB1{})), get<1>(stride(LB1{})),
+                                                   Int<kNB * BN * TILE_K>{})))),
+      cute::conditional_t<
+          B_KFIRST != 0,
+          decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{}), Step<_2, _1, _3>{})),
+          decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{})))>>;
   static constexpr int kABytes = int(cosize_v<SmemLayoutA>) * 2;
-  static constexpr int kBBytes = int(cosize_v<SmemLayoutB>) * 2;
+  static constexpr int kBBytes = BN * TILE_K * NSTAGE * 2;           // per B operand, all stages
+  static constexpr int kB1Offset = kDual ? BN * TILE_K : BN * TILE_K * NSTAGE;   // elements
   static constexpr int kStageBytes = (BM + kNB * BN) * TILE_K * 2;   // TMA bytes per stage
   static constexpr int kSmemBytes = kABytes + kNB * kBBytes + 2 * NSTAGE * 8 + 1024;  // +align slack
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<BN>, Int<TILE_K>>,
                                                       GMMA::Major::K, GMMA::Major::MN>());
-  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{}));
+  using MmaAtomBB = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kNB * BN>, Int<TILE_K>>,
+                                                        GMMA::Major::K, GMMA::Major::MN>());
+  // TiledMmaC: the BM x BN output tile (epilogue partition); TiledMma: the main loop's wgmma
+  // (kDual: BM x 2BN, gate columns then up columns).
+  using TiledMmaC = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{}));
+  using TiledMma = cute::conditional_t<kDual, decltype(make_tiled_mma(MmaAtomBB{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{})),
+                                       TiledMmaC>;
+  static_assert(cosize_v<SmemLayoutBB> * 2 <= kNB * kBBytes || !kDual, "B views overrun the B region");
 };
 
 #ifndef GELU_FAST
@@ -331,8 +375,8 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
 
   Tensor sA = make_tensor(make_smem_ptr(smemA), typename Cfg::SmemLayoutA{});            // (BM, BK, P)
   Tensor sB0 = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutB{});           // (BN, BK, P)
-  Tensor sB1 = make_tensor(make_smem_ptr(smemB + (kNB - 1) * cosize_v<typename Cfg::SmemLayoutB>),
-                           typename Cfg::SmemLayoutB{});
+  Tensor sB1 = make_tensor(make_smem_ptr(smemB + (kNB - 1) * Cfg::kB1Offset), typename Cfg::SmemLayoutB{});
+  Tensor sBB = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutBB{});          // kDual: (2BN, BK, P)
 
   const int wg = threadIdx.x / 128;
   // CLUSTER_M = 2 (TMA kernel): clusters of 2 CTAs along M, tiles (2 i, n) and (2 i + 1, n);
@@ -507,13 +551,21 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     // ------------------------------- consumers -----------------------------------------
     if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<224>();
     typename Cfg::TiledMma mma;
-    auto thr = mma.get_thread_slice(kPP ? threadIdx.x % 128 : threadIdx.x - 128);
+    const int mma_tid = kPP ? int(threadIdx.x) % 128 : int(threadIdx.x) - 128;
+    auto thr = mma.get_thread_slice(mma_tid);
     Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
+    // kDual: tCrB0 covers both B tiles (one wgmma); otherwise one fragment per B operand
     Tensor tCsB0 = thr.partition_B(sB0);
     Tensor tCsB1 = thr.partition_B(sB1);
+    Tensor tCsBB = thr.partition_B(sBB);
     Tensor tCrA = thr.make_fragment_A(tCsA);
-    Tensor tCrB0 = thr.make_fragment_B(tCsB0);
+    auto tCrB0 = [&]() {
+      if constexpr (kDual) return thr.make_fragment_B(tCsBB);
+      else return thr.make_fragment_B(tCsB0);
+    }();
     Tensor tCrB1 = thr.make_fragment_B(tCsB1);
+    constexpr bool kAcc1 = kNB == 2 && !kDual;   // a second accumulator fragment (W3's)
+    auto thr_c = typename Cfg::TiledMmaC{}.get_thread_slice(mma_tid);   // epilogue partition
 
     // Stage release: thread 0 of each consumer warpgroup arrives on this CTA's empty barrier
     // (EMPTY_ARRIVE_ALL, kCM = 1: every consumer thread); kCM = 2: thread 32 also on the peer's
@@ -554,15 +606,17 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       }
       // Accumulators first; C's views are made after the main loop (nothing of them stays live
       // across it: the persistent loop otherwise spills under the kernel's 168-register bound).
-      Tensor acc0 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
+      // kDual: acc0 holds both (BM x 2BN: gate columns, then up columns).
+      Tensor acc0 = thr.partition_fragment_C(
+          make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<(kDual ? 2 : 1) * BN>{})));
       Tensor acc1 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
-      // acc1: only the dual (silu_mul) epilogue.
+      // acc1: only the dual (silu_mul) epilogue without DUAL_MMA.
       clear(acc0);
-      if constexpr (kNB == 2) clear(acc1);
+      if constexpr (kAcc1) clear(acc1);
       mma.accumulate_ = GMMA::ScaleOut::One;
 
       warpgroup_fence_operand(acc0);
-      if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+      if constexpr (kAcc1) warpgroup_fence_operand(acc1);
       int prev = -1;
 #pragma unroll 1
       for (int kt = kb; kt < ke; ++kt) {
@@ -571,7 +625,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tCrA); ++kb) {
           gemm(mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
-          if constexpr (kNB == 2) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+          if constexpr (kAcc1) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
         }
         warpgroup_commit_batch();
         warpgroup_wait<1>();                     // the batch of the previous stage has retired
@@ -604,8 +658,8 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(u.m_blk, u.n_blk));
       Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
                              make_coord(u.m_blk, u.n_blk));
-      Tensor tCgC = thr.partition_C(gC);
-      Tensor tCcC = thr.partition_C(cC);
+      Tensor tCgC = thr_c.partition_C(gC);
+      Tensor tCcC = thr_c.partition_C(cC);
       // EPI_FAST: a tile wholly inside C (and, for the bias, a 4-byte aligned bias) takes a
       // straight-line path: every bias pair loaded up front as one 32-bit word per 8-column
       // group, then maths and bf16x2 stores with no predicates. The predicated path below
@@ -616,7 +670,21 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // column groups of 8) [, MMA_M row blocks], so value i's column is that of value
       // 4 * ((i / 4) % kNG) plus i % 2.
       constexpr int kNG = BN / 8;
-      static_assert(decltype(size<0>(acc0))::value == 4 * kNG, "unexpected GMMA accumulator layout");
+      static_assert(decltype(size<0>(acc0))::value == (kDual ? 8 : 4) * kNG, "unexpected GMMA accumulator layout");
+      static_assert(decltype(size(tCgC))::value * (kDual ? 2 : 1) == decltype(size(acc0))::value,
+                    "accumulator and output partitions disagree");
+      // Output value i (tCgC's order) of the gate GEMM and of the up GEMM (EPILOGUE 2). kDual:
+      // each MMA_M row block of acc0 holds 4 kNG gate values, then the 4 kNG up values of the
+      // same positions (column + BN).
+      constexpr int kVC = 4 * kNG;
+      auto acc_g = [&](int i) -> float& {
+        if constexpr (kDual) return acc0(i + (i / kVC) * kVC);
+        else return acc0(i);
+      };
+      auto acc_u = [&](int i) -> float& {
+        if constexpr (kDual) return acc0(i + (i / kVC) * kVC + kVC);
+        else return acc1(i);
+      };
       const bool fast = EPI_FAST != 0 && p.c_vec && (u.m_blk + 1) * BM <= p.M && (u.n_blk + 1) * BN <= p.N &&
                         (EPILOGUE != 1 || p.bias_vec);
       uint32_t bias_w[EPILOGUE == 1 ? kNG : 1];
@@ -633,7 +701,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // this epilogue runs.
       if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
-      if constexpr (kNB == 2) warpgroup_fence_operand(acc1);
+      if constexpr (kAcc1) warpgroup_fence_operand(acc1);
       if constexpr (kSK) {
         if (ke < k_tiles) {   // a unit's head: add the next CTA's partial (its tail) first
           if (ct == 0) {
@@ -657,14 +725,14 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           v0 = gelu_erf(v0 + b0);
           v1 = gelu_erf(v1 + b1);
         } else if constexpr (EPILOGUE == 2) {
-          v0 = silu(v0) * acc1(i);
-          v1 = silu(v1) * acc1(i + 1);
+          v0 = silu(v0) * acc_u(i);
+          v1 = silu(v1) * acc_u(i + 1);
         }
       };
       if (fast) {
         CUTE_UNROLL
-        for (int i = 0; i < size(acc0); i += 2) {
-          float v0 = acc0(i), v1 = acc0(i + 1);
+        for (int i = 0; i < size(tCgC); i += 2) {
+          float v0 = acc_g(i), v1 = acc_g(i + 1);
           if constexpr (EPILOGUE == 1) {
             const uint32_t b = bias_w[(i / 4) % kNG];   // (n, n + 1): low, high half; exact
             activate(i, v0, v1, __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
@@ -681,11 +749,11 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // stores to C, which a plain load must (the compiler cannot prove bias and C apart).
       const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc0); i += 2) {
+      for (int i = 0; i < size(tCgC); i += 2) {
         const int m = get<0>(tCcC(i));
         const int n = get<1>(tCcC(i));
         if (m >= p.M) continue;
-        float v0 = acc0(i), v1 = acc0(i + 1);
+        float v0 = acc_g(i), v1 = acc_g(i + 1);
         if constexpr (EPILOGUE == 1) {
           const float b0 = n < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n)) << 16) : 0.f;   // exact
           const float b1 = n + 1 < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n + 1)) << 16) : 0.f;
