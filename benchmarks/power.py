@@ -1,0 +1,218 @@
+"""SM clock and board power of a GEMM seed against its torch reference under sustained load.
+
+    python benchmarks/power.py gemm_silu_mul_bf16 gemm_silu_mul_bf16:DUAL_MMA=1 gemm_bf16 \
+        [--seconds 3] [--out DIR]
+
+Why: at 8192^3 an H200 runs bf16 GEMMs at its board power limit, so the SM clock -- and with it
+the tensor-core peak -- is set by the energy each kernel spends per flop, not by the boost
+clock the "% of speed-of-light" columns assume. This script says, for our seed and for the
+torch reference of the same task on the same inputs, how fast each ran, at which clock and
+power, and what fraction of the tensor-core peak *at that clock* it reached:
+
+    pipe efficiency = achieved flop/s / (#SMs x 4096 bf16 flop/clk x measured SM clock)
+
+(4096 dense bf16 flop per SM per clock: 989.4 TFLOP/s at 1830 MHz on 132 SMs, the H200's data
+sheet peak). A kernel near 100% there is limited by the clock; only less energy per flop (or a
+higher power limit) makes it faster.
+
+Per task (its first benchmark shape unless --shape-index): the seed is compiled exactly as a
+search builds it (``TASK:NAME=VALUE,NAME=VALUE`` adds tunables to its defaults), then ours and the reference
+each run back to back for ``--seconds`` after a one-second warm-up of their own, while
+``nvidia-smi --query-gpu=clocks.sm,power.draw,... -lms 20`` samples in the background; a loop's
+statistics use only the samples that fall inside it. Inputs are the task's own generator; no L2
+flush (sustained throughput of multi-millisecond kernels is the point). Times are loop wall time
+/ calls (CUDA events), not the evaluator's per-call medians: use ``evo bench`` for speedups.
+A table is printed last and written to ``DIR/power.md``; raw samples to ``DIR/power.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("benchmarks.power")
+
+#: Dense bf16 tensor-core flop per SM per clock on Hopper (H100/H200 data sheet: 989.4 TFLOP/s
+#: at 1830 MHz on 132 SMs).
+FLOP_PER_SM_CLK = 4096
+QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
+
+
+class Sampler:
+    """``nvidia-smi -lms`` in the background; ``samples(t0, t1)`` returns (clock MHz, W, reasons)
+    of the rows stamped inside [t0, t1] (host wall clock, seconds since the epoch)."""
+
+    def __init__(self, period_ms: int, device: int) -> None:
+        self._file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+        self._proc = subprocess.Popen(
+            ["nvidia-smi", f"--id={device}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+             f"-lms={period_ms}"], stdout=self._file, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> list[tuple[float, float, float, str]]:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._file.close()
+        rows = []
+        for line in Path(self._file.name).read_text().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) < 4:
+                continue
+            try:
+                # nvidia-smi stamps "YYYY/MM/DD HH:MM:SS.mmm" in local time
+                t = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
+                t += float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0.0
+                rows.append((t, float(parts[1]), float(parts[2]), parts[3]))
+            except ValueError:
+                log.debug("unparsed nvidia-smi row: %r", line)
+        os.unlink(self._file.name)
+        return rows
+
+
+def _loop(fn, seconds: float, stream) -> tuple[int, float, float, float]:
+    """Run ``fn`` back to back for about ``seconds``; (calls, ms per call, t0, t1 host wall)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    t0 = time.time()
+    start.record(stream)
+    calls = 0
+    while True:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize()
+        if time.time() - t0 >= seconds:
+            break
+    end.record(stream)
+    end.synchronize()
+    return calls, start.elapsed_time(end) / calls, t0, time.time()
+
+
+def _summary(rows, t0: float, t1: float) -> dict:
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    if not inside:
+        return {"samples": 0}
+    reasons = sorted({r[3] for r in inside})
+    return {"samples": len(inside), "clock_mhz": statistics.median(r[1] for r in inside),
+            "power_w": statistics.median(r[2] for r in inside), "event_reasons": reasons}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("variants", nargs="+", help="TASK or TASK:NAME=VALUE[,NAME=VALUE...] (seed tunables)")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--shape-index", type=int, default=0)
+    ap.add_argument("--period-ms", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/power")))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    import torch
+
+    from evaluators import abi
+    from evaluators.base import CompileSettings
+    from evaluators.compile import compile_candidate
+    from evo.records import Candidate, Operator
+    from evo.tasks.registry import get_task
+    from evo.tasks.seeds import seed_source
+
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/power.py needs a CUDA GPU (none visible to torch)")
+    variants: list[tuple[str, dict[str, str]]] = []
+    for item in args.variants:
+        name, _, rest = item.partition(":")
+        try:
+            variants.append((name, dict(kv.split("=", 1) for kv in rest.split(",")) if rest else {}))
+        except ValueError:
+            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]") from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    stream = torch.cuda.current_stream()
+    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
+    results = []
+    cands = [Candidate.create(n, seed_source(n), p, operator=Operator.SEED) for n, p in variants]
+    with cf.ThreadPoolExecutor(max_workers=len(cands)) as pool:   # before the sampler: builds are slow
+        outcomes = list(pool.map(lambda c: compile_candidate(c, cs), cands))
+    so_dir = tempfile.TemporaryDirectory(prefix="evo-power-")
+    sampler = Sampler(args.period_ms, torch.cuda.current_device())
+    try:
+        for (name, tunables), outcome in zip(variants, outcomes):
+            task = get_task(name)
+            if not outcome.ok:
+                raise SystemExit(f"{name}: seed failed to compile: {outcome.result.reason}")
+            so = Path(so_dir.name) / f"{len(results)}_{name}.so"
+            so.write_bytes(outcome.so_bytes)
+            kernel = abi.load_kernel(so)
+            shape = dict(task.shapes[args.shape_index])
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(1234)
+            with torch.no_grad():
+                ins = tuple(task.make_inputs(shape, gen, task.distributions[0], dev))
+                ref = task.reference(*ins)
+            refs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
+            outs = [torch.empty_like(r, dtype=getattr(torch, task.dtype)) for r in refs]
+            ws = kernel.make_workspace(ins, outs, task.scalars)
+            handle = int(stream.cuda_stream)
+
+            def ours() -> None:
+                rc = kernel.launch(ins, outs, task.scalars, handle, ws)
+                if rc != 0:
+                    raise SystemExit(f"{name}: evo_launch returned {kernel.error_name(rc)}")
+
+            def torch_ref() -> None:
+                task.reference(*ins)
+
+            flops = float(task.flops(shape))
+            row = {"task": name, "shape": shape, "params": tunables}
+            with torch.no_grad():
+                for side, fn in (("ours", ours), ("torch", torch_ref)):
+                    _loop(fn, 1.0, stream)                      # warm-up: clocks settle
+                    calls, ms, t0, t1 = _loop(fn, args.seconds, stream)
+                    row[side] = {"calls": calls, "ms": ms, "tflops": flops / ms / 1e9, "t0": t0, "t1": t1}
+                    log.info("%s %s: %d calls, %.4f ms", name, side, calls, ms)
+            results.append(row)
+            del ins, refs, outs, ws
+            torch.cuda.empty_cache()
+    finally:
+        rows = sampler.stop()
+        so_dir.cleanup()
+
+    lines = ["| task | side | ms/call | TFLOP/s | SM clock MHz | power W | peak at clock TFLOP/s | "
+             "pipe efficiency | clock event reasons |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        label = r["task"] + "".join(f" {k}={v}" for k, v in r["params"].items())
+        for side in ("ours", "torch"):
+            s = r[side]
+            s.update(_summary(rows, s["t0"], s["t1"]))
+            if s["samples"]:
+                peak = sms * FLOP_PER_SM_CLK * s["clock_mhz"] * 1e6 / 1e12
+                s["peak_tflops_at_clock"] = peak
+                lines.append(f"| {label} | {side} | {s['ms']:.4f} | {s['tflops']:.1f} | {s['clock_mhz']:.0f} | "
+                             f"{s['power_w']:.0f} | {peak:.0f} | {100 * s['tflops'] / peak:.1f}% | "
+                             f"{' '.join(s['event_reasons'])} |")
+            else:
+                lines.append(f"| {label} | {side} | {s['ms']:.4f} | {s['tflops']:.1f} | - | - | - | - | no samples |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "power.md").write_text(table)
+    (args.out / "power.json").write_text(json.dumps({"results": results, "samples": rows}, indent=1))
+    sys.stdout.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
