@@ -121,6 +121,13 @@ _BF16_PERSIST = (("PERSIST", "1"),)
 #: in every pair measured that day (bf16_epilogue.json: 1.146x against 1.123x;
 #: bf16_cluster_ab.json: 1.137x against 1.130x), by less than the run-to-run spread each time.
 _SWIGLU_CLUSTER = (("CLUSTER_M", "2"),)
+#: SwiGLU: DUAL_MMA, W1's and W3's tiles side by side in each stage and one 64 x 256 wgmma per
+#: k-step for both accumulators (A read from shared memory once per k-step, not twice). On an
+#: H200 (benchmarks/probes/bf16_kfirst.json and bf16_dual.json, 2026-12-01): 1.159x / 1.157x /
+#: 1.160x / 1.159x torch against 1.147x / 1.151x / 1.150x for the seed without it, in the same
+#: runs; at its power limit the board spends the saving on clock (benchmarks/power.py: tensor
+#: pipe 84.4% of the peak at the measured 1455 MHz, against 83.6%).
+_SWIGLU_DUAL = (("DUAL_MMA", "1"),)
 
 BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages, persistent",
@@ -132,10 +139,10 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent", epilogue="bias_gelu",
                                  tunables=_BF16_PERSIST),
     "gemm_silu_mul_bf16": _bf16(
-        "C = silu(A @ W1) * (A @ W3): dual GEMM, two accumulators share each A tile, persistent, "
-        "2-CTA clusters multicasting W1 / W3",
+        "C = silu(A @ W1) * (A @ W3): dual GEMM, one 64x256 wgmma per k-step computes both "
+        "accumulators from each A tile, persistent, 2-CTA clusters multicasting W1 / W3",
         epilogue="silu_mul",
-        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST, *_SWIGLU_CLUSTER),
+        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST, *_SWIGLU_CLUSTER, *_SWIGLU_DUAL),
     ),
 }
 
