@@ -65,20 +65,44 @@ class Sampler:
         self._proc.terminate()
         self._proc.wait(timeout=10)
         self._file.close()
-        rows = []
-        for line in Path(self._file.name).read_text().splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) < 4:
-                continue
-            try:
-                # nvidia-smi stamps "YYYY/MM/DD HH:MM:SS.mmm" in local time
-                t = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
-                t += float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0.0
-                rows.append((t, float(parts[1]), float(parts[2]), parts[3]))
-            except ValueError:
-                log.debug("unparsed nvidia-smi row: %r", line)
+        rows = parse_rows(Path(self._file.name).read_text())
         os.unlink(self._file.name)
         return rows
+
+
+def parse_rows(text: str) -> list[tuple[float, float, float, str]]:
+    """(epoch seconds, SM clock MHz, power W, event reasons) of each well-formed row of
+    ``nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`` output; other lines (a
+    "[N/A]" value, a partial last line) are skipped."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        try:
+            # nvidia-smi stamps "YYYY/MM/DD HH:MM:SS.mmm" in local time
+            stamp, _, frac = parts[0].partition(".")
+            t = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + (float("0." + frac) if frac else 0.0)
+            rows.append((t, float(parts[1]), float(parts[2]), parts[3]))
+        except ValueError:
+            log.debug("unparsed nvidia-smi row: %r", line)
+    return rows
+
+
+def parse_variants(items: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``TASK`` or ``TASK:NAME=VALUE[,NAME=VALUE...]`` -> (task, tunables); SystemExit naming
+    the malformed item otherwise."""
+    variants = []
+    for item in items:
+        name, _, rest = item.partition(":")
+        try:
+            tunables = dict(kv.split("=", 1) for kv in rest.split(",")) if rest else {}
+        except ValueError:
+            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]") from None
+        if not name or any(not k for k in tunables):
+            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]")
+        variants.append((name, tunables))
+    return variants
 
 
 def _loop(fn, seconds: float, stream) -> tuple[int, float, float, float]:
@@ -102,7 +126,9 @@ def _loop(fn, seconds: float, stream) -> tuple[int, float, float, float]:
     return calls, start.elapsed_time(end) / calls, t0, time.time()
 
 
-def _summary(rows, t0: float, t1: float) -> dict:
+def summary(rows, t0: float, t1: float) -> dict:
+    """Sample count, median clock and power, and the event reasons seen, of the rows of
+    :func:`parse_rows` stamped inside [t0, t1]."""
     inside = [r for r in rows if t0 <= r[0] <= t1]
     if not inside:
         return {"samples": 0}
@@ -121,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
+    variants = parse_variants(args.variants)
     import torch
 
     from evaluators import abi
@@ -132,13 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/power.py needs a CUDA GPU (none visible to torch)")
-    variants: list[tuple[str, dict[str, str]]] = []
-    for item in args.variants:
-        name, _, rest = item.partition(":")
-        try:
-            variants.append((name, dict(kv.split("=", 1) for kv in rest.split(",")) if rest else {}))
-        except ValueError:
-            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]") from None
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -198,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         label = r["task"] + "".join(f" {k}={v}" for k, v in r["params"].items())
         for side in ("ours", "torch"):
             s = r[side]
-            s.update(_summary(rows, s["t0"], s["t1"]))
+            s.update(summary(rows, s["t0"], s["t1"]))
             if s["samples"]:
                 peak = sms * FLOP_PER_SM_CLK * s["clock_mhz"] * 1e6 / 1e12
                 s["peak_tflops_at_clock"] = peak
