@@ -371,3 +371,17 @@ def test_bf16_dual_mma_sass(request, tmp_path, overrides):
     pairs = (tm // 2) * tn // 128 // 2          # output values per consumer thread / 2
     run = _longest_branch_free_run(tma, "STG.E")
     assert run >= pairs, f"longest branch-free run of STG.E is {run}, want {pairs}"
+
+
+@pytest.mark.slow
+def test_bf16_b_kfirst_loads_b_in_64x64_boxes(request, tmp_path):
+    """B_KFIRST = 1 orders B's swizzle atoms k-block first, so CuTe loads each 64 x 64 block of
+    the 256 x 64 B stage with one TMA box (4 per stage, plus A's one) instead of 32 boxes of
+    64 x 8 (B_KFIRST = 0, the default): the count docs/kernels.md quotes."""
+    counts = {}
+    for kf in ("0", "1"):
+        kernels = _bf16_sass(request, tmp_path, "gemm_bf16", B_KFIRST=kf)
+        tma = next(body for name, body in kernels.items() if "Lb1E" in name)
+        counts[kf] = len(re.findall(r"\bUTMALDG\.3D\b", tma))
+    # 33 and 5 with nvcc 13.0; a different unrolling would scale both, not the ratio
+    assert counts["1"] <= 8 and counts["0"] >= 4 * counts["1"], counts
