@@ -53,6 +53,11 @@
 // out by k-iterations (stream-K; split units fixed up through fp32 partial tiles and flags in
 // the workspace; comment in the kernel). Validated on an H200 (every check passed); no faster
 // on the task shapes here (4096^3: 0.85x against 0.905x), so no seed uses it (docs/kernels.md).
+// DUAL_MMA = 1 (dual GEMM, TILE_N <= 128): W1's and W3's tiles side by side in each stage, one
+// 64 x 2 TILE_N wgmma per k-step for both accumulators (A read from shared memory once, not
+// twice); H200: SwiGLU 1.147-1.151x -> 1.157-1.160x torch; the SwiGLU seed uses it.
+// B_KFIRST = 1: B's swizzle atoms k-block first (64 x 64 TMA boxes instead of 64 x 8); every
+// check passed, no measurable change, so no seed uses it (docs/kernels.md).
 // Epilogue: straight from the accumulators to global memory. Tiles wholly inside C (bf16x2
 // stores legal, bias 4-byte aligned) take a straight-line path (bias loaded up front, no
 // predicates: EPI_FAST); edge tiles predicate every store, so any M, N, K works.
@@ -190,9 +195,10 @@ struct Config {
   // = 0: atoms ordered n-block first, so a contiguous run of shared memory is one 8-row slab of
   // the tile and CuTe cuts the TMA load into 64 x 8 boxes (1 KB: 32 instructions per stage for
   // a 256 x 64 tile); 1 (and kDual): k-block first, as CUTLASS lays out N-major B: each 64 x 64
-  // block is contiguous, one 8 KB box. kDual: a stage holds W1's tile, then W3's: the 2BN x TILE_K tile SmemLayoutBB (the wgmma's view)
-  // has uniform atom strides across the two, and each operand's view is SmemLayoutB with a
-  // stage stride of 2 tiles (W3's view starts one tile, BN x TILE_K elements, later).
+  // block is contiguous, one 8 KB box. kDual: a stage holds W1's tile, then W3's: the
+  // 2BN x TILE_K tile SmemLayoutBB (the wgmma's view) has uniform atom strides across the two,
+  // and each operand's view is SmemLayoutB with a stage stride of 2 tiles (W3's view starts one
+  // tile, BN x TILE_K elements, later).
   using BAtom = GMMA::Layout_MN_SW128_Atom<bf16>;
   using SmemLayoutB1Stage = decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}), Step<_2, _1>{}));
   using LB1 = decltype(SmemLayoutB1Stage{}.layout_b());
