@@ -28,7 +28,6 @@ A table is printed last and written to ``DIR/power.md``; raw samples to ``DIR/po
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import logging
 import os
@@ -89,22 +88,6 @@ def parse_rows(text: str) -> list[tuple[float, float, float, str]]:
     return rows
 
 
-def parse_variants(items: list[str]) -> list[tuple[str, dict[str, str]]]:
-    """``TASK`` or ``TASK:NAME=VALUE[,NAME=VALUE...]`` -> (task, tunables); SystemExit naming
-    the malformed item otherwise."""
-    variants = []
-    for item in items:
-        name, _, rest = item.partition(":")
-        try:
-            tunables = dict(kv.split("=", 1) for kv in rest.split(",")) if rest else {}
-        except ValueError:
-            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]") from None
-        if not name or any(not k for k in tunables):
-            raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]")
-        variants.append((name, tunables))
-    return variants
-
-
 def _loop(fn, seconds: float, stream) -> tuple[int, float, float, float]:
     """Run ``fn`` back to back for about ``seconds``; (calls, ms per call, t0, t1 host wall)."""
     import torch
@@ -147,15 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    variants = parse_variants(args.variants)
+    from benchmarks.probe import _candidate, _compile_all, parse_variant
+
+    variants = [parse_variant(item) for item in args.variants]
     import torch
 
     from evaluators import abi
-    from evaluators.base import CompileSettings
-    from evaluators.compile import compile_candidate
-    from evo.records import Candidate, Operator
     from evo.tasks.registry import get_task
-    from evo.tasks.seeds import seed_source
 
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/power.py needs a CUDA GPU (none visible to torch)")
@@ -163,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     stream = torch.cuda.current_stream()
-    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
     results = []
-    cands = [Candidate.create(n, seed_source(n), p, operator=Operator.SEED) for n, p in variants]
-    with cf.ThreadPoolExecutor(max_workers=len(cands)) as pool:   # before the sampler: builds are slow
-        outcomes = list(pool.map(lambda c: compile_candidate(c, cs), cands))
+    # all builds before the sampler starts: they are the slow part
+    outcomes = _compile_all([_candidate(n, "seed", p) for n, p in variants], len(variants))
     so_dir = tempfile.TemporaryDirectory(prefix="evo-power-")
     sampler = Sampler(args.period_ms, torch.cuda.current_device())
     try:
@@ -206,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[side] = {"calls": calls, "ms": ms, "tflops": flops / ms / 1e9, "t0": t0, "t1": t1}
                     log.info("%s %s: %d calls, %.4f ms", name, side, calls, ms)
             results.append(row)
-            del ins, refs, outs, ws
+            ins = refs = outs = ws = None   # free this task's tensors before the next one
             torch.cuda.empty_cache()
     finally:
         rows = sampler.stop()

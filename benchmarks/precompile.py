@@ -28,15 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     args = ap.parse_args(argv)
 
-    from benchmarks.probe import _candidate, _compile_all, _load
+    from benchmarks.probe import _candidate, _compile_all, _load, parse_variant
 
     cands = []
     for item in args.items:
         if item.endswith(".json"):
             cands += [_candidate(e["task"], e["source"], e["params"]) for e in _load(Path(item))]
         else:
-            task, _, kv = item.partition(":")
-            cands.append(_candidate(task, args.source, dict(x.split("=", 1) for x in kv.split(",") if x)))
+            task, params = parse_variant(item)
+            cands.append(_candidate(task, args.source, params))
     failed = 0
     for c, out in zip(cands, _compile_all(cands, args.jobs)):
         print(f"{'ok  ' if out.ok else 'FAIL'} {c.task} {dict(c.params)}")

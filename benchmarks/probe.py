@@ -76,6 +76,17 @@ def _candidate(task: str, source: str, params: dict):
                             operator=Operator.SEED)
 
 
+def parse_variant(item: str) -> tuple[str, dict[str, str]]:
+    """``TASK`` or ``TASK:NAME=VALUE[,NAME=VALUE...]`` (the command-line form of one variant in
+    the benchmark scripts) -> (task, tunables); empty pieces (a trailing comma) are ignored.
+    SystemExit naming the item when the task or a name is empty or a piece lacks ``=``."""
+    task, _, rest = item.partition(":")
+    pieces = [x for x in rest.split(",") if x]
+    if not task or any("=" not in x or x.startswith("=") for x in pieces):
+        raise SystemExit(f"{item!r}: expected TASK or TASK:NAME=VALUE[,NAME=VALUE...]")
+    return task, dict(x.split("=", 1) for x in pieces)
+
+
 def _compile_all(cands: list, jobs: int) -> list:
     """Compile outcomes of ``cands`` (same order), built in parallel into ``.evo/cache``."""
     from evaluators.base import CompileSettings

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import power  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import power, probe  # noqa: E402
 
 
 def _stamp(t: float) -> str:
@@ -38,8 +38,11 @@ def test_rows_parse_and_summaries_use_only_their_window():
 
 
 def test_variants_take_tunables_and_reject_malformed_items():
-    assert power.parse_variants(["gemm_bf16", "gemm_silu_mul_bf16:DUAL_MMA=1,CLUSTER_M=1"]) == [
-        ("gemm_bf16", {}), ("gemm_silu_mul_bf16", {"DUAL_MMA": "1", "CLUSTER_M": "1"})]
+    """The variant syntax power.py and precompile.py share (benchmarks/probe.py)."""
+    assert probe.parse_variant("gemm_bf16") == ("gemm_bf16", {})
+    assert probe.parse_variant("gemm_silu_mul_bf16:DUAL_MMA=1,CLUSTER_M=1,") == (
+        "gemm_silu_mul_bf16", {"DUAL_MMA": "1", "CLUSTER_M": "1"})
+    assert probe.parse_variant("kb19_relu:X=a=b") == ("kb19_relu", {"X": "a=b"})
     for bad in ["gemm_bf16:DUAL_MMA", ":X=1", "gemm_bf16:=1"]:
         with pytest.raises(SystemExit, match="expected TASK or TASK:NAME=VALUE"):
-            power.parse_variants([bad])
+            probe.parse_variant(bad)

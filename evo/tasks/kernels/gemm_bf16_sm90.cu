@@ -559,17 +559,13 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     typename Cfg::TiledMma mma;
     const int mma_tid = kPP ? int(threadIdx.x) % 128 : int(threadIdx.x) - 128;
     auto thr = mma.get_thread_slice(mma_tid);
-    Tensor tCsA = thr.partition_A(sA);     // (MMA, MMA_M, MMA_K, P)
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));   // (MMA, MMA_M, MMA_K, P)
     // kDual: tCrB0 covers both B tiles (one wgmma); otherwise one fragment per B operand
-    Tensor tCsB0 = thr.partition_B(sB0);
-    Tensor tCsB1 = thr.partition_B(sB1);
-    Tensor tCsBB = thr.partition_B(sBB);
-    Tensor tCrA = thr.make_fragment_A(tCsA);
     auto tCrB0 = [&]() {
-      if constexpr (kDual) return thr.make_fragment_B(tCsBB);
-      else return thr.make_fragment_B(tCsB0);
+      if constexpr (kDual) return thr.make_fragment_B(thr.partition_B(sBB));
+      else return thr.make_fragment_B(thr.partition_B(sB0));
     }();
-    Tensor tCrB1 = thr.make_fragment_B(tCsB1);
+    Tensor tCrB1 = thr.make_fragment_B(thr.partition_B(sB1));
     constexpr bool kAcc1 = kNB == 2 && !kDual;   // a second accumulator fragment (W3's)
     auto thr_c = typename Cfg::TiledMmaC{}.get_thread_slice(mma_tid);   // epilogue partition
 
