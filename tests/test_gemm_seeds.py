@@ -238,7 +238,7 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6"}),
+@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6", "CLUSTER_M": "1"}),
                                             ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5", "CLUSTER_M": "1"})])
 def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     """PINGPONG = 1: the TMA kernel's consumer warpgroups take turns through an order barrier
@@ -258,21 +258,43 @@ def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["gemm_bf16", "gemm_silu_mul_bf16"])
-def test_bf16_cluster_multicast_sass(request, tmp_path, task):
-    """CLUSTER_M = 2 (2-CTA clusters along M sharing B): the TMA kernel loads B by multicast
-    TMA, releases stages to the peer CTA by remote mbarrier arrives, meets the peer at cluster
-    barriers (start and exit), and stays free of local memory; the fallback kernel is unchanged
-    (no cluster)."""
-    kernels = _bf16_sass(request, tmp_path, task, CLUSTER_M="2")
+@pytest.mark.parametrize(("task", "cm", "cn"), [
+    ("gemm_bf16", "2", "1"),
+    ("gemm_silu_mul_bf16", "2", "1"),
+    ("gemm_bf16", "1", "2"),
+    ("gemm_bias_gelu_bf16", "2", "2"),
+    ("gemm_silu_mul_bf16", "2", "2"),
+])
+def test_bf16_cluster_multicast_sass(request, tmp_path, task, cm, cn):
+    """CLUSTER_M = 2 (clusters along M sharing B) / CLUSTER_N = 2 (along N sharing A): the TMA
+    kernel loads the shared operand by multicast TMA (both operands with 2 x 2 clusters: no
+    plain tensor load left), releases stages to its peers by remote mbarrier arrives, meets
+    them at cluster barriers (start and exit), and stays free of local memory; the fallback
+    kernel is unchanged (no cluster)."""
+    kernels = _bf16_sass(request, tmp_path, task, CLUSTER_M=cm, CLUSTER_N=cn)
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         if "Lb1E" in name:
-            assert "UTMALDG.3D.MULTICAST" in body, name
-            assert re.search(r"SYNCS\.ARRIVE\.TRANS64\.RED", body), name   # mbarrier arrive on the peer
+            loads = re.findall(r"UTMALDG\.3D(\.MULTICAST)?", body)
+            assert any(loads), f"{name}: no multicast TMA load"
+            # one operand multicast, the other loaded plainly; both multicast with 2 x 2 clusters
+            assert all(loads) == (cm == cn == "2"), (name, loads)
+            assert re.search(r"SYNCS\.ARRIVE\.TRANS64\.RED", body), name   # mbarrier arrive on a peer
             assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body, name
         else:
             assert "MULTICAST" not in body and "UCGABAR" not in body, name
+
+
+def test_bf16_cluster_constraints():
+    """PINGPONG and STREAMK need single-CTA clusters along N as along M; 2 x 2 clusters are
+    legal with the cooperative persistent kernel."""
+    from evo.tunables import parse_tunables, violated_constraints
+
+    src = render(GEMM_SEEDS["gemm_bias_gelu_bf16"])
+    base = {t.name: t.default for t in parse_tunables(src)}
+    assert violated_constraints(src, base | {"CLUSTER_M": "2", "CLUSTER_N": "2", "PERSIST": "1"}) == []
+    assert violated_constraints(src, base | {"CLUSTER_N": "2", "PINGPONG": "1", "PERSIST": "1", "TILE_N": "128"})
+    assert violated_constraints(src, base | {"CLUSTER_N": "2", "STREAMK": "1", "PERSIST": "1"})
 
 
 def _longest_branch_free_run(body: str, opcode: str) -> int:
@@ -329,7 +351,7 @@ def test_bf16_streamk_sass(request, tmp_path, task):
     them with acquire loads (gpu scope), syncs the 256 consumer threads on named barrier 1,
     still runs HGMMA, and stays free of local memory; the fallback kernel (never persistent)
     has none of it."""
-    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1")
+    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1", CLUSTER_M="1")
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name

@@ -89,6 +89,7 @@
 // @tunable PAD_LD = 64 in {8, 64}
 // @tunable PERSIST = 0 in {0, 1}
 // @tunable CLUSTER_M = 1 in {1, 2}
+// @tunable CLUSTER_N = 1 in {1, 2}
 // @tunable PINGPONG = 0 in {0, 1}
 // @tunable STREAMK = 0 in {0, 1}
 // @tunable DUAL_MMA = 0 in {0, 1}
@@ -97,8 +98,8 @@
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
-// @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
-// @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && PINGPONG == 0 && EPILOGUE != 2)
+// @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && CLUSTER_N == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
+// @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && CLUSTER_N == 1 && PINGPONG == 0 && EPILOGUE != 2)
 // @constraint DUAL_MMA == 0 || (EPILOGUE == 2 && TILE_N <= 128)
 #ifndef TILE_M
 #define TILE_M 128
@@ -132,6 +133,9 @@
 #endif
 #ifndef CLUSTER_M
 #define CLUSTER_M 1   // TMA kernel: CTAs per cluster along M sharing (multicasting) the B tile
+#endif
+#ifndef CLUSTER_N
+#define CLUSTER_N 1   // TMA kernel: CTAs per cluster along N sharing (multicasting) the A tile
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0    // TMA kernel with PERSIST: each consumer warpgroup owns whole tiles, alternately
@@ -389,8 +393,18 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // each CTA loads its own A tile and one half of the shared B tile(s), multicast into both
   // CTAs' stages, so B crosses L2 -> SM once per pair. A stage is refilled only when the
   // consumers of both CTAs have released it (each CTA's empty barrier counts both).
+  // CLUSTER_N = 2 likewise along N for the A tile; both: 2 x 2 clusters, each CTA loading one
+  // half of its A tile (multicast along N) and one half of its B tile(s) (multicast along M),
+  // so A and B each cross L2 -> SM once per pair. Cluster rank r = blockIdx.x % kCS: rm = r %
+  // kCM (position along M), rn = r / kCM (along N).
   constexpr int kCM = kTMA ? CLUSTER_M : 1;
+  constexpr int kCN = kTMA ? CLUSTER_N : 1;
+  constexpr int kCS = kCM * kCN;
   static_assert(kCM == 1 || kCM == 2, "CLUSTER_M in {1, 2}");
+  static_assert(kCN == 1 || kCN == 2, "CLUSTER_N in {1, 2}");
+  // (functions, not values: nothing computed here may stay live across the setmaxnreg below)
+  auto cl_rm = [] { return kCM > 1 ? int(blockIdx.x) % kCS % kCM : 0; };
+  auto cl_rn = [] { return kCN > 1 ? int(blockIdx.x) % kCS / kCM : 0; };
   // Work units w = l * tiles_mc * tiles_n + tile over the cluster tiles (tiles_mc = tile rows /
   // kCM rounded up; a cluster tile is kCM CTA tiles stacked along M), in grouped raster order
   // (GROUP_M cluster-tile rows per group). One per cluster (grid (tiles x kCM, L)), or with
@@ -398,32 +412,33 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // once): the ring positions carry over, so the producer loads the next tile's first stages
   // while the consumers store this one.
   constexpr bool kPersist = PERSIST != 0 && kTMA;
-  static_assert(!kPP || (kPersist && kCM == 1), "PINGPONG needs PERSIST = 1 and CLUSTER_M = 1");
+  static_assert(!kPP || (kPersist && kCS == 1), "PINGPONG needs PERSIST = 1 and CLUSTER_M = CLUSTER_N = 1");
   // (evaluated by each role after its setmaxnreg: values computed before it and live across
   // it were spilled around the register reallocation)
   struct Sched { int first, end, step; };
   auto sched = [&]() {
-    const int tiles_mn = ((p.tiles_m + kCM - 1) / kCM) * p.tiles_n;
-    const int cid = int(blockIdx.x) / kCM;
+    const int tiles_mn = ((p.tiles_m + kCM - 1) / kCM) * ((p.tiles_n + kCN - 1) / kCN);
+    const int cid = int(blockIdx.x) / kCS;
     Sched q;
     q.first = kPersist ? cid : int(blockIdx.y) * tiles_mn + cid;
     q.end = kPersist ? tiles_mn * p.L : q.first + 1;
-    q.step = kPersist ? int(gridDim.x) / kCM : 1;
+    q.step = kPersist ? int(gridDim.x) / kCS : 1;
     return q;
   };
   struct Work { int m_blk, n_blk, l; };
   auto work_of = [&](int w) {
     const int tiles_mc = (p.tiles_m + kCM - 1) / kCM;
-    const int tiles_mn = tiles_mc * p.tiles_n;
+    const int tiles_nc = (p.tiles_n + kCN - 1) / kCN;
+    const int tiles_mn = tiles_mc * tiles_nc;
     Work u;
     u.l = w / tiles_mn;
     const int tile = w % tiles_mn;
-    const int group_size = GROUP_M * p.tiles_n;
+    const int group_size = GROUP_M * tiles_nc;
     const int first_m = (tile / group_size) * GROUP_M;
     const int gm = min(tiles_mc - first_m, GROUP_M);
-    // (CTA rank in the cluster == blockIdx.x % kCM: the cluster spans consecutive x)
-    u.m_blk = (first_m + (tile % group_size) % gm) * kCM + (kCM > 1 ? int(blockIdx.x) % kCM : 0);
-    u.n_blk = (tile % group_size) / gm;
+    // (CTA rank in the cluster == blockIdx.x % kCS: the cluster spans consecutive x)
+    u.m_blk = (first_m + (tile % group_size) % gm) * kCM + cl_rm();
+    u.n_blk = ((tile % group_size) / gm) * kCN + cl_rn();
     return u;
   };
   const int k_tiles = (p.K + TILE_K - 1) / TILE_K;
@@ -438,7 +453,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // and read at the end of c's, so the wait is normally already satisfied; the order of the
   // sum is fixed, so results are deterministic for a given grid. It relies on all CTAs being
   // resident at once, which the persistent grid (one CTA per SM) provides.
-  constexpr bool kSK = STREAMK != 0 && kPersist && kCM == 1 && !kPP && kNB == 1;
+  constexpr bool kSK = STREAMK != 0 && kPersist && kCS == 1 && !kPP && kNB == 1;
   // CTA c's stream-K iterations are [sk_begin(c), sk_begin(c + 1)). Without a stream-K region
   // the host leaves sk_first at INT32_MAX and sk_base = sk_rem = 0: an empty range.
   auto sk_begin = [&](int c) { return kSK ? c * p.sk_base + min(c, p.sk_rem) : 0; };
@@ -466,12 +481,14 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // wgmma wait, which covers the warpgroup's reads (a wgmma is one warpgroup-wide
       // operation). EMPTY_ARRIVE_ALL = 1 (diagnostic, kCM = 1): every thread arrives, 128 per
       // warpgroup, as before 2026-12-01.
-      cutlass::arch::ClusterBarrier::init(&empty[s], kCM == 1 ? Cfg::kMmaWG * (EMPTY_ARRIVE_ALL ? 128 : 1)
-                                                              : Cfg::kNWG * kCM);
+      // kCS > 1: the consumers of every CTA that receives this CTA's multicasts (itself, the
+      // other CTAs of its cluster column and of its cluster row: kCM + kCN - 1 CTAs).
+      cutlass::arch::ClusterBarrier::init(&empty[s], kCS == 1 ? Cfg::kMmaWG * (EMPTY_ARRIVE_ALL ? 128 : 1)
+                                                              : Cfg::kNWG * (kCM + kCN - 1));
     }
     cutlass::arch::fence_barrier_init();
   }
-  if constexpr (kCM > 1) {     // the peer's barriers are initialised before any multicast or arrive
+  if constexpr (kCS > 1) {     // the peers' barriers are initialised before any multicast or arrive
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
   } else {
@@ -487,12 +504,15 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
         Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
         Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
-        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-        // kCM = 2: this CTA's slice of the B box (multicast to both), rank = blockIdx.x % 2
-        const int crank = kCM > 1 ? int(blockIdx.x) % kCM : 0;
-        auto [tBgB, tBsB0] = tma_partition(tma_b0, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
-        auto [tBgB_, tBsB1] = tma_partition(tma_b1, crank, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
-        constexpr uint16_t kMcast = uint16_t((1u << kCM) - 1);   // (SM90_TMA_LOAD ignores it: kCM = 1)
+        // kCN = 2: this CTA's slice rn of the A box, multicast along its cluster row (the CTAs
+        // rm + kCM j); kCM = 2: slice rm of the B box, multicast along its cluster column (the
+        // CTAs kCM rn + i). (SM90_TMA_LOAD ignores the masks: no cluster along that dim.)
+        const int rm = cl_rm(), rn = cl_rn();
+        auto [tAgA, tAsA] = tma_partition(tma_a, rn, Layout<Int<kCN>>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+        auto [tBgB, tBsB0] = tma_partition(tma_b0, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
+        auto [tBgB_, tBsB1] = tma_partition(tma_b1, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
+        const uint16_t mcast_a = uint16_t(kCN == 1 ? 1u : (1u | (1u << kCM)) << rm);
+        const uint16_t mcast_b = uint16_t(((1u << kCM) - 1) << (kCM * rn));
         int stage = 0, phase = 0;
         const Sched sc = sched();
         PieceIter it = make_pieces(sc.first);
@@ -503,9 +523,10 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           for (int kt = kb; kt < ke; ++kt) {
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
-            copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
-            copy(tma_b0.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
-            if constexpr (kNB == 2) copy(tma_b1.with(full[stage], kMcast), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
+            if constexpr (kCN > 1) copy(tma_a.with(full[stage], mcast_a), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
+            else copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
+            copy(tma_b0.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+            if constexpr (kNB == 2) copy(tma_b1.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
             if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
           }
         }
@@ -570,16 +591,20 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     auto thr_c = typename Cfg::TiledMmaC{}.get_thread_slice(mma_tid);   // epilogue partition
 
     // Stage release: thread 0 of each consumer warpgroup arrives on this CTA's empty barrier
-    // (EMPTY_ARRIVE_ALL, kCM = 1: every consumer thread); kCM = 2: thread 32 also on the peer's
-    // (the peer multicasts its half of B into this stage too).
+    // (EMPTY_ARRIVE_ALL, kCS = 1: every consumer thread); kCM = 2: thread 32 also on the peer
+    // along M's (it multicasts its half of B into this stage too); kCN = 2: thread 64 on the
+    // peer along N's (its half of A).
     const int wtid = int(threadIdx.x) % 128;
     auto release = [&](int st) {
-      if constexpr (kCM == 1) {
+      if constexpr (kCS == 1) {
         if (EMPTY_ARRIVE_ALL || wtid == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
       } else {
-        const uint32_t peer = uint32_t(blockIdx.x % kCM) ^ 1u;
+        const int rm = cl_rm(), rn = cl_rn();
         if (wtid == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st]);
-        cutlass::arch::ClusterBarrier::arrive(&empty[st], peer, wtid == 32);
+        if constexpr (kCM > 1)
+          cutlass::arch::ClusterBarrier::arrive(&empty[st], uint32_t((rm ^ 1) + kCM * rn), wtid == 32);
+        if constexpr (kCN > 1)
+          cutlass::arch::ClusterBarrier::arrive(&empty[st], uint32_t(rm + kCM * (rn ^ 1)), wtid == 64);
       }
     };
     // Ring positions carry over from one work unit to the next (PERSIST). kPP: the CTA's work
@@ -773,8 +798,8 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       }
     }
   }
-  if constexpr (kCM > 1) {
-    // Neither CTA leaves while the peer may still arrive on its barriers or multicast into its
+  if constexpr (kCS > 1) {
+    // No CTA leaves while a peer may still arrive on its barriers or multicast into its
     // stages (every thread of both CTAs gets here: no role returns early).
     cute::cluster_arrive();
     cute::cluster_wait();
@@ -788,16 +813,18 @@ cudaError_t launch(Params p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, c
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   constexpr int kCM = kTMA ? CLUSTER_M : 1;
-  const int64_t tiles_c = int64_t((p.tiles_m + kCM - 1) / kCM) * p.tiles_n;   // cluster tiles
+  constexpr int kCS = kCM * (kTMA ? CLUSTER_N : 1);   // CTAs per cluster
+  const int64_t tiles_c =
+      int64_t((p.tiles_m + kCM - 1) / kCM) * ((p.tiles_n + kCS / kCM - 1) / (kCS / kCM));   // cluster tiles
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(tiles_c * kCM), unsigned(p.L), 1), dim3(Cfg::kThreads, 1, 1),
-                                             Cfg::kSmemBytes, stream, kCM, &attr);
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(tiles_c * kCS), unsigned(p.L), 1), dim3(Cfg::kThreads, 1, 1),
+                                             Cfg::kSmemBytes, stream, kCS, &attr);
   if constexpr (PERSIST != 0 && kTMA) {
     // As many clusters as fit at once (one CTA per SM; with kCM = 2 the hardware's count of
     // co-resident 2-CTA clusters), each looping over the cluster tiles.
     int slots = 0;
-    if constexpr (kCM > 1) {
-      cfg.gridDim = dim3(unsigned(kCM), 1, 1);
+    if constexpr (kCS > 1) {
+      cfg.gridDim = dim3(unsigned(kCS), 1, 1);
       err = cudaOccupancyMaxActiveClusters(&slots, kernel, &cfg);
       if (err != cudaSuccess) return err;
     } else {
@@ -805,12 +832,12 @@ cudaError_t launch(Params p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, c
     }
     if (slots < 1) return cudaErrorInvalidConfiguration;   // no device, or the CTA does not fit at all
     const int64_t work = tiles_c * p.L;
-    cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCM), 1, 1);
+    cfg.gridDim = dim3(unsigned((work < slots ? work : slots) * kCS), 1, 1);
     // STREAMK: make_plan gave a workspace (p.sk_partial) only when the units outnumber the
     // CTAs (one per SM: this grid) and do not divide evenly among them; the last two rounds go
     // to stream-K (kernel comment).
     const int64_t ctas = cfg.gridDim.x;
-    if (p.sk_partial != nullptr && kCM == 1 && !kPingPong<kTMA>) {
+    if (p.sk_partial != nullptr && kCS == 1 && !kPingPong<kTMA>) {
       const int64_t k_tiles = (p.K + TILE_K - 1) / TILE_K;
       p.sk_first = int((work / ctas - 1) * ctas);
       const int64_t total = (work - p.sk_first) * k_tiles;
@@ -829,8 +856,10 @@ template <int BM, int BN, int NSTAGE>
 cudaError_t launch_tma(Params p, cudaStream_t stream) {
   using Cfg = Config<BM, BN, NSTAGE>;
   Tensor mA = make_tensor(make_gmem_ptr(p.A), make_shape(p.M, p.K, p.L), make_stride(p.lda, _1{}, p.a_l));
-  auto tma_a = make_tma_atom(SM90_TMA_LOAD{}, mA, typename Cfg::SmemLayoutA{}(_, _, 0),
-                             make_shape(Int<BM>{}, Int<TILE_K>{}));
+  // CLUSTER_N = 2: A boxes split in two slices likewise
+  using ALoad = cute::conditional_t<(CLUSTER_N > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
+  auto tma_a = make_tma_atom(ALoad{}, mA, typename Cfg::SmemLayoutA{}(_, _, 0),
+                             make_shape(Int<BM>{}, Int<TILE_K>{}), Int<CLUSTER_N>{});
   Tensor mB0 = make_tensor(make_gmem_ptr(p.B[0]), make_shape(p.N, p.K, p.L), make_stride(_1{}, p.ldb, p.b_l));
   Tensor mB1 = make_tensor(make_gmem_ptr(p.B[kNB - 1]), make_shape(p.N, p.K, p.L), make_stride(_1{}, p.ldb, p.b_l));
   // CLUSTER_M = 2: B boxes split in two slices, each CTA of a cluster loads one, multicast
@@ -961,7 +990,7 @@ inline cudaError_t make_plan(const EvoTensor* in, int n_in, const EvoTensor* out
   p.sk_flags = nullptr;
   // STREAMK: one fp32 partial tile and one flag per CTA of the persistent grid (one per SM),
   // when the TMA kernel's units do not divide evenly among them.
-  if (STREAMK && PERSIST && CLUSTER_M == 1 && !PINGPONG && EPILOGUE != 2 && plan.tma) {
+  if (STREAMK && PERSIST && CLUSTER_M == 1 && CLUSTER_N == 1 && !PINGPONG && EPILOGUE != 2 && plan.tma) {
     const int64_t units = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N) * L;
     const int sms = evo_sm_count();
     if (sms > 0 && units > sms && units % sms != 0) {
