@@ -43,12 +43,17 @@
 // own A and one slice of B multicast into both CTAs' stages; every stage's empty barrier counts
 // the consumer warpgroups of both CTAs (one local and one remote arrive per warpgroup). H200:
 // validated on every check shape of gemm_bf16 / bias+GELU / SwiGLU / irregular / bmm; +1-3% on
-// the fused GEMMs (inside the run-to-run spread); the SwiGLU seed uses it (docs/kernels.md).
-// PINGPONG = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = 1): each consumer warpgroup owns whole
+// the fused GEMMs (inside the run-to-run spread); the SwiGLU and bias+GELU seeds use it (docs/kernels.md).
+// CLUSTER_N = 2 (TMA kernel): the same along N for the A tile; with CLUSTER_M = 2, 2 x 2 clusters
+// in which each CTA loads half its A and half its B tile(s), multicast, and each empty barrier
+// counts the consumers of the CTA and of its peers along M and N. Validated on an H200 (every
+// check passed); slower there (only 30 clusters of 4 fit: 120 of 132 SMs busy; docs/kernels.md),
+// so no seed uses it.
+// PINGPONG = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = CLUSTER_N = 1): each consumer warpgroup owns whole
 // tiles (the CTA's work units alternate between the two), main loops take turns through an
 // order barrier, one warpgroup's epilogue runs under the other's maths. Validated on an H200;
 // slower than the cooperative tiles on every task shape here (docs/kernels.md), so no seed uses it.
-// STREAMK = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = 1, PINGPONG = 0, not the dual GEMM): when
+// STREAMK = 1 (TMA kernel, PERSIST = 1, CLUSTER_M = CLUSTER_N = 1, PINGPONG = 0, not the dual GEMM): when
 // the work units do not divide evenly among the persistent CTAs, the last two rounds are shared
 // out by k-iterations (stream-K; split units fixed up through fp32 partial tiles and flags in
 // the workspace; comment in the kernel). Validated on an H200 (every check passed); no faster
