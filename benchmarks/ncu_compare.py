@@ -60,32 +60,13 @@ def _child(jobdir: Path) -> int:
     """Run inside ncu: both sides once outside the ranges, then the job's side once inside."""
     import torch
 
-    from evaluators import abi
+    from benchmarks.probe import seed_and_reference
     from evo.tasks.registry import get_task
 
     job = json.loads((jobdir / "job.json").read_text())
-    task = get_task(job["task"])
     torch.backends.cuda.matmul.allow_tf32 = False
-    dev = torch.device("cuda")
-    shape = dict(task.shapes[int(job["shape_index"])])
-    gen = torch.Generator(device=dev).manual_seed(1234)
-    with torch.no_grad():
-        ins = tuple(task.make_inputs(shape, gen, task.distributions[0], dev))
-        ref = task.reference(*ins)
-    refs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
-    outs = [torch.empty_like(r, dtype=getattr(torch, task.dtype)) for r in refs]
-    kernel = abi.load_kernel(Path(job["so"]))
-    ws = kernel.make_workspace(ins, outs, task.scalars)
-    handle = int(torch.cuda.current_stream().cuda_stream)
-
-    def ours() -> None:
-        rc = kernel.launch(ins, outs, task.scalars, handle, ws)
-        if rc != 0:
-            raise RuntimeError(f"evo_launch returned {kernel.error_name(rc)} ({rc})")
-
-    def torch_ref() -> None:
-        task.reference(*ins)
-
+    shape = dict(get_task(job["task"]).shapes[int(job["shape_index"])])
+    ours, torch_ref = seed_and_reference(job["task"], Path(job["so"]), shape, torch.device("cuda"))
     fn = ours if job["side"] == "ours" else torch_ref
     with torch.no_grad():
         ours()

@@ -130,12 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from benchmarks.probe import _candidate, _compile_all, parse_variant
+    from benchmarks.probe import _candidate, _compile_all, parse_variant, seed_and_reference
 
     variants = [parse_variant(item) for item in args.variants]
     import torch
 
-    from evaluators import abi
     from evo.tasks.registry import get_task
 
     if not torch.cuda.is_available():
@@ -156,26 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{name}: seed failed to compile: {outcome.result.reason}")
             so = Path(so_dir.name) / f"{len(results)}_{name}.so"
             so.write_bytes(outcome.so_bytes)
-            kernel = abi.load_kernel(so)
             shape = dict(task.shapes[args.shape_index])
-            gen = torch.Generator(device=dev)
-            gen.manual_seed(1234)
-            with torch.no_grad():
-                ins = tuple(task.make_inputs(shape, gen, task.distributions[0], dev))
-                ref = task.reference(*ins)
-            refs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
-            outs = [torch.empty_like(r, dtype=getattr(torch, task.dtype)) for r in refs]
-            ws = kernel.make_workspace(ins, outs, task.scalars)
-            handle = int(stream.cuda_stream)
-
-            def ours() -> None:
-                rc = kernel.launch(ins, outs, task.scalars, handle, ws)
-                if rc != 0:
-                    raise SystemExit(f"{name}: evo_launch returned {kernel.error_name(rc)}")
-
-            def torch_ref() -> None:
-                task.reference(*ins)
-
+            ours, torch_ref = seed_and_reference(name, so, shape, dev)
             flops = float(task.flops(shape))
             row = {"task": name, "shape": shape, "params": tunables}
             with torch.no_grad():
@@ -185,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[side] = {"calls": calls, "ms": ms, "tflops": flops / ms / 1e9, "t0": t0, "t1": t1}
                     log.info("%s %s: %d calls, %.4f ms", name, side, calls, ms)
             results.append(row)
-            ins = refs = outs = ws = None   # free this task's tensors before the next one
+            ours = torch_ref = fn = None   # the calls hold this task's tensors: free them before the next one
             torch.cuda.empty_cache()
     finally:
         rows = sampler.stop()

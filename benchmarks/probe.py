@@ -97,6 +97,41 @@ def _compile_all(cands: list, jobs: int) -> list:
         return list(pool.map(lambda c: compile_candidate(c, cs), cands))
 
 
+def seed_and_reference(name: str, so: Path, shape: dict, device):
+    """``(ours, torch_ref)``: two no-argument calls of task ``name`` on one set of its inputs of
+    ``shape`` (first distribution, generator seed 1234, built once here), ``ours`` launching the
+    built seed ``so`` on the current stream with its workspace, ``torch_ref`` the task's
+    reference. The tensors live as long as the calls. Used by the scripts that run a seed and
+    its reference side by side outside the evaluator (power.py, ncu_compare.py). ``ours``
+    raises SystemExit naming the task when evo_launch returns an error."""
+    import torch
+
+    from evaluators import abi
+    from evo.tasks.registry import get_task
+
+    task = get_task(name)
+    kernel = abi.load_kernel(so)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    with torch.no_grad():
+        ins = tuple(task.make_inputs(shape, gen, task.distributions[0], device))
+        ref = task.reference(*ins)
+    refs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
+    outs = [torch.empty_like(r, dtype=getattr(torch, task.dtype)) for r in refs]
+    ws = kernel.make_workspace(ins, outs, task.scalars)
+    handle = int(torch.cuda.current_stream(device).cuda_stream)
+
+    def ours() -> None:
+        rc = kernel.launch(ins, outs, task.scalars, handle, ws)
+        if rc != 0:
+            raise SystemExit(f"{name}: evo_launch returned {kernel.error_name(rc)}")
+
+    def torch_ref() -> None:
+        task.reference(*ins)
+
+    return ours, torch_ref
+
+
 TABLE_HEAD = ["| label | task | shape | ours ms | torch ms | speedup | % SOL | status |",
               "|---|---|---|---|---|---|---|---|"]
 

@@ -511,12 +511,12 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
         // kCN = 2: this CTA's slice rn of the A box, multicast along its cluster row (the CTAs
         // rm + kCM j); kCM = 2: slice rm of the B box, multicast along its cluster column (the
-        // CTAs kCM rn + i). (SM90_TMA_LOAD ignores the masks: no cluster along that dim.)
+        // CTAs kCM rn + i). (SM90_TMA_LOAD ignores the mask: no cluster along that dim.)
         const int rm = cl_rm(), rn = cl_rn();
         auto [tAgA, tAsA] = tma_partition(tma_a, rn, Layout<Int<kCN>>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
         auto [tBgB, tBsB0] = tma_partition(tma_b0, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
         auto [tBgB_, tBsB1] = tma_partition(tma_b1, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
-        const uint16_t mcast_a = uint16_t(kCN == 1 ? 1u : (1u | (1u << kCM)) << rm);
+        const uint16_t mcast_a = uint16_t((1u | (1u << kCM)) << rm);
         const uint16_t mcast_b = uint16_t(((1u << kCM) - 1) << (kCM * rn));
         int stage = 0, phase = 0;
         const Sched sc = sched();
@@ -528,8 +528,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           for (int kt = kb; kt < ke; ++kt) {
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
-            if constexpr (kCN > 1) copy(tma_a.with(full[stage], mcast_a), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
-            else copy(tma_a.with(full[stage]), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
+            copy(tma_a.with(full[stage], mcast_a), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
             copy(tma_b0.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
             if constexpr (kNB == 2) copy(tma_b1.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
             if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
@@ -818,9 +817,9 @@ cudaError_t launch(Params p, TmaA const& ta, TmaB const& tb0, TmaB const& tb1, c
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   constexpr int kCM = kTMA ? CLUSTER_M : 1;
-  constexpr int kCS = kCM * (kTMA ? CLUSTER_N : 1);   // CTAs per cluster
-  const int64_t tiles_c =
-      int64_t((p.tiles_m + kCM - 1) / kCM) * ((p.tiles_n + kCS / kCM - 1) / (kCS / kCM));   // cluster tiles
+  constexpr int kCN = kTMA ? CLUSTER_N : 1;
+  constexpr int kCS = kCM * kCN;   // CTAs per cluster
+  const int64_t tiles_c = int64_t((p.tiles_m + kCM - 1) / kCM) * ((p.tiles_n + kCN - 1) / kCN);   // cluster tiles
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(tiles_c * kCS), unsigned(p.L), 1), dim3(Cfg::kThreads, 1, 1),
                                              Cfg::kSmemBytes, stream, kCS, &attr);
