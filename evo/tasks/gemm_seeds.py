@@ -115,6 +115,14 @@ F32_FFMA_SEEDS: dict[str, SeedSpec] = {
 #: 0.898x cuBLAS; bmm_bf16 (128 batches of 512 x 2048) lost (0.76x), the irregular shape gained
 #: nothing (3.61x), so those two stay one tile per CTA.
 _BF16_PERSIST = (("PERSIST", "1"),)
+#: EPI_DEFER: a tile's activation and stores run in slices under the next tile's wgmmas (its
+#: accumulators packed to bf16 first), so the tensor pipe no longer idles through each epilogue.
+#: On an H200 (benchmarks/probes/bf16_defer.json and bf16_defer2.json, 2026-12-02; every check
+#: passed, including the irregular shape's edge tiles and bmm's batches with PERSIST): SwiGLU
+#: 1.159x / 1.160x -> 1.201x / 1.201x torch, bias+GELU 1.013x / 1.015x / 1.016x / 1.019x ->
+#: 1.044x / 1.034x / 1.021x, gemm_bf16 0.978x -> 1.024x / 1.028x (8192^3) and 0.906x -> 0.927x
+#: / 0.962x (4096^3).
+_BF16_DEFER = (("EPI_DEFER", "1"),)
 #: SwiGLU: 2-CTA clusters along M share (multicast) the W1 / W3 tiles. On an H200
 #: (benchmarks/probes/bf16_release.json, 2026-12-01, with the straight-line epilogue and the
 #: tanh SiLU): 1.147x / 1.146x torch against 1.128x / 1.138x without; clusters came out ahead
@@ -136,20 +144,23 @@ _BIAS_GELU_CLUSTER = (("CLUSTER_M", "2"),)
 _SWIGLU_DUAL = (("DUAL_MMA", "1"),)
 
 BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
-    "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages, persistent",
-                       tunables=_BF16_PERSIST),
+    "gemm_bf16": _bf16("C = A @ B: TMA + wgmma 128x256x64, warp-specialised, 4 stages, persistent, "
+                       "each epilogue under the next tile's wgmmas",
+                       tunables=(*_BF16_PERSIST, *_BF16_DEFER)),
     "gemm_bf16_irregular": _bf16(
         "C = A @ B with unaligned K/N: operands padded into the workspace, then TMA + wgmma"
     ),
     "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, batch on gridDim.y"),
     "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent, 2-CTA clusters "
-                                 "multicasting B", epilogue="bias_gelu",
-                                 tunables=(*_BF16_PERSIST, *_BIAS_GELU_CLUSTER)),
+                                 "multicasting B, epilogue under the next tile's wgmmas", epilogue="bias_gelu",
+                                 tunables=(*_BF16_PERSIST, *_BIAS_GELU_CLUSTER, *_BF16_DEFER)),
     "gemm_silu_mul_bf16": _bf16(
         "C = silu(A @ W1) * (A @ W3): dual GEMM, one 64x256 wgmma per k-step computes both "
-        "accumulators from each A tile, persistent, 2-CTA clusters multicasting W1 / W3",
+        "accumulators from each A tile, persistent, 2-CTA clusters multicasting W1 / W3, epilogue "
+        "under the next tile's wgmmas",
         epilogue="silu_mul",
-        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST, *_SWIGLU_CLUSTER, *_SWIGLU_DUAL),
+        tunables=(("TILE_N", "128"), ("FB_TILE_N", "64"), *_BF16_PERSIST, *_SWIGLU_CLUSTER, *_SWIGLU_DUAL,
+                  *_BF16_DEFER),
     ),
 }
 

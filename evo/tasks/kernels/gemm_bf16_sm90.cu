@@ -82,7 +82,7 @@
 #endif
 
 // @tunable TILE_M = 128 in {64, 128, 256}
-// @tunable TILE_N = 256 in {64, 128, 256}
+// @tunable TILE_N = 256 in {64, 128, 256, 320}
 // @tunable TILE_K = 64 in {64}
 // @tunable STAGES = 4 in {2, 3, 4, 5, 6, 7}
 // @tunable GROUP_M = 8 in {1, 4, 8, 16}
@@ -99,13 +99,16 @@
 // @tunable STREAMK = 0 in {0, 1}
 // @tunable DUAL_MMA = 0 in {0, 1}
 // @tunable B_KFIRST = 0 in {0, 1}
-// @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768
+// @tunable EPI_DEFER = 0 in {0, 1}
+// @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768 || TILE_N == 320
+// @constraint TILE_N != 320 || (TILE_M == 128 && EPILOGUE != 2 && PINGPONG == 0 && STREAMK == 0)
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
 // @constraint STAGES * (TILE_M + TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint FB_STAGES * (TILE_M + FB_TILE_N * (1 + (EPILOGUE == 2))) * TILE_K * 2 + 2048 <= 232448
 // @constraint PINGPONG == 0 || (PERSIST == 1 && CLUSTER_M == 1 && CLUSTER_N == 1 && TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 16384)
 // @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && CLUSTER_N == 1 && PINGPONG == 0 && EPILOGUE != 2)
 // @constraint DUAL_MMA == 0 || (EPILOGUE == 2 && TILE_N <= 128)
+// @constraint EPI_DEFER == 0 || (PERSIST == 1 && PINGPONG == 0 && STREAMK == 0 && TILE_N != 320)
 #ifndef TILE_M
 #define TILE_M 128
 #endif
@@ -154,6 +157,9 @@
 #ifndef DUAL_MMA
 #define DUAL_MMA 0    // dual GEMM: W1 and W3 tiles side by side, one 64 x 2BN wgmma for both
 #endif
+#ifndef EPI_DEFER
+#define EPI_DEFER 0   // persistent kernel: a tile's activation and stores run under the next tile's wgmmas
+#endif
 
 namespace evo_bf16 {
 using namespace cute;
@@ -191,6 +197,20 @@ struct Params {
 template <bool kTMA>
 constexpr bool kPingPong = kTMA && PINGPONG != 0;
 
+// One operand's N-major B tile of W x TILE_K elements per stage in 64 x 8 swizzle atoms, k-block
+// first (each 64 x 64 block contiguous), with stages kStageStride elements apart: the wgmma's
+// view of part of a stage that holds more than this tile (DUAL_MMA: W1's or W3's tile of the
+// 2BN-column stage; TILE_N = 320: columns [0, 256) or [256, 320)).
+template <int W, int kStageStride, int NSTAGE>
+struct StagedB {
+  using One = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<bf16>{}, make_shape(Int<W>{}, Int<TILE_K>{}), Step<_2, _1>{}));
+  using LB = decltype(One{}.layout_b());
+  using type = decltype(composition(One{}.layout_a(), One{}.offset(),
+                                    make_layout(make_shape(get<0>(shape(LB{})), get<1>(shape(LB{})), Int<NSTAGE>{}),
+                                                make_stride(get<0>(stride(LB{})), get<1>(stride(LB{})),
+                                                            Int<kStageStride>{}))));
+};
+
 // kPP (kPingPong): two consumer warpgroups, each computing whole BM x BN tiles (one wgmma
 // warpgroup per tile); otherwise the kNWG consumer warpgroups split one tile by rows.
 template <int BM, int BN, int NSTAGE, bool kPP = false>
@@ -209,34 +229,47 @@ struct Config {
   // and each operand's view is SmemLayoutB with a stage stride of 2 tiles (W3's view starts one
   // tile, BN x TILE_K elements, later).
   using BAtom = GMMA::Layout_MN_SW128_Atom<bf16>;
-  using SmemLayoutB1Stage = decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}), Step<_2, _1>{}));
-  using LB1 = decltype(SmemLayoutB1Stage{}.layout_b());
   using SmemLayoutBB = decltype(tile_to_shape(BAtom{}, make_shape(Int<kNB * BN>{}, Int<TILE_K>{}, Int<NSTAGE>{}),
                                               Step<_2, _1, _3>{}));
+  // BN = 320 (TILE_N): a wgmma is at most 256 wide, so each k-step issues a 64 x 256 wgmma on
+  // columns [0, 256) and a 64 x 64 one on [256, 320), both reading the same A tile: 160 fp32
+  // accumulators per consumer thread. kBN1: the first wgmma's width, kBN2: the second's (0: none).
+  // A stage then holds five 64 x 64 blocks, k-block first (block j of the ring at 4096 j
+  // elements: SmemLayoutBBlk), each loaded by its own TMA box; SmemLayoutB is the wgmma's view
+  // of columns [0, 256) and SmemLayoutB2 of [256, 320) (starting 256 x TILE_K elements in).
+  static constexpr int kBN1 = BN > 256 ? 256 : BN;
+  static constexpr int kBN2 = BN - kBN1;
+  static constexpr bool kSplitB = kBN2 > 0;
+  static_assert(!kSplitB || (kBN2 == 64 && BM == 128 && !kPP && kNB == 1),
+                "TILE_N = 320 needs TILE_M = 128, no PINGPONG and one B operand");
   using SmemLayoutB = cute::conditional_t<
-      kDual,
-      decltype(composition(SmemLayoutB1Stage{}.layout_a(), SmemLayoutB1Stage{}.offset(),
-                           make_layout(make_shape(get<0>(shape(LB1{})), get<1>(shape(LB1{})), Int<NSTAGE>{}),
-                                       make_stride(get<0>(stride(LB1{})), get<1>(stride(LB1{})),
-                                                   Int<kNB * BN * TILE_K>{})))),
+      kDual, typename StagedB<BN, kNB * BN * TILE_K, NSTAGE>::type,
       cute::conditional_t<
-          B_KFIRST != 0,
-          decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{}), Step<_2, _1, _3>{})),
-          decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{})))>>;
+          kSplitB, typename StagedB<kBN1, BN * TILE_K, NSTAGE>::type,
+          cute::conditional_t<
+              B_KFIRST != 0,
+              decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{}), Step<_2, _1, _3>{})),
+              decltype(tile_to_shape(BAtom{}, make_shape(Int<BN>{}, Int<TILE_K>{}, Int<NSTAGE>{})))>>>;
+  using SmemLayoutB2 = typename StagedB<64, BN * TILE_K, NSTAGE>::type;
+  using SmemLayoutBBlk = decltype(tile_to_shape(BAtom{}, make_shape(_64{}, Int<TILE_K>{}, Int<(BN / 64) * NSTAGE>{}),
+                                                Step<_2, _1, _3>{}));
   static constexpr int kABytes = int(cosize_v<SmemLayoutA>) * 2;
   static constexpr int kBBytes = BN * TILE_K * NSTAGE * 2;           // per B operand, all stages
   static constexpr int kB1Offset = kDual ? BN * TILE_K : BN * TILE_K * NSTAGE;   // elements
   static constexpr int kStageBytes = (BM + kNB * BN) * TILE_K * 2;   // TMA bytes per stage
   static constexpr int kSmemBytes = kABytes + kNB * kBBytes + 2 * NSTAGE * 8 + 1024;  // +align slack
-  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<BN>, Int<TILE_K>>,
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kBN1>, Int<TILE_K>>,
                                                       GMMA::Major::K, GMMA::Major::MN>());
-  using MmaAtomBB = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kNB * BN>, Int<TILE_K>>,
+  using MmaAtom2 = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kBN2 ? kBN2 : 64>, Int<TILE_K>>,
+                                                       GMMA::Major::K, GMMA::Major::MN>());
+  using MmaAtomBB = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kDual ? kNB * BN : 64>, Int<TILE_K>>,
                                                         GMMA::Major::K, GMMA::Major::MN>());
-  // TiledMmaC: the BM x BN output tile (epilogue partition); TiledMma: the main loop's wgmma
-  // (kDual: BM x 2BN, gate columns then up columns).
+  // TiledMmaC: the BM x kBN1 output tile (epilogue partition); TiledMma: the main loop's wgmma
+  // (kDual: BM x 2BN, gate columns then up columns); TiledMma2: kSplitB's BM x kBN2 wgmma.
   using TiledMmaC = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{}));
   using TiledMma = cute::conditional_t<kDual, decltype(make_tiled_mma(MmaAtomBB{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{})),
                                        TiledMmaC>;
+  using TiledMma2 = decltype(make_tiled_mma(MmaAtom2{}, Layout<Shape<Int<kMmaWG>, _1, _1>>{}));   // kBN2 columns
   static_assert(cosize_v<SmemLayoutBB> * 2 <= kNB * kBBytes || !kDual, "B views overrun the B region");
 };
 
@@ -289,6 +322,17 @@ CUTE_DEVICE float silu(float x) {
 #ifndef EPI_FAST
 #define EPI_FAST 1
 #endif
+
+// bf16x2 word of (lo, hi), round to nearest (lo in the low half: the lower column / address),
+// and back (exact). Plain 32-bit registers: a __nv_bfloat162 reinterpreted through a reference
+// was kept in local memory.
+CUTE_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+CUTE_DEVICE float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+CUTE_DEVICE float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 #ifndef EMPTY_ARRIVE_ALL
 #define EMPTY_ARRIVE_ALL 0
 #endif
@@ -392,6 +436,9 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   Tensor sB0 = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutB{});           // (BN, BK, P)
   Tensor sB1 = make_tensor(make_smem_ptr(smemB + (kNB - 1) * Cfg::kB1Offset), typename Cfg::SmemLayoutB{});
   Tensor sBB = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutBB{});          // kDual: (2BN, BK, P)
+  // kSplitB (TILE_N = 320): columns [256, 320) of each stage, and the ring as 64 x 64 blocks
+  Tensor sB2 = make_tensor(make_smem_ptr(smemB + Cfg::kBN1 * TILE_K), typename Cfg::SmemLayoutB2{});   // (64, BK, P)
+  Tensor sBblk = make_tensor(make_smem_ptr(smemB), typename Cfg::SmemLayoutBBlk{});      // (64, BK, 5 P)
 
   const int wg = threadIdx.x / 128;
   // CLUSTER_M = 2 (TMA kernel): clusters of 2 CTAs along M, tiles (2 i, n) and (2 i + 1, n);
@@ -503,19 +550,31 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   if (wg == 0) {
     // ------------------------------- producer ------------------------------------------
     if constexpr (kTMA) {
-      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<56>();
+      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<(Cfg::kSplitB || EPI_DEFER) ? 40 : 56>();
       if (threadIdx.x / 32 == 0 && elect_one_sync()) {
         Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
         Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
         Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
-        Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
+        // (kSplitB: the 64 x 64 blocks of B, (64, BK, nb, k, l))
+        constexpr int kBoxN = Cfg::kSplitB ? 64 : BN;
+        Tensor gB = local_tile(mB, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
         // kCN = 2: this CTA's slice rn of the A box, multicast along its cluster row (the CTAs
         // rm + kCM j); kCM = 2: slice rm of the B box, multicast along its cluster column (the
         // CTAs kCM rn + i). (SM90_TMA_LOAD ignores the mask: no cluster along that dim.)
         const int rm = cl_rm(), rn = cl_rn();
         auto [tAgA, tAsA] = tma_partition(tma_a, rn, Layout<Int<kCN>>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-        auto [tBgB, tBsB0] = tma_partition(tma_b0, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB0), group_modes<0, 2>(gB));
-        auto [tBgB_, tBsB1] = tma_partition(tma_b1, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB1), group_modes<0, 2>(gB));
+        // kSplitB: B as 64 x 64 boxes (tma_b0 built for one block, no slicing) into the ring's
+        // blocks; block b of a tile is loaded by CTA b % kCM of the cluster column and multicast
+        // to all of it.
+        auto part_b = [&](auto const& tma, auto const& sB) {
+          if constexpr (Cfg::kSplitB)
+            return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBblk), group_modes<0, 2>(gB));
+          else
+            return tma_partition(tma, rm, Layout<Int<kCM>>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+        };
+        auto [tBgB, tBsB0] = part_b(tma_b0, sB0);
+        auto [tBgB_, tBsB1] = part_b(tma_b1, sB1);
+        constexpr int kBlk = BN / 64;
         const uint16_t mcast_a = uint16_t((1u | (1u << kCM)) << rm);
         const uint16_t mcast_b = uint16_t(((1u << kCM) - 1) << (kCM * rn));
         int stage = 0, phase = 0;
@@ -529,7 +588,13 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
             cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], Cfg::kStageBytes);
             copy(tma_a.with(full[stage], mcast_a), tAgA(_, u.m_blk, kt, u.l), tAsA(_, stage));
-            copy(tma_b0.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+            if constexpr (Cfg::kSplitB) {
+              CUTE_UNROLL
+              for (int b = rm; b < kBlk; b += kCM)
+                copy(tma_b0.with(full[stage], mcast_b), tBgB(_, kBlk * u.n_blk + b, kt, u.l), tBsB0(_, kBlk * stage + b));
+            } else {
+              copy(tma_b0.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB0(_, stage));
+            }
             if constexpr (kNB == 2) copy(tma_b1.with(full[stage], mcast_b), tBgB(_, u.n_blk, kt, u.l), tBsB1(_, stage));
             if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
           }
@@ -580,19 +645,26 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
-    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<224>();
+    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<(Cfg::kSplitB || EPI_DEFER) ? 232 : 224>();
     typename Cfg::TiledMma mma;
     const int mma_tid = kPP ? int(threadIdx.x) % 128 : int(threadIdx.x) - 128;
     auto thr = mma.get_thread_slice(mma_tid);
     Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));   // (MMA, MMA_M, MMA_K, P)
     // kDual: tCrB0 covers both B tiles (one wgmma); otherwise one fragment per B operand
+    // kBN2 > 0 (TILE_N = 320): tCrB0 covers B's columns [0, 256), tCrB2 (second wgmma, own A
+    // fragment tCrA2 of the same A tile) columns [256, 320).
+    constexpr int kBN1 = Cfg::kBN1, kBN2 = Cfg::kBN2;
     auto tCrB0 = [&]() {
       if constexpr (kDual) return thr.make_fragment_B(thr.partition_B(sBB));
       else return thr.make_fragment_B(thr.partition_B(sB0));
     }();
     Tensor tCrB1 = thr.make_fragment_B(thr.partition_B(sB1));
     constexpr bool kAcc1 = kNB == 2 && !kDual;   // a second accumulator fragment (W3's)
-    auto thr_c = typename Cfg::TiledMmaC{}.get_thread_slice(mma_tid);   // epilogue partition
+    typename Cfg::TiledMma2 mma2;
+    auto thr2 = mma2.get_thread_slice(mma_tid);
+    Tensor tCrA2 = thr2.make_fragment_A(thr2.partition_A(sA));
+    Tensor tCrB2 = thr2.make_fragment_B(thr2.partition_B(sB2));
+    auto thr_c = typename Cfg::TiledMmaC{}.get_thread_slice(mma_tid);   // epilogue partition (kBN1 columns)
 
     // Stage release: thread 0 of each consumer warpgroup arrives on this CTA's empty barrier
     // (EMPTY_ARRIVE_ALL, kCS = 1: every consumer thread); kCM = 2: thread 32 also on the peer
@@ -625,6 +697,46 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     PieceIter it = make_pieces(sc.first + pp_wg * sc.step);
     constexpr int kThr = Cfg::kNWG * 128;   // consumer threads (kSK: cooperative tiles)
     const int ct = int(threadIdx.x) - 128;
+    // EPI_DEFER (persistent cooperative kernel): a tile wholly inside C is not stored when its
+    // main loop ends. Its accumulators are packed to bf16 pairs (dv: with the bias added for
+    // EPILOGUE 1, as torch's addmm rounds its output; gate and up value side by side for
+    // EPILOGUE 2, as torch's two GEMMs round theirs), the next tile's main loop starts at once,
+    // and the activation and stores run in kSlices slices between that loop's first k-steps,
+    // under its wgmmas; the last tile's are flushed after the loop. Without it the tensor pipe
+    // idles for the whole epilogue of every tile.
+    constexpr bool kDefer = EPI_DEFER != 0 && kPersist && !kPP && !kSK && kBN2 == 0;
+    constexpr int kNV = decltype(size(thr_c.partition_C(
+        make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<kBN1>{})))))::value;   // output values per thread
+    constexpr int kDV = kDefer ? (EPILOGUE == 2 ? kNV : kNV / 2) : 1;   // packed words
+    // 4 output pairs per slice: with 8 (bias+GELU's 128 values in 8 slices) the scheduler
+    // interleaved 16 GELUs' temporaries next to 192 live registers and spilled
+    constexpr int kSlices = kNV / 8 > 0 ? kNV / 8 : 1;
+    static_assert(!kDefer || kNV % (2 * kSlices) == 0, "EPI_DEFER: output pairs must split into kSlices slices");
+    uint32_t dv[kDV];
+    int d_m = -1, d_n = 0, d_l = 0;   // the deferred tile (d_m < 0: none)
+    auto flush = [&](int s) {   // (called from fully unrolled loops: s is a constant there)
+      Tensor mC = make_tensor(make_gmem_ptr(p.C + d_l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
+      Tensor tCgC = thr_c.partition_C(local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(d_m, d_n)));
+      Tensor tCcC = thr_c.partition_C(local_tile(make_identity_tensor(make_shape(p.M, p.N)),
+                                                 make_shape(Int<BM>{}, Int<BN>{}), make_coord(d_m, d_n)));
+      // EPILOGUE 1: this slice's bias words (value 4 g sits 8 g columns right of value 0)
+      const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC(0)) >> 1);
+      constexpr int kPer = kNV / 2 / kSlices;   // output pairs per slice
+      CUTE_UNROLL
+      for (int q = s * kPer; q < (s + 1) * kPer; ++q) {
+        const int i = 2 * q;
+        uint32_t out;
+        if constexpr (EPILOGUE == 2) {   // dv[i]: (gate, up) of value i
+          out = pack_bf16x2(silu(bf16_lo(dv[i])) * bf16_hi(dv[i]), silu(bf16_lo(dv[i + 1])) * bf16_hi(dv[i + 1]));
+        } else if constexpr (EPILOGUE == 1) {   // dv[q]: values (i, i + 1); bias added here
+          const uint32_t b = __ldg(bw + 4 * ((i / 4) % (kBN1 / 8)));
+          out = pack_bf16x2(gelu_erf(bf16_lo(dv[q]) + bf16_lo(b)), gelu_erf(bf16_hi(dv[q]) + bf16_hi(b)));
+        } else {
+          out = dv[q];
+        }
+        *reinterpret_cast<uint32_t*>(&tCgC(i)) = out;
+      }
+    };
 #pragma unroll 1
     for (int w, kb, ke; next_piece(it, (kPP ? 2 : 1) * sc.step, w, kb, ke);) {
       // Order barrier kPP: named barrier 1 + c is "warpgroup c may start"; the other warpgroup
@@ -639,30 +751,60 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // across it: the persistent loop otherwise spills under the kernel's 168-register bound).
       // kDual: acc0 holds both (BM x 2BN: gate columns, then up columns).
       Tensor acc0 = thr.partition_fragment_C(
-          make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<(kDual ? 2 : 1) * BN>{})));
+          make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<(kDual ? 2 : 1) * kBN1>{})));
       Tensor acc1 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
-      // acc1: only the dual (silu_mul) epilogue without DUAL_MMA.
+      // acc1: only the dual (silu_mul) epilogue without DUAL_MMA. acc2: columns [256, 320) of
+      // TILE_N = 320 (acc0 then holds [0, 256)).
+      Tensor acc2 = thr2.partition_fragment_C(
+          make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{})));
       clear(acc0);
       if constexpr (kAcc1) clear(acc1);
+      if constexpr (kBN2 > 0) clear(acc2);
       mma.accumulate_ = GMMA::ScaleOut::One;
+      mma2.accumulate_ = GMMA::ScaleOut::One;
 
       warpgroup_fence_operand(acc0);
       if constexpr (kAcc1) warpgroup_fence_operand(acc1);
+      if constexpr (kBN2 > 0) warpgroup_fence_operand(acc2);
       int prev = -1;
-#pragma unroll 1
-      for (int kt = kb; kt < ke; ++kt) {
+      // One k-step: issue its wgmma batch, then (retire) wait for the previous batch and
+      // release that batch's stage.
+      auto issue = [&]() {
         cutlass::arch::ClusterBarrier::wait(&full[stage], phase);
         warpgroup_arrive();
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tCrA); ++kb) {
           gemm(mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
           if constexpr (kAcc1) gemm(mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+          if constexpr (kBN2 > 0) gemm(mma2, tCrA2(_, _, kb, stage), tCrB2(_, _, kb, stage), acc2);
         }
         warpgroup_commit_batch();
+      };
+      auto retire = [&]() {
         warpgroup_wait<1>();                     // the batch of the previous stage has retired
         if (prev >= 0) release(prev);
         prev = stage;
         if (++stage == NSTAGE) { stage = 0; phase ^= 1; }
+      };
+      int kt = kb;
+      if constexpr (kDefer) {
+        // EPI_DEFER: the previous tile's stores, one slice per k-step, each between this
+        // tile's wgmma issue and the wait for it (so the tensor pipe has work meanwhile).
+        if (d_m >= 0) {
+          CUTE_UNROLL
+          for (int sl = 0; sl < kSlices; ++sl) {
+            const bool step = kt < ke;
+            if (step) issue();
+            flush(sl);
+            if (step) { retire(); ++kt; }
+          }
+          d_m = -1;
+        }
+      }
+#pragma unroll 1
+      for (; kt < ke; ++kt) {
+        issue();
+        retire();
       }
       if constexpr (kPP) {   // the other warpgroup's next unit (if any) may start its main loop
         if (w + sc.step < sc.end) asm volatile("bar.arrive %0, 256;" :: "r"(2 - pp_wg) : "memory");
@@ -686,9 +828,12 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // (its addresses and bias loads are issued before the last wgmma batch has retired)
       const Work u = work_of(w);
       Tensor mC = make_tensor(make_gmem_ptr(p.C + u.l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
-      Tensor gC = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(u.m_blk, u.n_blk));
-      Tensor cC = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
-                             make_coord(u.m_blk, u.n_blk));
+      Tensor gCt = local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(u.m_blk, u.n_blk));
+      Tensor cCt = local_tile(make_identity_tensor(make_shape(p.M, p.N)), make_shape(Int<BM>{}, Int<BN>{}),
+                              make_coord(u.m_blk, u.n_blk));
+      // The acc0 part of the tile: columns [0, kBN1) (all of it unless TILE_N = 320).
+      Tensor gC = local_tile(gCt, make_shape(Int<BM>{}, Int<kBN1>{}), make_coord(0, 0));
+      Tensor cC = local_tile(cCt, make_shape(Int<BM>{}, Int<kBN1>{}), make_coord(0, 0));
       Tensor tCgC = thr_c.partition_C(gC);
       Tensor tCcC = thr_c.partition_C(cC);
       // EPI_FAST: a tile wholly inside C (and, for the bias, a 4-byte aligned bias) takes a
@@ -697,10 +842,10 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // branches per value pair, and its bias loads sat each behind the previous pair's store
       // (SASS: load, wait, tanh, store, 64 times per thread), which cost bias+GELU ~7% against
       // the plain GEMM at 8192^3 on an H200.
-      // GMMA accumulator layout (CLayout_64xN): values i = (2 columns, 2 rows 8 apart, BN / 8
+      // GMMA accumulator layout (CLayout_64xN): values i = (2 columns, 2 rows 8 apart, N / 8
       // column groups of 8) [, MMA_M row blocks], so value i's column is that of value
       // 4 * ((i / 4) % kNG) plus i % 2.
-      constexpr int kNG = BN / 8;
+      constexpr int kNG = kBN1 / 8;
       static_assert(decltype(size<0>(acc0))::value == (kDual ? 8 : 4) * kNG, "unexpected GMMA accumulator layout");
       static_assert(decltype(size(tCgC))::value * (kDual ? 2 : 1) == decltype(size(acc0))::value,
                     "accumulator and output partitions disagree");
@@ -716,24 +861,47 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         if constexpr (kDual) return acc0(i + (i / kVC) * kVC + kVC);
         else return acc1(i);
       };
-      const bool fast = EPI_FAST != 0 && p.c_vec && (u.m_blk + 1) * BM <= p.M && (u.n_blk + 1) * BN <= p.N &&
-                        (EPILOGUE != 1 || p.bias_vec);
+      // kBN2 > 0: the acc2 part, columns [kBN1, BN), through its own partition; it is skipped
+      // when it lies wholly past N (the last tile column of N = 8192 with TILE_N = 320).
+      auto thr_c2 = typename Cfg::TiledMma2{}.get_thread_slice(mma_tid);
+      Tensor tCgC2 = thr_c2.partition_C(local_tile(gCt, make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{}),
+                                                   make_coord(0, kBN2 ? kBN1 / kBN2 : 0)));
+      Tensor tCcC2 = thr_c2.partition_C(local_tile(cCt, make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{}),
+                                                   make_coord(0, kBN2 ? kBN1 / kBN2 : 0)));
+      auto acc_2 = [&](int i) -> float& { return acc2(i); };
+      const int n_end = u.n_blk * BN;   // the part's first column, then + its width
+      const bool rows_in = EPI_FAST != 0 && p.c_vec && (u.m_blk + 1) * BM <= p.M && (EPILOGUE != 1 || p.bias_vec);
+      const bool fast = rows_in && n_end + kBN1 <= p.N;
+      const bool fast2 = rows_in && n_end + BN <= p.N;
+      const bool part2 = kBN2 > 0 && n_end + kBN1 < p.N;
       uint32_t bias_w[EPILOGUE == 1 ? kNG : 1];
-      if constexpr (EPILOGUE == 1) {
+      uint32_t bias_w2[EPILOGUE == 1 && kBN2 > 0 ? kBN2 / 8 : 1];
+      // (kDefer: the flush loads the words it needs)
+      auto load_bias = [&] {
+        // value 4 g sits 8 g columns right of value 0: one base address, immediate offsets
         if (fast) {
-          // value 4 g sits 8 g columns right of value 0: one base address, immediate offsets
           const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC(0)) >> 1);
           CUTE_UNROLL
           for (int g = 0; g < kNG; ++g) bias_w[g] = __ldg(bw + 4 * g);
         }
-      }
+        if constexpr (kBN2 > 0) {
+          if (fast2) {
+            const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC2(0)) >> 1);
+            CUTE_UNROLL
+            for (int g = 0; g < kBN2 / 8; ++g) bias_w2[g] = __ldg(bw + 4 * g);
+          }
+        }
+      };
+      if constexpr (EPILOGUE == 1 && !kDefer) load_bias();
       warpgroup_wait<0>();
       // The last stage is free too: with PERSIST the producer refills it (the next tile) while
       // this epilogue runs.
       if (prev >= 0) release(prev);
       warpgroup_fence_operand(acc0);
       if constexpr (kAcc1) warpgroup_fence_operand(acc1);
+      if constexpr (kBN2 > 0) warpgroup_fence_operand(acc2);
       if constexpr (kSK) {
+        static_assert(!kSK || kBN2 == 0, "STREAMK publishes acc0 only");
         if (ke < k_tiles) {   // a unit's head: add the next CTA's partial (its tail) first
           if (ct == 0) {
             int ready = 0;
@@ -750,55 +918,88 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           }
         }
       }
-      // The task's activation of the value pair (i, i + 1), bias b0, b1 (EPILOGUE 1 only).
-      auto activate = [&](int i, float& v0, float& v1, float b0, float b1) {
-        if constexpr (EPILOGUE == 1) {
-          v0 = gelu_erf(v0 + b0);
-          v1 = gelu_erf(v1 + b1);
-        } else if constexpr (EPILOGUE == 2) {
-          v0 = silu(v0) * acc_u(i);
-          v1 = silu(v1) * acc_u(i + 1);
+      if constexpr (kDefer) {
+        if (fast) {
+          CUTE_UNROLL
+          for (int i = 0; i < kNV; i += 2) {
+            if constexpr (EPILOGUE == 2) {
+              dv[i] = pack_bf16x2(acc_g(i), acc_u(i));
+              dv[i + 1] = pack_bf16x2(acc_g(i + 1), acc_u(i + 1));
+            } else {
+              dv[i / 2] = pack_bf16x2(acc_g(i), acc_g(i + 1));
+            }
+          }
+          d_m = u.m_blk;
+          d_n = u.n_blk;
+          d_l = u.l;
+          continue;
         }
-      };
-      if (fast) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tCgC); i += 2) {
-          float v0 = acc_g(i), v1 = acc_g(i + 1);
+      }
+      // Stores one part of the tile: gate values g(i), up values up(i) (EPILOGUE 2), output and
+      // coordinate partitions oC / oI, its bias words bw (EPILOGUE 1, straight-line path only),
+      // kng: its 8-column groups; straight: the part lies wholly inside C.
+      auto store_part = [&](auto& g, auto& up, auto const& oC, auto const& oI, auto const& bw, auto kng, bool straight) {
+        constexpr int kNGp = decltype(kng)::value;
+        // The task's activation of the value pair (i, i + 1), bias b0, b1 (EPILOGUE 1 only).
+        auto activate = [&](int i, float& v0, float& v1, float b0, float b1) {
           if constexpr (EPILOGUE == 1) {
-            const uint32_t b = bias_w[(i / 4) % kNG];   // (n, n + 1): low, high half; exact
-            activate(i, v0, v1, __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
+            v0 = gelu_erf(v0 + b0);
+            v1 = gelu_erf(v1 + b1);
+          } else if constexpr (EPILOGUE == 2) {
+            v0 = silu(v0) * up(i);
+            v1 = silu(v1) * up(i + 1);
+          }
+        };
+        if (straight) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(oC); i += 2) {
+            float v0 = g(i), v1 = g(i + 1);
+            if constexpr (EPILOGUE == 1) {
+              const uint32_t b = bw[(i / 4) % kNGp];   // (n, n + 1): low, high half; exact
+              activate(i, v0, v1, __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
+            } else {
+              activate(i, v0, v1, 0.f, 0.f);
+            }
+            *reinterpret_cast<__nv_bfloat162*>(&oC(i)) = __floats2bfloat162_rn(v0, v1);
+          }
+          return;
+        }
+        // GMMA accumulators come in pairs of adjacent columns: values i, i+1 (i even) are
+        // (m, n) and (m, n + 1).
+        // Bias through the read-only path (ld.global.nc): its loads need not wait behind this
+        // loop's stores to C, which a plain load must (the compiler cannot prove bias and C apart).
+        const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
+        CUTE_UNROLL
+        for (int i = 0; i < size(oC); i += 2) {
+          const int m = get<0>(oI(i));
+          const int n = get<1>(oI(i));
+          if (m >= p.M) continue;
+          float v0 = g(i), v1 = g(i + 1);
+          if constexpr (EPILOGUE == 1) {
+            const float b0 = n < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n)) << 16) : 0.f;   // exact
+            const float b1 = n + 1 < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n + 1)) << 16) : 0.f;
+            activate(i, v0, v1, b0, b1);
           } else {
             activate(i, v0, v1, 0.f, 0.f);
           }
-          *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = __floats2bfloat162_rn(v0, v1);
+          if (p.c_vec && n + 1 < p.N) {
+            __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
+            *reinterpret_cast<__nv_bfloat162*>(&oC(i)) = pair;
+          } else {
+            if (n < p.N) oC(i) = bf16(v0);
+            if (n + 1 < p.N) oC(i + 1) = bf16(v1);
+          }
         }
-        continue;
+      };
+      store_part(acc_g, acc_u, tCgC, tCcC, bias_w, Int<kNG>{}, fast);
+      if constexpr (kBN2 > 0) {
+        if (part2) store_part(acc_2, acc_2, tCgC2, tCcC2, bias_w2, Int<kBN2 / 8>{}, fast2);
       }
-      // GMMA accumulators come in pairs of adjacent columns: values i, i+1 (i even) are
-      // (m, n) and (m, n + 1).
-      // Bias through the read-only path (ld.global.nc): its loads need not wait behind this loop's
-      // stores to C, which a plain load must (the compiler cannot prove bias and C apart).
-      const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
-      CUTE_UNROLL
-      for (int i = 0; i < size(tCgC); i += 2) {
-        const int m = get<0>(tCcC(i));
-        const int n = get<1>(tCcC(i));
-        if (m >= p.M) continue;
-        float v0 = acc_g(i), v1 = acc_g(i + 1);
-        if constexpr (EPILOGUE == 1) {
-          const float b0 = n < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n)) << 16) : 0.f;   // exact
-          const float b1 = n + 1 < p.N ? __uint_as_float(uint32_t(__ldg(bias_bits + n + 1)) << 16) : 0.f;
-          activate(i, v0, v1, b0, b1);
-        } else {
-          activate(i, v0, v1, 0.f, 0.f);
-        }
-        if (p.c_vec && n + 1 < p.N) {
-          __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
-          *reinterpret_cast<__nv_bfloat162*>(&tCgC(i)) = pair;
-        } else {
-          if (n < p.N) tCgC(i) = bf16(v0);
-          if (n + 1 < p.N) tCgC(i + 1) = bf16(v1);
-        }
+    }
+    if constexpr (kDefer) {   // the last tile's deferred stores
+      if (d_m >= 0) {
+        CUTE_UNROLL
+        for (int sl = 0; sl < kSlices; ++sl) flush(sl);
       }
     }
   }
@@ -868,10 +1069,13 @@ cudaError_t launch_tma(Params p, cudaStream_t stream) {
   Tensor mB1 = make_tensor(make_gmem_ptr(p.B[kNB - 1]), make_shape(p.N, p.K, p.L), make_stride(_1{}, p.ldb, p.b_l));
   // CLUSTER_M = 2: B boxes split in two slices, each CTA of a cluster loads one, multicast
   using BLoad = cute::conditional_t<(CLUSTER_M > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
-  auto tma_b0 = make_tma_atom(BLoad{}, mB0, typename Cfg::SmemLayoutB{}(_, _, 0),
-                              make_shape(Int<BN>{}, Int<TILE_K>{}), Int<CLUSTER_M>{});
-  auto tma_b1 = make_tma_atom(BLoad{}, mB1, typename Cfg::SmemLayoutB{}(_, _, 0),
-                              make_shape(Int<BN>{}, Int<TILE_K>{}), Int<CLUSTER_M>{});
+  // TILE_N = 320 (kSplitB): one 64 x 64 block per box, whole boxes multicast (kernel comment)
+  using BBox = cute::conditional_t<Cfg::kSplitB, decltype(typename Cfg::SmemLayoutBBlk{}(_, _, 0)),
+                                   decltype(typename Cfg::SmemLayoutB{}(_, _, 0))>;
+  constexpr int kBoxN = Cfg::kSplitB ? 64 : BN;
+  constexpr int kBSlices = Cfg::kSplitB ? 1 : CLUSTER_M;
+  auto tma_b0 = make_tma_atom(BLoad{}, mB0, BBox{}, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
+  auto tma_b1 = make_tma_atom(BLoad{}, mB1, BBox{}, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
   p.tiles_m = int((p.M + BM - 1) / BM);
   p.tiles_n = int((p.N + BN - 1) / BN);
   return launch<BM, BN, NSTAGE, true>(p, tma_a, tma_b0, tma_b1, stream);
