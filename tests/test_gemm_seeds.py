@@ -106,11 +106,13 @@ def test_constraints_reject_oversized_configs():
 
 def test_bf16_pingpong_constraints():
     """PINGPONG: one warpgroup holds a whole tile's accumulators (<= 128 x 128 fp32 values, 128
-    registers a thread), and it needs the persistent loop and no cluster."""
+    registers a thread), and it needs the persistent loop and no cluster (and the immediate
+    epilogue: the seeds' EPI_DEFER is switched off here)."""
     tunables = pytest.importorskip("evo.tunables")
     gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
     dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])   # PERSIST = 1, two accumulators
-    ok = lambda src, **kv: not tunables.violated_constraints(src, {k: str(v) for k, v in kv.items()})
+    ok = lambda src, **kv: not tunables.violated_constraints(
+        src, {"EPI_DEFER": "0"} | {k: str(v) for k, v in kv.items()})
     assert ok(gemm, PINGPONG=1, TILE_N=128, STAGES=6) and ok(gemm, PINGPONG=1, TILE_M=64, STAGES=5)
     assert not ok(gemm, PINGPONG=1)                                   # 128 x 256: 256 registers
     assert not ok(gemm, PINGPONG=1, TILE_N=128, PERSIST=0)
@@ -245,7 +247,7 @@ def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     (named barriers 1 and 2 of 256 threads: BAR.SYNC and BAR.ARV), still run HGMMA, and stay free of local
     memory with a whole tile's accumulators in one warpgroup; the fallback kernel has no order
     barrier."""
-    kernels = _bf16_sass(request, tmp_path, task, PINGPONG="1", **tiles)
+    kernels = _bf16_sass(request, tmp_path, task, PINGPONG="1", EPI_DEFER="0", **tiles)
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
@@ -311,11 +313,12 @@ def _longest_branch_free_run(body: str, opcode: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("task", "overrides", "values"), [
-    ("gemm_bias_gelu_bf16", {}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
-    ("gemm_silu_mul_bf16", {}, 128 * 128 // 256),
+    ("gemm_bias_gelu_bf16", {"EPI_DEFER": "0"}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
+    ("gemm_silu_mul_bf16", {"EPI_DEFER": "0"}, 128 * 128 // 256),
 ])
 def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, values):
-    """EPI_FAST (the default): the TMA kernel stores a tile that lies wholly inside C with no
+    """EPI_FAST (the default), immediate epilogue (EPI_DEFER = 0; the seeds defer theirs, see
+    test_bf16_epi_defer_sass): the TMA kernel stores a tile that lies wholly inside C with no
     branch between its bf16x2 stores (one 32-bit STG per value pair), and the bias of bias+GELU
     comes in one batch of 32-bit read-only loads (one per 8-column group, 256 / 8 = 32) issued
     before the last wgmma wait, not one 16-bit load per value behind the previous store."""
@@ -332,12 +335,14 @@ def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, va
 
 def test_bf16_streamk_constraints():
     """STREAMK needs the persistent cooperative TMA kernel with one accumulator: no clusters, no
-    ping-pong, not the dual (SwiGLU) GEMM."""
+    ping-pong, not the dual (SwiGLU) GEMM (and the immediate epilogue, EPI_DEFER = 0)."""
     tunables = pytest.importorskip("evo.tunables")
     gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
     dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])
-    ok = lambda src, **kv: not tunables.violated_constraints(src, {k: str(v) for k, v in kv.items()})
+    ok = lambda src, **kv: not tunables.violated_constraints(
+        src, {"EPI_DEFER": "0"} | {k: str(v) for k, v in kv.items()})
     assert ok(gemm, STREAMK=1)
+    assert not ok(gemm, STREAMK=1, EPI_DEFER=1)
     assert not ok(gemm, STREAMK=1, PERSIST=0)
     assert not ok(gemm, STREAMK=1, CLUSTER_M=2)
     assert not ok(gemm, STREAMK=1, PINGPONG=1, TILE_N=128)
@@ -351,7 +356,7 @@ def test_bf16_streamk_sass(request, tmp_path, task):
     them with acquire loads (gpu scope), syncs the 256 consumer threads on named barrier 1,
     still runs HGMMA, and stays free of local memory; the fallback kernel (never persistent)
     has none of it."""
-    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1", CLUSTER_M="1")
+    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1", CLUSTER_M="1", EPI_DEFER="0")
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
@@ -381,8 +386,9 @@ def test_bf16_dual_mma_constraints():
 def test_bf16_dual_mma_sass(request, tmp_path, overrides):
     """DUAL_MMA = 1: the SwiGLU TMA kernel's main loop issues one 64 x 2 TILE_N HGMMA per
     k-step (no 64 x TILE_N ones: the two B tiles are one operand), stays free of local memory,
-    and keeps the straight-line epilogue (one bf16x2 store per output pair, no branch between)."""
-    kernels = _bf16_sass(request, tmp_path, "gemm_silu_mul_bf16", DUAL_MMA="1", **overrides)
+    and keeps the straight-line epilogue (one bf16x2 store per output pair, no branch between;
+    the immediate one: EPI_DEFER = 0)."""
+    kernels = _bf16_sass(request, tmp_path, "gemm_silu_mul_bf16", DUAL_MMA="1", EPI_DEFER="0", **overrides)
     tn = int(overrides.get("TILE_N", "128"))
     tm = int(overrides.get("TILE_M", "128"))
     tma = next(body for name, body in kernels.items() if "Lb1E" in name)
@@ -407,3 +413,72 @@ def test_bf16_b_kfirst_loads_b_in_64x64_boxes(request, tmp_path):
         counts[kf] = len(re.findall(r"\bUTMALDG\.3D\b", tma))
     # 33 and 5 with nvcc 13.0; a different unrolling would scale both, not the ratio
     assert counts["1"] <= 8 and counts["0"] >= 4 * counts["1"], counts
+
+
+def test_bf16_epi_defer_and_wide_tile_constraints():
+    """EPI_DEFER needs the persistent cooperative kernel (no PINGPONG / STREAMK) and at most 128
+    accumulators a thread (not TILE_N = 320); TILE_N = 320 (a 64 x 256 and a 64 x 64 wgmma per
+    k-step, 160 accumulators) needs TILE_M = 128 and one B operand, so not SwiGLU."""
+    tunables = pytest.importorskip("evo.tunables")
+    ok = lambda task, **kv: not tunables.violated_constraints(render(GEMM_SEEDS[task]),
+                                                              {k: str(v) for k, v in kv.items()})
+    for task in ("gemm_bf16", "gemm_bias_gelu_bf16", "gemm_silu_mul_bf16"):
+        assert ok(task)                                           # the seeds defer
+        assert not ok(task, PERSIST=0)
+    assert not ok("gemm_bf16", PINGPONG=1, TILE_N=128)
+    assert not ok("gemm_bf16", TILE_N=320)
+    assert ok("gemm_bf16", TILE_N=320, EPI_DEFER=0) and ok("gemm_bias_gelu_bf16", TILE_N=320, EPI_DEFER=0)
+    assert not ok("gemm_bf16", TILE_N=320, EPI_DEFER=0, TILE_M=64)
+    assert not ok("gemm_silu_mul_bf16", TILE_N=320, EPI_DEFER=0, DUAL_MMA=0)
+    assert not ok("gemm_bf16", TILE_N=320, EPI_DEFER=0, STAGES=5)            # 5 x 56 KB stages
+
+
+def _stores_under_wgmma(body: str) -> int:
+    """STG instructions between a HGMMA and the next wait for all wgmmas (WARPGROUP.DEPBAR ...
+    0x0; a wait down to one batch, 0x1, leaves the last one running): stores the consumers issue
+    while a wgmma batch of theirs runs."""
+    count, inside = 0, False
+    for line in body.splitlines():
+        if "HGMMA." in line:
+            inside = True
+        elif re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", line):
+            inside = False
+        elif inside and re.search(r"\bSTG\.E\b", line):
+            count += 1
+    return count
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "pairs"), [
+    ("gemm_bf16", 128 * 256 // 256 // 2),        # 128 x 256 tile, 256 consumer threads
+    ("gemm_bias_gelu_bf16", 128 * 256 // 256 // 2),
+    ("gemm_silu_mul_bf16", 128 * 128 // 256 // 2),
+])
+def test_bf16_epi_defer_sass(request, tmp_path, task, pairs):
+    """EPI_DEFER = 1 (the three persistent seeds): every bf16x2 store of a tile wholly inside C
+    is issued between a wgmma of the next tile and the wait for it (the epilogue runs under
+    the maths), bias+GELU's bias words are read there too, and the kernels stay free of local
+    memory (the packed tile is 64 registers more next to the 128 accumulators)."""
+    kernels = _bf16_sass(request, tmp_path, task)
+    for name, body in kernels.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+    tma = next(body for name, body in kernels.items() if "Lb1E" in name)
+    under = _stores_under_wgmma(tma)
+    assert under >= pairs, f"{under} stores under a wgmma, want the tile's {pairs} pairs"
+    if task == "gemm_bias_gelu_bf16":
+        loads = sum(1 for seg in tma.split("HGMMA.")[1:]
+                    for line in re.split(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", seg)[0].splitlines()
+                    if "LDG.E.CONSTANT" in line)
+        assert loads >= 256 // 8, f"bias loads under a wgmma: {loads}, want one per 8-column group"
+
+
+@pytest.mark.slow
+def test_bf16_wide_tile_sass(request, tmp_path):
+    """TILE_N = 320: each k-step issues a 64 x 256 and a 64 x 64 HGMMA (no wgmma is wider than
+    256), B comes in 64 x 64 TMA boxes, and 160 accumulators a thread fit without local memory."""
+    kernels = _bf16_sass(request, tmp_path, "gemm_bias_gelu_bf16", TILE_N="320", EPI_DEFER="0")
+    tma = next(body for name, body in kernels.items() if "Lb1E" in name)
+    for name, body in kernels.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
+    assert set(re.findall(r"HGMMA\.64x(\d+)x16\.F32\.BF16", tma)) == {"256", "64"}
+    assert "UTMALDG.3D.MULTICAST" in tma                    # the seed's 2-CTA clusters share B
