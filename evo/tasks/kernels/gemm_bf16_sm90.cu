@@ -472,6 +472,11 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // once): the ring positions carry over, so the producer loads the next tile's first stages
   // while the consumers store this one.
   constexpr bool kPersist = PERSIST != 0 && kTMA;
+  // Registers per thread after setmaxnreg: consumers 224 / producer 56, or 232 / 40 (the most
+  // the launch's 168 x 384 allow) when the consumers hold more: TILE_N = 320 (160 accumulators)
+  // and EPI_DEFER (128 + 64 packed). With CLUSTER_N = 2 a 40-register producer spilled (its
+  // multicast state) while EPI_DEFER's consumers fit in 224, so those builds keep 224 / 56.
+  constexpr bool kWideRegs = Cfg::kSplitB || (EPI_DEFER != 0 && kPersist && !kPP && kCN == 1);
   static_assert(!kPP || (kPersist && kCS == 1), "PINGPONG needs PERSIST = 1 and CLUSTER_M = CLUSTER_N = 1");
   // (evaluated by each role after its setmaxnreg: values computed before it and live across
   // it were spilled around the register reallocation)
@@ -558,7 +563,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   if (wg == 0) {
     // ------------------------------- producer ------------------------------------------
     if constexpr (kTMA) {
-      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<(Cfg::kSplitB || EPI_DEFER) ? 40 : 56>();
+      if constexpr (Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_dealloc<kWideRegs ? 40 : 56>();
       if (threadIdx.x / 32 == 0 && elect_one_sync()) {
         Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
         Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
@@ -653,7 +658,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     }
   } else {
     // ------------------------------- consumers -----------------------------------------
-    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<(Cfg::kSplitB || EPI_DEFER) ? 232 : 224>();
+    if constexpr (kTMA && Cfg::kNWG == 2) cutlass::arch::warpgroup_reg_alloc<kWideRegs ? 232 : 224>();
     typename Cfg::TiledMma mma;
     const int mma_tid = kPP ? int(threadIdx.x) % 128 : int(threadIdx.x) - 128;
     auto thr = mma.get_thread_slice(mma_tid);
@@ -947,7 +952,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // coordinate partitions oC / oI, its bias words bw (EPILOGUE 1, straight-line path only),
       // kng: its 8-column groups; straight: the part lies wholly inside C.
       auto store_part = [&](auto& g, auto& up, auto const& oC, auto const& oI, auto const& bw, auto kng, bool straight) {
-        constexpr int kNGp = decltype(kng)::value;
+        [[maybe_unused]] constexpr int kNGp = decltype(kng)::value;
         // The task's activation of the value pair (i, i + 1), bias b0, b1 (EPILOGUE 1 only).
         auto activate = [&](int i, float& v0, float& v1, float b0, float b1) {
           if constexpr (EPILOGUE == 1) {
@@ -976,7 +981,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         // (m, n) and (m, n + 1).
         // Bias through the read-only path (ld.global.nc): its loads need not wait behind this
         // loop's stores to C, which a plain load must (the compiler cannot prove bias and C apart).
-        const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
+        [[maybe_unused]] const unsigned short* bias_bits = reinterpret_cast<const unsigned short*>(p.bias);
         CUTE_UNROLL
         for (int i = 0; i < size(oC); i += 2) {
           const int m = get<0>(oI(i));
