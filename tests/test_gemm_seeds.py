@@ -433,17 +433,17 @@ def test_bf16_epi_defer_and_wide_tile_constraints():
     assert not ok("gemm_bf16", TILE_N=320, EPI_DEFER=0, STAGES=5)            # 5 x 56 KB stages
 
 
-def _stores_under_wgmma(body: str) -> int:
-    """STG instructions between a HGMMA and the next wait for all wgmmas (WARPGROUP.DEPBAR ...
-    0x0; a wait down to one batch, 0x1, leaves the last one running): stores the consumers issue
-    while a wgmma batch of theirs runs."""
+def _under_wgmma(body: str, pattern: str) -> int:
+    """Instructions matching ``pattern`` between a HGMMA and the next wait for all wgmmas
+    (WARPGROUP.DEPBAR ... 0x0; a wait down to one batch, 0x1, leaves the last one running): what
+    the consumers issue while a wgmma batch of theirs runs."""
     count, inside = 0, False
     for line in body.splitlines():
         if "HGMMA." in line:
             inside = True
         elif re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", line):
             inside = False
-        elif inside and re.search(r"\bSTG\.E\b", line):
+        elif inside and re.search(pattern, line):
             count += 1
     return count
 
@@ -463,12 +463,10 @@ def test_bf16_epi_defer_sass(request, tmp_path, task, pairs):
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
     tma = next(body for name, body in kernels.items() if "Lb1E" in name)
-    under = _stores_under_wgmma(tma)
+    under = _under_wgmma(tma, r"\bSTG\.E\b")
     assert under >= pairs, f"{under} stores under a wgmma, want the tile's {pairs} pairs"
     if task == "gemm_bias_gelu_bf16":
-        loads = sum(1 for seg in tma.split("HGMMA.")[1:]
-                    for line in re.split(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", seg)[0].splitlines()
-                    if "LDG.E.CONSTANT" in line)
+        loads = _under_wgmma(tma, r"\bLDG\.E\.CONSTANT\b")
         assert loads >= 256 // 8, f"bias loads under a wgmma: {loads}, want one per 8-column group"
 
 

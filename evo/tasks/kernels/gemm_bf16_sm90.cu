@@ -248,6 +248,8 @@ struct Config {
   static constexpr int kBN1 = BN > 256 ? 256 : BN;
   static constexpr int kBN2 = BN - kBN1;
   static constexpr bool kSplitB = kBN2 > 0;
+  static constexpr int kBN2w = kSplitB ? kBN2 : 64;   // the second wgmma's width (64: unused placeholder)
+  static constexpr int kBoxN = kSplitB ? 64 : BN;     // columns of one TMA box of B
   static_assert(!kSplitB || (kBN2 == 64 && BM == 128 && !kPP && kNB == 1),
                 "TILE_N = 320 needs TILE_M = 128, no PINGPONG and one B operand");
   using SmemLayoutB = cute::conditional_t<
@@ -268,7 +270,7 @@ struct Config {
   static constexpr int kSmemBytes = kABytes + kNB * kBBytes + 2 * NSTAGE * 8 + 1024;  // +align slack
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kBN1>, Int<TILE_K>>,
                                                       GMMA::Major::K, GMMA::Major::MN>());
-  using MmaAtom2 = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kBN2 ? kBN2 : 64>, Int<TILE_K>>,
+  using MmaAtom2 = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kBN2w>, Int<TILE_K>>,
                                                        GMMA::Major::K, GMMA::Major::MN>());
   using MmaAtomBB = decltype(SM90::GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, Int<kDual ? kNB * BN : 64>, Int<TILE_K>>,
                                                         GMMA::Major::K, GMMA::Major::MN>());
@@ -568,9 +570,8 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
         Tensor mA = tma_a.get_tma_tensor(make_shape(p.M, p.K, p.L));
         Tensor mB = tma_b0.get_tma_tensor(make_shape(p.N, p.K, p.L));
         Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BM, BK, m, k, l)
-        // (kSplitB: the 64 x 64 blocks of B, (64, BK, nb, k, l))
-        constexpr int kBoxN = Cfg::kSplitB ? 64 : BN;
-        Tensor gB = local_tile(mB, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), make_coord(_, _, _));   // (BN, BK, n, k, l)
+        // (BN, BK, n, k, l); kSplitB: the 64 x 64 blocks of B, (64, BK, nb, k, l)
+        Tensor gB = local_tile(mB, make_shape(Int<Cfg::kBoxN>{}, Int<TILE_K>{}), make_coord(_, _, _));
         // kCN = 2: this CTA's slice rn of the A box, multicast along its cluster row (the CTAs
         // rm + kCM j); kCM = 2: slice rm of the B box, multicast along its cluster column (the
         // CTAs kCM rn + i). (SM90_TMA_LOAD ignores the mask: no cluster along that dim.)
@@ -711,9 +712,10 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     constexpr int kThr = Cfg::kNWG * 128;   // consumer threads (kSK: cooperative tiles)
     const int ct = int(threadIdx.x) - 128;
     // EPI_DEFER (persistent cooperative kernel): a tile wholly inside C is not stored when its
-    // main loop ends. Its accumulators are packed to bf16 pairs (dv: with the bias added for
-    // EPILOGUE 1, as torch's addmm rounds its output; gate and up value side by side for
-    // EPILOGUE 2, as torch's two GEMMs round theirs), the next tile's main loop starts at once,
+    // main loop ends. Its accumulators are packed to bf16 pairs (dv: value pairs, or for
+    // EPILOGUE 2 each value's gate and up side by side, as torch's two GEMMs round theirs;
+    // EPILOGUE 1 adds the bias to the packed values in the slice: loaded at the tile's end next
+    // to the accumulators, its 32 words spilled), the next tile's main loop starts at once,
     // and the activation and stores run in kSlices slices between that loop's first k-steps,
     // under its wgmmas; the last tile's are flushed after the loop. Without it the tensor pipe
     // idles for the whole epilogue of every tile.
@@ -727,13 +729,15 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
     static_assert(!kDefer || kNV % (2 * kSlices) == 0, "EPI_DEFER: output pairs must split into kSlices slices");
     uint32_t dv[kDV];
     int d_m = -1, d_n = 0, d_l = 0;   // the deferred tile (d_m < 0: none)
+    // EPILOGUE 1: the bias as 32-bit words from the column of value 0 of a coordinate
+    // partition; value 4 g sits 8 g columns right of value 0 (word 4 g: immediate offsets).
+    auto bias_words = [&](auto const& cI) { return reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(cI(0)) >> 1); };
     auto flush = [&](int s) {   // (called from fully unrolled loops: s is a constant there)
       Tensor mC = make_tensor(make_gmem_ptr(p.C + d_l * p.c_l), make_shape(p.M, p.N), make_stride(int64_t(p.N), _1{}));
       Tensor tCgC = thr_c.partition_C(local_tile(mC, make_shape(Int<BM>{}, Int<BN>{}), make_coord(d_m, d_n)));
       Tensor tCcC = thr_c.partition_C(local_tile(make_identity_tensor(make_shape(p.M, p.N)),
                                                  make_shape(Int<BM>{}, Int<BN>{}), make_coord(d_m, d_n)));
-      // EPILOGUE 1: this slice's bias words (value 4 g sits 8 g columns right of value 0)
-      const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC(0)) >> 1);
+      const uint32_t* bw = bias_words(tCcC);   // EPILOGUE 1: this slice's words are read below
       constexpr int kPer = kNV / 2 / kSlices;   // output pairs per slice
       CUTE_UNROLL
       for (int q = s * kPer; q < (s + 1) * kPer; ++q) {
@@ -768,8 +772,7 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       Tensor acc1 = thr.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<BN>{})));
       // acc1: only the dual (silu_mul) epilogue without DUAL_MMA. acc2: columns [256, 320) of
       // TILE_N = 320 (acc0 then holds [0, 256)).
-      Tensor acc2 = thr2.partition_fragment_C(
-          make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{})));
+      Tensor acc2 = thr2.partition_fragment_C(make_tensor(make_gmem_ptr(p.C), make_shape(Int<BM>{}, Int<Cfg::kBN2w>{})));
       clear(acc0);
       if constexpr (kAcc1) clear(acc1);
       if constexpr (kBN2 > 0) clear(acc2);
@@ -877,29 +880,28 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
       // kBN2 > 0: the acc2 part, columns [kBN1, BN), through its own partition; it is skipped
       // when it lies wholly past N (the last tile column of N = 8192 with TILE_N = 320).
       auto thr_c2 = typename Cfg::TiledMma2{}.get_thread_slice(mma_tid);
-      Tensor tCgC2 = thr_c2.partition_C(local_tile(gCt, make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{}),
-                                                   make_coord(0, kBN2 ? kBN1 / kBN2 : 0)));
-      Tensor tCcC2 = thr_c2.partition_C(local_tile(cCt, make_shape(Int<BM>{}, Int<kBN2 ? kBN2 : 64>{}),
-                                                   make_coord(0, kBN2 ? kBN1 / kBN2 : 0)));
+      auto part2_tile = make_shape(Int<BM>{}, Int<Cfg::kBN2w>{});
+      auto part2_at = make_coord(0, kBN1 / Cfg::kBN2w);   // (columns [kBN1, BN))
+      Tensor tCgC2 = thr_c2.partition_C(local_tile(gCt, part2_tile, part2_at));
+      Tensor tCcC2 = thr_c2.partition_C(local_tile(cCt, part2_tile, part2_at));
       auto acc_2 = [&](int i) -> float& { return acc2(i); };
-      const int n_end = u.n_blk * BN;   // the part's first column, then + its width
+      const int n0 = u.n_blk * BN;   // the tile's first column
       const bool rows_in = EPI_FAST != 0 && p.c_vec && (u.m_blk + 1) * BM <= p.M && (EPILOGUE != 1 || p.bias_vec);
-      const bool fast = rows_in && n_end + kBN1 <= p.N;
-      const bool fast2 = rows_in && n_end + BN <= p.N;
-      const bool part2 = kBN2 > 0 && n_end + kBN1 < p.N;
+      const bool fast = rows_in && n0 + kBN1 <= p.N;
+      const bool fast2 = rows_in && n0 + BN <= p.N;
+      const bool part2 = kBN2 > 0 && n0 + kBN1 < p.N;
       uint32_t bias_w[EPILOGUE == 1 ? kNG : 1];
       uint32_t bias_w2[EPILOGUE == 1 && kBN2 > 0 ? kBN2 / 8 : 1];
       // (kDefer: the flush loads the words it needs)
       auto load_bias = [&] {
-        // value 4 g sits 8 g columns right of value 0: one base address, immediate offsets
         if (fast) {
-          const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC(0)) >> 1);
+          const uint32_t* bw = bias_words(tCcC);
           CUTE_UNROLL
           for (int g = 0; g < kNG; ++g) bias_w[g] = __ldg(bw + 4 * g);
         }
         if constexpr (kBN2 > 0) {
           if (fast2) {
-            const uint32_t* bw = reinterpret_cast<const uint32_t*>(p.bias) + (get<1>(tCcC2(0)) >> 1);
+            const uint32_t* bw = bias_words(tCcC2);
             CUTE_UNROLL
             for (int g = 0; g < kBN2 / 8; ++g) bias_w2[g] = __ldg(bw + 4 * g);
           }
@@ -1085,10 +1087,9 @@ cudaError_t launch_tma(Params p, cudaStream_t stream) {
   // TILE_N = 320 (kSplitB): one 64 x 64 block per box, whole boxes multicast (kernel comment)
   using BBox = cute::conditional_t<Cfg::kSplitB, decltype(typename Cfg::SmemLayoutBBlk{}(_, _, 0)),
                                    decltype(typename Cfg::SmemLayoutB{}(_, _, 0))>;
-  constexpr int kBoxN = Cfg::kSplitB ? 64 : BN;
   constexpr int kBSlices = Cfg::kSplitB ? 1 : CLUSTER_M;
-  auto tma_b0 = make_tma_atom(BLoad{}, mB0, BBox{}, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
-  auto tma_b1 = make_tma_atom(BLoad{}, mB1, BBox{}, make_shape(Int<kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
+  auto tma_b0 = make_tma_atom(BLoad{}, mB0, BBox{}, make_shape(Int<Cfg::kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
+  auto tma_b1 = make_tma_atom(BLoad{}, mB1, BBox{}, make_shape(Int<Cfg::kBoxN>{}, Int<TILE_K>{}), Int<kBSlices>{});
   p.tiles_m = int((p.M + BM - 1) / BM);
   p.tiles_n = int((p.N + BN - 1) / BN);
   return launch<BM, BN, NSTAGE, true>(p, tma_a, tma_b0, tma_b1, stream);
