@@ -240,7 +240,7 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6", "CLUSTER_M": "1"}),
+@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6", "CLUSTER_M": "1", "EPI_BF16X2": "0"}),
                                             ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5", "CLUSTER_M": "1"})])
 def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     """PINGPONG = 1: the TMA kernel's consumer warpgroups take turns through an order barrier
@@ -313,7 +313,7 @@ def _longest_branch_free_run(body: str, opcode: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("task", "overrides", "values"), [
-    ("gemm_bias_gelu_bf16", {"EPI_DEFER": "0"}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
+    ("gemm_bias_gelu_bf16", {"EPI_DEFER": "0", "EPI_BF16X2": "0"}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
     ("gemm_silu_mul_bf16", {"EPI_DEFER": "0"}, 128 * 128 // 256),
 ])
 def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, values):
@@ -356,7 +356,7 @@ def test_bf16_streamk_sass(request, tmp_path, task):
     them with acquire loads (gpu scope), syncs the 256 consumer threads on named barrier 1,
     still runs HGMMA, and stays free of local memory; the fallback kernel (never persistent)
     has none of it."""
-    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1", CLUSTER_M="1", EPI_DEFER="0")
+    kernels = _bf16_sass(request, tmp_path, task, STREAMK="1", CLUSTER_M="1", EPI_DEFER="0", EPI_BF16X2="0")
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
         assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", body), name
@@ -427,10 +427,14 @@ def test_bf16_epi_defer_and_wide_tile_constraints():
         assert not ok(task, PERSIST=0)
     assert not ok("gemm_bf16", PINGPONG=1, TILE_N=128)
     assert not ok("gemm_bf16", TILE_N=320)
-    assert ok("gemm_bf16", TILE_N=320, EPI_DEFER=0) and ok("gemm_bias_gelu_bf16", TILE_N=320, EPI_DEFER=0)
+    assert ok("gemm_bf16", TILE_N=320, EPI_DEFER=0) and ok("gemm_bias_gelu_bf16", TILE_N=320, EPI_DEFER=0, EPI_BF16X2=0)
     assert not ok("gemm_bf16", TILE_N=320, EPI_DEFER=0, TILE_M=64)
     assert not ok("gemm_silu_mul_bf16", TILE_N=320, EPI_DEFER=0, DUAL_MMA=0)
     assert not ok("gemm_bf16", TILE_N=320, EPI_DEFER=0, STAGES=5)            # 5 x 56 KB stages
+    # EPI_BF16X2 (the bias+GELU seed's packed bias add) lives in the deferred bias+GELU slices
+    assert not ok("gemm_bias_gelu_bf16", EPI_DEFER=0)
+    assert ok("gemm_bias_gelu_bf16", EPI_DEFER=0, EPI_BF16X2=0)
+    assert not ok("gemm_bf16", EPI_BF16X2=1) and not ok("gemm_silu_mul_bf16", EPI_BF16X2=1)
 
 
 def _under_wgmma(body: str, pattern: str) -> int:
@@ -458,7 +462,8 @@ def test_bf16_epi_defer_sass(request, tmp_path, task, pairs):
     """EPI_DEFER = 1 (the three persistent seeds): every bf16x2 store of a tile wholly inside C
     is issued between a wgmma of the next tile and the wait for it (the epilogue runs under
     the maths), bias+GELU's bias words are read there too, and the kernels stay free of local
-    memory (the packed tile is 64 registers more next to the 128 accumulators)."""
+    memory (the packed tile is 64 registers more next to the 128 accumulators; bias+GELU's
+    EPI_BF16X2 build with 224 / 56 registers, whose 40-register producer spilled)."""
     kernels = _bf16_sass(request, tmp_path, task)
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
@@ -468,15 +473,19 @@ def test_bf16_epi_defer_sass(request, tmp_path, task, pairs):
     if task == "gemm_bias_gelu_bf16":
         loads = _under_wgmma(tma, r"\bLDG\.E\.CONSTANT\b")
         assert loads >= 256 // 8, f"bias loads under a wgmma: {loads}, want one per 8-column group"
+        # EPI_BF16X2: one packed bf16x2 FMA (A @ B pair + bias, halved) per output pair
+        fmas = _under_wgmma(tma, r"\bHFMA2\.BF16")
+        assert fmas >= pairs, f"packed bias FMAs under a wgmma: {fmas}, want the tile's {pairs} pairs"
 
 
 @pytest.mark.slow
 def test_bf16_wide_tile_sass(request, tmp_path):
     """TILE_N = 320: each k-step issues a 64 x 256 and a 64 x 64 HGMMA (no wgmma is wider than
     256), B comes in 64 x 64 TMA boxes, and 160 accumulators a thread fit without local memory."""
-    kernels = _bf16_sass(request, tmp_path, "gemm_bias_gelu_bf16", TILE_N="320", EPI_DEFER="0")
+    kernels = _bf16_sass(request, tmp_path, "gemm_bias_gelu_bf16", TILE_N="320", EPI_DEFER="0", EPI_BF16X2="0",
+                         CLUSTER_M="2")
     tma = next(body for name, body in kernels.items() if "Lb1E" in name)
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
     assert set(re.findall(r"HGMMA\.64x(\d+)x16\.F32\.BF16", tma)) == {"256", "64"}
-    assert "UTMALDG.3D.MULTICAST" in tma                    # the seed's 2-CTA clusters share B
+    assert "UTMALDG.3D.MULTICAST" in tma                    # 2-CTA clusters share B, box by box

@@ -129,12 +129,15 @@ _BF16_DEFER = (("EPI_DEFER", "1"),)
 #: in every pair measured that day (bf16_epilogue.json: 1.146x against 1.123x;
 #: bf16_cluster_ab.json: 1.137x against 1.130x), by less than the run-to-run spread each time.
 _SWIGLU_CLUSTER = (("CLUSTER_M", "2"),)
-#: bias+GELU: the same 2-CTA clusters. A small gain, but in every pair measured: on an H200
-#: (benchmarks/probes/bf16_cluster2x2.json, 2026-12-02) 1.016x / 1.022x torch against 1.008x /
-#: 1.018x without (bf16_cluster_ab.json, 2026-12-01: 1.016x / 1.013x against 1.013x / 1.008x),
-#: and Nsight Compute counts 19% fewer DRAM bytes read and 14% fewer L2 bytes per call
-#: (benchmarks/ncu_compare.py: 1.23 against 1.52 GB, 10.0 against 11.6 GB).
-_BIAS_GELU_CLUSTER = (("CLUSTER_M", "2"),)
+#: bias+GELU: EPI_BF16X2, the bias added to the packed A @ B pair by one bf16x2 FMA that also
+#: halves it (one more bf16 rounding, as torch's addmm output has), GELU from x / 2 in 4 FP32
+#: instructions + the tanh; without clusters. On an H200 (benchmarks/probes/bf16_bias_gelu_x2.json
+#: and bf16_bias_gelu_cluster.json, 2026-12-02, every check passed): 1.064x / 1.058x / 1.062x
+#: torch, against 1.028-1.045x for the previous seed (CLUSTER_M = 2, FP32 bias add) in the same
+#: runs, 1.030-1.044x for EPI_BF16X2 with CLUSTER_M = 2 and 0.999-1.033x for CLUSTER_M = 1 alone.
+#: (The 2-CTA clusters it ran since 2026-12-01 had measured 1.016x / 1.022x against 1.008x /
+#: 1.018x without, before EPI_DEFER.)
+_BIAS_GELU_X2 = (("EPI_BF16X2", "1"),)
 #: SwiGLU: DUAL_MMA, W1's and W3's tiles side by side in each stage and one 64 x 256 wgmma per
 #: k-step for both accumulators (A read from shared memory once per k-step, not twice). On an
 #: H200 (benchmarks/probes/bf16_kfirst.json and bf16_dual.json, 2026-12-01): 1.159x / 1.157x /
@@ -151,9 +154,9 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
         "C = A @ B with unaligned K/N: operands padded into the workspace, then TMA + wgmma"
     ),
     "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, batch on gridDim.y"),
-    "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent, 2-CTA clusters "
-                                 "multicasting B, epilogue under the next tile's wgmmas", epilogue="bias_gelu",
-                                 tunables=(*_BF16_PERSIST, *_BIAS_GELU_CLUSTER, *_BF16_DEFER)),
+    "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent, epilogue under "
+                                 "the next tile's wgmmas, bias added by a packed bf16x2 FMA",
+                                 epilogue="bias_gelu", tunables=(*_BF16_PERSIST, *_BF16_DEFER, *_BIAS_GELU_X2)),
     "gemm_silu_mul_bf16": _bf16(
         "C = silu(A @ W1) * (A @ W3): dual GEMM, one 64x256 wgmma per k-step computes both "
         "accumulators from each A tile, persistent, 2-CTA clusters multicasting W1 / W3, epilogue "

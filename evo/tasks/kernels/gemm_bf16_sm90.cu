@@ -108,6 +108,7 @@
 // @tunable DUAL_MMA = 0 in {0, 1}
 // @tunable B_KFIRST = 0 in {0, 1}
 // @tunable EPI_DEFER = 0 in {0, 1}
+// @tunable EPI_BF16X2 = 0 in {0, 1}
 // @constraint TILE_M * TILE_N * (1 + (EPILOGUE == 2)) <= 32768 || TILE_N == 320
 // @constraint TILE_N != 320 || (TILE_M == 128 && EPILOGUE != 2 && PINGPONG == 0 && STREAMK == 0)
 // @constraint TILE_M * FB_TILE_N * (1 + (EPILOGUE == 2)) <= 16384
@@ -117,6 +118,7 @@
 // @constraint STREAMK == 0 || (PERSIST == 1 && CLUSTER_M == 1 && CLUSTER_N == 1 && PINGPONG == 0 && EPILOGUE != 2)
 // @constraint DUAL_MMA == 0 || (EPILOGUE == 2 && TILE_N <= 128)
 // @constraint EPI_DEFER == 0 || (PERSIST == 1 && PINGPONG == 0 && STREAMK == 0 && TILE_N != 320)
+// @constraint EPI_BF16X2 == 0 || (EPILOGUE == 1 && EPI_DEFER == 1)
 #ifndef TILE_M
 #define TILE_M 128
 #endif
@@ -167,6 +169,9 @@
 #endif
 #ifndef EPI_DEFER
 #define EPI_DEFER 0   // persistent kernel: a tile's activation and stores run under the next tile's wgmmas
+#endif
+#ifndef EPI_BF16X2
+#define EPI_BF16X2 0   // EPI_DEFER bias+GELU: bias added by one packed bf16x2 FMA (comment at the flush)
 #endif
 
 namespace evo_bf16 {
@@ -292,12 +297,16 @@ struct Config {
 // <= 1.5e-7) with the fast exp; 2: the tanh form on the hardware tanh (<= 1.3e-3 from the erf
 // form: below a bf16 ulp of the output; CPU check against BF16_GEMM-sized bounds: worst ratio
 // 0.23 of the bound at input scales 0.01..100).
+// GELU_FAST 2 is written for the fewest instructions (5 + the tanh: u = x (c0 + c0 0.044715 x^2),
+// h (1 + tanh u) as one FMA): under EPI_DEFER these run beside the wgmmas, and each one showed in
+// the time (GELU_FAST 1, ~2x the instructions: 1.03x -> 0.99x torch on an H200).
 CUTE_DEVICE float gelu_erf(float x) {
 #if GELU_FAST == 2
-  const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
+  const float u = x * fmaf(0.0356774081363001f, x * x, 0.7978845608028654f);
   float th;
   asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(u));
-  return 0.5f * x * (1.0f + th);
+  const float h = 0.5f * x;
+  return fmaf(h, th, h);
 #elif GELU_FAST == 1
   const float z = fabsf(x) * 0.70710678118654752f;
   const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
@@ -343,6 +352,26 @@ CUTE_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
 }
 CUTE_DEVICE float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 CUTE_DEVICE float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+// Packed bf16x2 arithmetic (one rounding per half; mul.bf16x2 needs sm_90).
+CUTE_DEVICE uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+CUTE_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+constexpr uint32_t kBf16x2Half = 0x3f003f00u;   // (0.5, 0.5)
+// GELU of x = 2 h from h (exact: x is a bf16 value): h (1 + tanh(h (2 c0 + 8 c0 0.044715 h^2))),
+// the GELU_FAST 2 form in 4 instructions + the tanh.
+CUTE_DEVICE float gelu_from_half(float h) {
+  const float u = h * fmaf(0.2854192650904008f, h * h, 1.5957691216057308f);
+  float th;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(u));
+  return fmaf(h, th, h);
+}
 #ifndef EMPTY_ARRIVE_ALL
 #define EMPTY_ARRIVE_ALL 0
 #endif
@@ -477,8 +506,11 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
   // Registers per thread after setmaxnreg: consumers 224 / producer 56, or 232 / 40 (the most
   // the launch's 168 x 384 allow) when the consumers hold more: TILE_N = 320 (160 accumulators)
   // and EPI_DEFER (128 + 64 packed). With CLUSTER_N = 2 a 40-register producer spilled (its
-  // multicast state) while EPI_DEFER's consumers fit in 224, so those builds keep 224 / 56.
-  constexpr bool kWideRegs = Cfg::kSplitB || (EPI_DEFER != 0 && kPersist && !kPP && kCN == 1);
+  // multicast state) while EPI_DEFER's consumers fit in 224, so those builds keep 224 / 56; so
+  // do EPI_BF16X2 builds (bias+GELU): its shorter slices fit in 224, and with 40 the producer of
+  // the CLUSTER_M = 1 build spilled 12 bytes (ptxas 13.0).
+  constexpr bool kWideRegs = Cfg::kSplitB || (EPI_DEFER != 0 && kPersist && !kPP && kCN == 1 &&
+                                              !(EPILOGUE == 1 && EPI_BF16X2 != 0));
   static_assert(!kPP || (kPersist && kCS == 1), "PINGPONG needs PERSIST = 1 and CLUSTER_M = CLUSTER_N = 1");
   // (evaluated by each role after its setmaxnreg: values computed before it and live across
   // it were spilled around the register reallocation)
@@ -747,7 +779,12 @@ gemm_bf16_kernel(Params p, CUTE_GRID_CONSTANT TmaA const tma_a, CUTE_GRID_CONSTA
           out = pack_bf16x2(silu(bf16_lo(dv[i])) * bf16_hi(dv[i]), silu(bf16_lo(dv[i + 1])) * bf16_hi(dv[i + 1]));
         } else if constexpr (EPILOGUE == 1) {   // dv[q]: values (i, i + 1); bias added here
           const uint32_t b = __ldg(bw + 4 * ((i / 4) % (kBN1 / 8)));
-          out = pack_bf16x2(gelu_erf(bf16_lo(dv[q]) + bf16_lo(b)), gelu_erf(bf16_hi(dv[q]) + bf16_hi(b)));
+          if constexpr (EPI_BF16X2 != 0) {   // x / 2 = bf16(dv + b) / 2 in one packed FMA
+            const uint32_t h = bf16x2_fma(dv[q], kBf16x2Half, bf16x2_mul(b, kBf16x2Half));
+            out = pack_bf16x2(gelu_from_half(bf16_lo(h)), gelu_from_half(bf16_hi(h)));
+          } else {
+            out = pack_bf16x2(gelu_erf(bf16_lo(dv[q]) + bf16_lo(b)), gelu_erf(bf16_hi(dv[q]) + bf16_hi(b)));
+          }
         } else {
           out = dv[q];
         }
