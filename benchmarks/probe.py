@@ -5,7 +5,10 @@
 The spec is a JSON list of objects::
 
     {"label": "relu ITEMS=4", "task": "kb19_relu", "source": "seed" | "path/to/kernel.cu",
-     "params": {"ITEMS": "4"}, "mode": "check+time" | "time-only" | "check"}
+     "params": {"ITEMS": "4"}, "mode": "check+time" | "time-only" | "check", "note": "..."}
+
+(``note`` is optional and not read: e.g. how today's build of an entry differs from the one
+that was measured.)
 
 ``"seed"`` is the task's seed rendered from the current template (``evo.tasks.seeds``);
 ``"render:MODULE:DICT"`` renders ``MODULE.DICT[task]``, a SeedSpec table that is not (yet) the
