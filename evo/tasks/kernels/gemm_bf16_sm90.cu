@@ -301,16 +301,20 @@ struct Config {
 // <= 1.5e-7) with the fast exp; 2: the tanh form on the hardware tanh (<= 1.3e-3 from the erf
 // form: below a bf16 ulp of the output; CPU check against BF16_GEMM-sized bounds: worst ratio
 // 0.23 of the bound at input scales 0.01..100).
-// GELU_FAST 2 is written for the fewest instructions (5 + the tanh: u = x (c0 + c0 0.044715 x^2),
-// h (1 + tanh u) as one FMA): under EPI_DEFER these run beside the wgmmas, and each one showed in
-// the time (GELU_FAST 1, ~2x the instructions: 1.03x -> 0.99x torch on an H200).
-CUTE_DEVICE float gelu_erf(float x) {
-#if GELU_FAST == 2
-  const float u = x * fmaf(0.0356774081363001f, x * x, 0.7978845608028654f);
+// GELU_FAST 2 is written for the fewest instructions (5 + the tanh: h = x / 2, then
+// gelu_from_half): under EPI_DEFER these run beside the wgmmas, and each one showed in the time
+// (GELU_FAST 1, ~2x the instructions: 1.03x -> 0.99x torch on an H200).
+// GELU of x = 2 h from h (EPI_BF16X2 gets h from its packed FMA): the tanh form
+// h (1 + tanh(h (2 c0 + 8 c0 0.044715 h^2))) in 4 instructions + the tanh.
+CUTE_DEVICE float gelu_from_half(float h) {
+  const float u = h * fmaf(0.2854192650904008f, h * h, 1.5957691216057308f);
   float th;
   asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(u));
-  const float h = 0.5f * x;
   return fmaf(h, th, h);
+}
+CUTE_DEVICE float gelu_erf(float x) {
+#if GELU_FAST == 2
+  return gelu_from_half(0.5f * x);
 #elif GELU_FAST == 1
   const float z = fabsf(x) * 0.70710678118654752f;
   const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
@@ -368,14 +372,6 @@ CUTE_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return d;
 }
 constexpr uint32_t kBf16x2Half = 0x3f003f00u;   // (0.5, 0.5)
-// GELU of x = 2 h from h (exact: x is a bf16 value): h (1 + tanh(h (2 c0 + 8 c0 0.044715 h^2))),
-// the GELU_FAST 2 form in 4 instructions + the tanh.
-CUTE_DEVICE float gelu_from_half(float h) {
-  const float u = h * fmaf(0.2854192650904008f, h * h, 1.5957691216057308f);
-  float th;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(u));
-  return fmaf(h, th, h);
-}
 #ifndef EMPTY_ARRIVE_ALL
 #define EMPTY_ARRIVE_ALL 0
 #endif
