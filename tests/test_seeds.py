@@ -145,3 +145,40 @@ def test_seed_compiles_for_sm90a(name, request):
     log = outcome.result.artifacts.get("ptxas", "")
     assert "bytes spill stores" in log or outcome.cached
     assert re.findall(r"([1-9]\d*) bytes spill stores", log) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(seeds.ROWREDUCE_CANDIDATES))
+def test_row_stream_candidate_sass(name, request, tmp_path):
+    """The EVO_ROW_STREAM candidates (kb23 / kb24, not yet seeds) build for sm_90a with their
+    seed's tunables, with no local memory, and their streaming kernel really moves rows by bulk
+    copies completed on mbarriers (UBLKCP + SYNCS) while the other instantiations do not."""
+    from toolchain import cuobjdump, sass, toolchain
+
+    cuobjdump()                                   # skips before the build when it is missing
+    compile_mod, _, _ = toolchain()
+    from evaluators.base import CompileSettings
+    from evo.records import Candidate
+    from evo.tunables import parse_tunables
+
+    spec = seeds.ROWREDUCE_CANDIDATES[name]
+    assert ("EVO_ROW_STREAM", "1") in spec.defines
+    src = render(spec)
+    params = {t.name: t.default for t in parse_tunables(src)}
+    assert params == seeds.seed_params(name)      # only the config define differs from the seed
+    policy = pytest.importorskip("evaluators.policy")
+    verdict = policy.check_policy(src, params)
+    assert verdict.status.value == "ok", verdict.reason
+    settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=600)
+    outcome = compile_mod.compile_candidate(Candidate.create(task=name, source=src, params=params), settings)
+    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    so = tmp_path / "k.so"
+    so.write_bytes(outcome.so_bytes)
+    functions = {chunk.split()[0]: chunk for chunk in sass(so).split("Function : ")[1:]}
+    stream = [body for fn, body in functions.items() if "row_stream_kernel" in fn]
+    assert len(stream) == 1, list(functions)
+    assert "UBLKCP" in stream[0] and "SYNCS.ARRIVE.TRANS64" in stream[0]
+    for fn, body in functions.items():
+        assert not re.search(r"\b(LDL|STL)\b", body), f"{fn} uses local memory"
+        if "row_stream_kernel" not in fn:
+            assert "UBLKCP" not in body, fn

@@ -107,6 +107,18 @@ ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     ),
 }
 
+#: Candidates, not seeds (probe them with ``"source": "render:evo.tasks.seeds:ROWREDUCE_CANDIDATES"``
+#: in benchmarks/probe.py): kb23 / kb24 with persistent clusters streaming rows through shared
+#: memory by bulk copies, the next row's loads issued while this row is written
+#: (``EVO_ROW_STREAM``, rowreduce.cu). Written 2026-12-02 against the seeds' 61.5% of the HBM
+#: speed of light; not measured on a GPU yet (benchmarks/probes/row_stream.json).
+ROWREDUCE_CANDIDATES: dict[str, SeedSpec] = {
+    name: SeedSpec(spec.template, spec.defines + (("EVO_ROW_STREAM", "1"),),
+                   spec.description + "; persistent clusters stream rows through shared memory by bulk copies",
+                   spec.tunable_defaults)
+    for name, spec in ROWREDUCE_SEEDS.items() if name in ("kb23_softmax", "kb24_log_softmax")
+}
+
 MATVEC_SEEDS: dict[str, SeedSpec] = {
     "kb04_matvec": SeedSpec(
         "matvec", (), "A @ b: one CTA per row, 128-bit streaming of A, deterministic CTA reduction"

@@ -18,6 +18,14 @@
 //           chunk staged in shared memory during pass 1 (STAGE_SMEM, when it fits: still
 //           one DRAM read); else by re-reading the chunk (recent and small: mostly L2).
 // Rows whose length or base pointers do not allow VEC-wide aligned access use VEC = 1.
+//
+// Candidate, not yet a seed (config define EVO_ROW_STREAM = 1, set only by the
+// ROWREDUCE_CANDIDATES specs in evo/tasks/seeds.py; not measured on a GPU when written): for
+// rows that need shared-memory staging, persistent clusters stream rows through shared memory.
+// Each warp owns a fixed slice of its CTA's chunk, cut into groups of 32 * REG_VECS vectors,
+// one mbarrier and one cp.async.bulk a group. Pass 2 reads a group into registers and at once
+// issues the bulk load of the same group of the cluster's next row, then computes and stores:
+// the next row's reads overlap this row's writes, and no CTA is launched per row.
 #include <cute/tensor.hpp>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -60,6 +68,10 @@
 #endif
 #ifndef FAST_MATH
 #define FAST_MATH 0
+#endif
+#if defined(EVO_ROW_STREAM) && EVO_ROW_STREAM  // set by the task config block, so included here
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
 #endif
 
 namespace evo_seed {
@@ -275,6 +287,106 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
   }
 }
 
+#if defined(EVO_ROW_STREAM) && EVO_ROW_STREAM
+// Groups (one mbarrier each) a warp's slice may have; longer slices use the kSmem kernel.
+constexpr int kStreamGroups = 8;
+constexpr int kGroupVecs = 32 * REG_VECS;  // vectors of one group: lane l reads l, l + 32, ...
+
+// Persistent clusters, one row at a time per cluster (rows cluster_id, + nclusters, ...). The
+// slice of warp w of CTA `rank` is vectors [begin + w * slice, + slice) of the row, clipped to
+// the CTA's chunk; it lives at dyn_smem[w * slice]. Group g of the slice has its own mbarrier,
+// completed once a row by its bulk copy (phase = row iteration & 1). Only V * sizeof(T) == 16
+// (bulk copies move 16-byte multiples between 16-byte-aligned addresses).
+template <int V>
+__global__ void __launch_bounds__(BLOCK) row_stream_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                           T* __restrict__ y, int64_t rows, int64_t cols, int cl,
+                                                           int64_t slice, float eps) {
+  static_assert(sizeof(Vec<V>) == 16, "bulk copies need 16-byte vectors");
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  __shared__ Acc smem_warp[32];
+  __shared__ Acc cta_acc[2];  // by row parity: a peer may still read row i's while row i+1's is written
+  __shared__ alignas(8) uint64_t full[kWarps][kStreamGroups];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  const int rank = blockIdx.x % cl;
+  const int64_t nclusters = gridDim.x / cl;
+  const int64_t cv = cols / V;
+  const int64_t chunk = (cv + cl - 1) / cl;
+  const int64_t begin = min(rank * chunk, cv), end = min(begin + chunk, cv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t wb = min(begin + warp * slice, end);
+  const int n = int(min(wb + slice, end) - wb);  // this warp's vectors of every row
+  const int ngroups = (n + kGroupVecs - 1) / kGroupVecs;
+  Vec<V>* s = reinterpret_cast<Vec<V>*>(dyn_smem) + warp * slice;
+
+  // Lane 0 of each warp issues its groups' copies of `row`; the group's lanes wait on its barrier.
+  auto load_group = [&](int64_t row, int g) {
+    const int nv = min(kGroupVecs, n - g * kGroupVecs);
+    const uint32_t bytes = uint32_t(nv) * uint32_t(sizeof(Vec<V>));
+    Barrier::arrive_and_expect_tx(&full[warp][g], bytes);
+    SM90_BULK_COPY_G2S::copy(reinterpret_cast<const Vec<V>*>(x + row * cols) + wb + g * kGroupVecs, &full[warp][g],
+                             s + g * kGroupVecs, int32_t(bytes));
+  };
+  int64_t row = blockIdx.x / cl;
+  if (lane == 0) {
+    for (int g = 0; g < ngroups; ++g) Barrier::init(&full[warp][g], 1);
+    cutlass::arch::fence_barrier_init();
+    if (row < rows)
+      for (int g = 0; g < ngroups; ++g) load_group(row, g);
+  }
+  __syncwarp();
+
+  for (int it = 0; row < rows; row += nclusters, ++it) {
+    const uint32_t phase = uint32_t(it & 1);
+    Acc acc = empty_acc();
+    for (int g = 0; g < ngroups; ++g) {
+      const int nv = min(kGroupVecs, n - g * kGroupVecs);
+      const int nvalid = lane < nv ? (nv - 1 - lane) / 32 + 1 : 0;
+      Vec<V> r[REG_VECS];
+      Barrier::wait(&full[warp][g], phase);
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) r[i] = s[g * kGroupVecs + lane + 32 * i];
+      acc = accumulate<V>(acc, r, nvalid);
+    }
+    acc = block_reduce(acc, smem_warp);
+    if (cl > 1) {
+      cg::cluster_group cluster = cg::this_cluster();
+      if (threadIdx.x == 0) cta_acc[it & 1] = acc;
+      cluster.sync();  // also orders this row's smem_warp reads before the next row's writes
+      Acc total = empty_acc();
+      for (int j = 0; j < cl; ++j) total = combine(total, *cluster.map_shared_rank(&cta_acc[it & 1], j));
+      acc = total;
+    } else {
+      __syncthreads();  // smem_warp is rewritten by the next row's block_reduce
+    }
+    const RowFinal f = finalize(acc, cols, eps);
+    const int64_t next = row + nclusters;
+
+    for (int g = 0; g < ngroups; ++g) {
+      const int nv = min(kGroupVecs, n - g * kGroupVecs);
+      const int nvalid = lane < nv ? (nv - 1 - lane) / 32 + 1 : 0;
+      Vec<V> r[REG_VECS];
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) r[i] = s[g * kGroupVecs + lane + 32 * i];
+      if (next < rows) {
+        cutlass::arch::fence_view_async_shared();  // these generic reads before the async overwrite
+        __syncwarp();
+        if (lane == 0) load_group(next, g);
+      }
+      const int64_t first = wb + g * kGroupVecs + lane;
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) {
+          emit<V>(r[i], f, w, first + 32 * i);
+          reinterpret_cast<Vec<V>*>(y + row * cols)[first + 32 * i] = r[i];
+        }
+    }
+  }
+  if (cl > 1) cg::this_cluster().sync();  // no CTA exits while a peer may still read its cta_acc
+}
+#endif
+
 // ---------------------------------------------------------------- host side
 template <int V, int MODE>
 static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, float eps,
@@ -294,6 +406,38 @@ static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t co
   return cudaLaunchKernelEx(&cfg, kernel, x, w, y, cols, cl, eps);
 }
 
+#if defined(EVO_ROW_STREAM) && EVO_ROW_STREAM
+// As many clusters as are co-resident (cudaOccupancyMaxActiveClusters), at most one per row.
+template <int V>
+static cudaError_t launch_stream(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, int64_t slice,
+                                 float eps, size_t smem_bytes, cudaStream_t stream) {
+  auto kernel = row_stream_kernel<V>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+  if (e != cudaSuccess) return e;
+  if (cl > 8) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(cl)), dim3(BLOCK), smem_bytes, stream, unsigned(cl), &attr);
+  int resident = 1;
+  if (cl > 1) {
+    e = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
+    if (e != cudaSuccess) return e;
+  } else {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, BLOCK, smem_bytes);
+    if (e != cudaSuccess) return e;
+    int dev = 0, sms = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+    resident *= sms;
+  }
+  if (resident < 1) return cudaErrorInvalidConfiguration;
+  cfg.gridDim = dim3(unsigned((rows < resident ? rows : resident) * cl));
+  return cudaLaunchKernelEx(&cfg, kernel, x, w, y, rows, cols, cl, slice, eps);
+}
+#endif
+
 template <int V>
 static cudaError_t dispatch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, float eps,
                             cudaStream_t stream) {
@@ -312,6 +456,14 @@ static cudaError_t dispatch(const T* x, const T* w, T* y, int64_t rows, int64_t 
   if (STAGE_SMEM && cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
       smem_bytes + 1024 <= size_t(optin)) {
+#if defined(EVO_ROW_STREAM) && EVO_ROW_STREAM
+    if constexpr (sizeof(Vec<V>) == 16) {
+      const int64_t slice = (chunk + kWarps - 1) / kWarps;
+      const size_t stream_bytes = size_t(slice) * kWarps * sizeof(Vec<V>);
+      if (slice <= int64_t(kGroupVecs) * kStreamGroups && stream_bytes + 1024 + sizeof(uint64_t) * kWarps * kStreamGroups <= size_t(optin))
+        return launch_stream<V>(x, w, y, rows, cols, cl, slice, eps, stream_bytes, stream);
+    }
+#endif
     return launch<V, kSmem>(x, w, y, rows, cols, cl, eps, smem_bytes, stream);
   }
   return launch<V, kReread>(x, w, y, rows, cols, cl, eps, 0, stream);
