@@ -3,7 +3,7 @@
 #   seeds  every task's seed: compile, check on every shape, time vs torch -> $OUT/SEEDS.md
 #   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
-#   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks,
+#   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks, row stream,
 #          exploits, self-test) -> $OUT/gpu_tests.txt (a line per file), $OUT/gpu_<file>.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
@@ -52,7 +52,7 @@ PY
       # progress lines. EVO_GPU_TEST_TIMEOUT (s, per file) and EVO_SELFTEST_TASKS narrow it.
       per=${EVO_GPU_TEST_TIMEOUT:-300}
       : > "$out/gpu_tests.txt"
-      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_adversarial_gpu test_selftest; do
+      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu test_adversarial_gpu test_selftest; do
         t1=$(date +%s)
         timeout "$per" python -m pytest -m gpu -q -rs -p no:cacheprovider -o log_cli=true --log-cli-level=INFO \
           "tests/gpu/$f.py" > "$out/gpu_$f.txt" 2>&1
