@@ -213,7 +213,7 @@ def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
 def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]:
     """SASS of the bf16 template's two GEMM instantiations (TMA: "Lb1E", fallback: "Lb0E") of a
     seed built with its tunable defaults plus ``overrides``, by function name."""
-    from toolchain import cuobjdump, sass, toolchain
+    from toolchain import cuobjdump, sass_functions, toolchain
 
     cuobjdump()                                   # skips before the build when it is missing
     compile_mod, _, _ = toolchain()
@@ -230,9 +230,7 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
     assert not outcome.result.metrics.get("wgmma_serialized", False)
     so = tmp_path / "k.so"
     so.write_bytes(outcome.so_bytes)
-    functions = {}
-    for chunk in sass(so).split("Function : ")[1:]:
-        functions[chunk.split()[0]] = chunk
+    functions = sass_functions(so)
     kernels = {name: body for name, body in functions.items()
                if name.startswith("_ZN8evo_bf16") and "pad_rows" not in name}
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), list(functions)

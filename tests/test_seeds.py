@@ -153,7 +153,7 @@ def test_row_stream_candidate_sass(name, request, tmp_path):
     """The EVO_ROW_STREAM candidates (kb23 / kb24, not yet seeds) build for sm_90a with their
     seed's tunables, with no local memory, and their streaming kernel really moves rows by bulk
     copies completed on mbarriers (UBLKCP + SYNCS) while the other instantiations do not."""
-    from toolchain import cuobjdump, sass, toolchain
+    from toolchain import cuobjdump, sass_functions, toolchain
 
     cuobjdump()                                   # skips before the build when it is missing
     compile_mod, _, _ = toolchain()
@@ -174,7 +174,7 @@ def test_row_stream_candidate_sass(name, request, tmp_path):
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     so = tmp_path / "k.so"
     so.write_bytes(outcome.so_bytes)
-    functions = {chunk.split()[0]: chunk for chunk in sass(so).split("Function : ")[1:]}
+    functions = sass_functions(so)
     stream = [body for fn, body in functions.items() if "row_stream_kernel" in fn]
     assert len(stream) == 1, list(functions)
     assert "UBLKCP" in stream[0] and "SYNCS.ARRIVE.TRANS64" in stream[0]

@@ -48,3 +48,8 @@ def sass(so_path: Path) -> str:
     proc = subprocess.run([tool, "-sass", str(so_path)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def sass_functions(so_path: Path) -> dict[str, str]:
+    """:func:`sass` split per kernel: mangled function name -> its SASS listing."""
+    return {chunk.split()[0]: chunk for chunk in sass(so_path).split("Function : ")[1:]}

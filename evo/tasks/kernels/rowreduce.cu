@@ -292,6 +292,20 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
 constexpr int kStreamGroups = 8;
 constexpr int kGroupVecs = 32 * REG_VECS;  // vectors of one group: lane l reads l, l + 32, ...
 
+// Vectors of group g of a warp slice of n vectors.
+__device__ __forceinline__ int group_vecs(int n, int g) { return min(kGroupVecs, n - g * kGroupVecs); }
+
+// Group g of the warp slice at s (n vectors) into this lane's registers; returns how many it holds.
+template <int V>
+__device__ __forceinline__ int read_group(const Vec<V>* s, int n, int g, int lane, Vec<V> (&r)[REG_VECS]) {
+  const int nv = group_vecs(n, g);
+  const int nvalid = lane < nv ? (nv - 1 - lane) / 32 + 1 : 0;
+  CUTE_UNROLL
+  for (int i = 0; i < REG_VECS; ++i)
+    if (i < nvalid) r[i] = s[g * kGroupVecs + lane + 32 * i];
+  return nvalid;
+}
+
 // Persistent clusters, one row at a time per cluster (rows cluster_id, + nclusters, ...). The
 // slice of warp w of CTA `rank` is vectors [begin + w * slice, + slice) of the row, clipped to
 // the CTA's chunk; it lives at dyn_smem[w * slice]. Group g of the slice has its own mbarrier,
@@ -320,8 +334,7 @@ __global__ void __launch_bounds__(BLOCK) row_stream_kernel(const T* __restrict__
 
   // Lane 0 of each warp issues its groups' copies of `row`; the group's lanes wait on its barrier.
   auto load_group = [&](int64_t row, int g) {
-    const int nv = min(kGroupVecs, n - g * kGroupVecs);
-    const uint32_t bytes = uint32_t(nv) * uint32_t(sizeof(Vec<V>));
+    const uint32_t bytes = uint32_t(group_vecs(n, g)) * uint32_t(sizeof(Vec<V>));
     Barrier::arrive_and_expect_tx(&full[warp][g], bytes);
     SM90_BULK_COPY_G2S::copy(reinterpret_cast<const Vec<V>*>(x + row * cols) + wb + g * kGroupVecs, &full[warp][g],
                              s + g * kGroupVecs, int32_t(bytes));
@@ -339,13 +352,9 @@ __global__ void __launch_bounds__(BLOCK) row_stream_kernel(const T* __restrict__
     const uint32_t phase = uint32_t(it & 1);
     Acc acc = empty_acc();
     for (int g = 0; g < ngroups; ++g) {
-      const int nv = min(kGroupVecs, n - g * kGroupVecs);
-      const int nvalid = lane < nv ? (nv - 1 - lane) / 32 + 1 : 0;
       Vec<V> r[REG_VECS];
       Barrier::wait(&full[warp][g], phase);
-      CUTE_UNROLL
-      for (int i = 0; i < REG_VECS; ++i)
-        if (i < nvalid) r[i] = s[g * kGroupVecs + lane + 32 * i];
+      const int nvalid = read_group<V>(s, n, g, lane, r);
       acc = accumulate<V>(acc, r, nvalid);
     }
     acc = block_reduce(acc, smem_warp);
@@ -363,12 +372,8 @@ __global__ void __launch_bounds__(BLOCK) row_stream_kernel(const T* __restrict__
     const int64_t next = row + nclusters;
 
     for (int g = 0; g < ngroups; ++g) {
-      const int nv = min(kGroupVecs, n - g * kGroupVecs);
-      const int nvalid = lane < nv ? (nv - 1 - lane) / 32 + 1 : 0;
       Vec<V> r[REG_VECS];
-      CUTE_UNROLL
-      for (int i = 0; i < REG_VECS; ++i)
-        if (i < nvalid) r[i] = s[g * kGroupVecs + lane + 32 * i];
+      const int nvalid = read_group<V>(s, n, g, lane, r);
       if (next < rows) {
         cutlass::arch::fence_view_async_shared();  // these generic reads before the async overwrite
         __syncwarp();
@@ -388,21 +393,26 @@ __global__ void __launch_bounds__(BLOCK) row_stream_kernel(const T* __restrict__
 #endif
 
 // ---------------------------------------------------------------- host side
+// Opt-in dynamic shared memory (when the kernel uses any) and, past 8 CTAs, non-portable clusters.
+template <class Kernel>
+static cudaError_t allow_smem_and_cluster(Kernel kernel, size_t smem_bytes, int cl) {
+  if (smem_bytes > 0) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  if (cl > 8) return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return cudaSuccess;
+}
+
 template <int V, int MODE>
 static cudaError_t launch(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, float eps,
                           size_t smem_bytes, cudaStream_t stream) {
   auto kernel = row_kernel<V, MODE>;
-  if (MODE == kSmem) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
-  if (cl > 8) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
+  if (MODE != kSmem) smem_bytes = 0;
+  cudaError_t e = allow_smem_and_cluster(kernel, smem_bytes, cl);
+  if (e != cudaSuccess) return e;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(rows * cl)), dim3(BLOCK), MODE == kSmem ? smem_bytes : 0,
-                                             stream, unsigned(cl), &attr);
+  cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(rows * cl)), dim3(BLOCK), smem_bytes, stream, unsigned(cl), &attr);
   return cudaLaunchKernelEx(&cfg, kernel, x, w, y, cols, cl, eps);
 }
 
@@ -412,12 +422,8 @@ template <int V>
 static cudaError_t launch_stream(const T* x, const T* w, T* y, int64_t rows, int64_t cols, int cl, int64_t slice,
                                  float eps, size_t smem_bytes, cudaStream_t stream) {
   auto kernel = row_stream_kernel<V>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+  cudaError_t e = allow_smem_and_cluster(kernel, smem_bytes, cl);
   if (e != cudaSuccess) return e;
-  if (cl > 8) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = evo_launch_config(dim3(unsigned(cl)), dim3(BLOCK), smem_bytes, stream, unsigned(cl), &attr);
   int resident = 1;
