@@ -147,25 +147,27 @@ def test_seed_compiles_for_sm90a(name, request):
     assert re.findall(r"([1-9]\d*) bytes spill stores", log) == []
 
 
+# STREAM = 1: the kb23 seed as is (it shares test_seed_compiles_for_sm90a's cached build), and
+# the bf16 RMSNorm path (16-byte vectors of 8 elements, a weight vector) the search may draw.
+STREAM_BUILDS = [("kb23_softmax", {}), ("rmsnorm_bf16", {"STREAM": "1", "BLOCK": "512"})]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(seeds.ROWREDUCE_CANDIDATES))
-def test_row_stream_candidate_sass(name, request, tmp_path):
-    """The EVO_ROW_STREAM candidates (kb23 / kb24, not yet seeds) build for sm_90a with their
-    seed's tunables, with no local memory, and their streaming kernel really moves rows by bulk
-    copies completed on mbarriers (UBLKCP + SYNCS) while the other instantiations do not."""
+@pytest.mark.parametrize("name,override", STREAM_BUILDS, ids=[n for n, _ in STREAM_BUILDS])
+def test_row_stream_sass(name, override, request, tmp_path):
+    """rowreduce.cu at STREAM = 1 builds for sm_90a with no local memory, passes the static
+    policy, and its streaming kernel really moves rows by bulk copies completed on mbarriers
+    (UBLKCP + SYNCS) while the other instantiations do not."""
     from toolchain import cuobjdump, sass_functions, toolchain
 
     cuobjdump()                                   # skips before the build when it is missing
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
     from evo.records import Candidate
-    from evo.tunables import parse_tunables
 
-    spec = seeds.ROWREDUCE_CANDIDATES[name]
-    assert ("EVO_ROW_STREAM", "1") in spec.defines
-    src = render(spec)
-    params = {t.name: t.default for t in parse_tunables(src)}
-    assert params == seeds.seed_params(name)      # only the config define differs from the seed
+    assert seeds.seed_params("kb23_softmax")["STREAM"] == "1" == seeds.seed_params("kb24_log_softmax")["STREAM"]
+    src = seeds.seed_source(name)
+    params = {**seeds.seed_params(name), **override}
     policy = pytest.importorskip("evaluators.policy")
     verdict = policy.check_policy(src, params)
     assert verdict.status.value == "ok", verdict.reason

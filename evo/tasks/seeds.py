@@ -83,17 +83,21 @@ ELEMENTWISE_SEEDS: dict[str, SeedSpec] = {
 }
 
 #: FAST_MATH 1 (hardware exp in both passes), measured on an H200: kb23 1.39x -> 1.43x torch,
-#: kb24 1.39x -> 1.44x, softmax_bf16 1.74x -> 2.14x.
+#: kb24 1.39x -> 1.44x, softmax_bf16 1.74x -> 2.14x. STREAM 1 at BLOCK 512 (persistent clusters
+#: streaming rows through shared memory by bulk copies; benchmarks/probes/row_stream*.json,
+#: 2026-12-02): kb23 1.42x -> 1.79-1.80x, kb24 1.43x -> 1.75x (STREAM 1 at BLOCK 1024: 1.72x,
+#: 1.55x; with CLUSTER 16: 0.92-1.49x).
 ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     "kb23_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_SOFTMAX", "1"),),
-        "softmax over dim 1: cluster-split rows, online max/sum pass, then a write pass",
-        (("BLOCK", "1024"), ("FAST_MATH", "1")),
+        "softmax over dim 1: rows split over clusters, persistent clusters streaming rows through shared"
+        " memory (online max/sum pass, then a write pass overlapping the next row's loads)",
+        (("BLOCK", "512"), ("FAST_MATH", "1"), ("STREAM", "1")),
     ),
     "kb24_log_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_LOG_SOFTMAX", "1"),),
         "log-softmax over dim 1: same structure as kb23_softmax",
-        (("BLOCK", "1024"), ("FAST_MATH", "1")),
+        (("BLOCK", "512"), ("FAST_MATH", "1"), ("STREAM", "1")),
     ),
     "softmax_bf16": SeedSpec(
         "rowreduce", _BF16 + (("EVO_OP_SOFTMAX", "1"),),
@@ -105,18 +109,6 @@ ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
         "RMSNorm with weight, eps = scalars[0], bf16 in/out, fp32 maths",
         (("VEC", "8"), ("REG_VECS", "2")),
     ),
-}
-
-#: Candidates, not seeds (probe them with ``"source": "render:evo.tasks.seeds:ROWREDUCE_CANDIDATES"``
-#: in benchmarks/probe.py): kb23 / kb24 with persistent clusters streaming rows through shared
-#: memory by bulk copies, the next row's loads issued while this row is written
-#: (``EVO_ROW_STREAM``, rowreduce.cu). Written 2026-12-02 against the seeds' 61.5% of the HBM
-#: speed of light; not measured on a GPU yet (benchmarks/probes/row_stream.json).
-ROWREDUCE_CANDIDATES: dict[str, SeedSpec] = {
-    name: SeedSpec(spec.template, spec.defines + (("EVO_ROW_STREAM", "1"),),
-                   spec.description + "; persistent clusters stream rows through shared memory by bulk copies",
-                   spec.tunable_defaults)
-    for name, spec in ROWREDUCE_SEEDS.items() if name in ("kb23_softmax", "kb24_log_softmax")
 }
 
 MATVEC_SEEDS: dict[str, SeedSpec] = {
