@@ -53,6 +53,8 @@
 // @tunable STREAM = 0 in {0, 1}
 // @constraint VEC * EVO_ELEM_BYTES <= 16
 // @constraint REG_VECS * VEC * EVO_ELEM_BYTES <= 128
+// STREAM = 1 changes nothing without staging or with vectors other than 16 bytes:
+// @constraint STREAM == 0 || (STAGE_SMEM == 1 && VEC * EVO_ELEM_BYTES == 16)
 #ifndef BLOCK
 #define BLOCK 256
 #endif
