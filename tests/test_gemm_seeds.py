@@ -213,24 +213,14 @@ def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
 def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]:
     """SASS of the bf16 template's two GEMM instantiations (TMA: "Lb1E", fallback: "Lb0E") of a
     seed built with its tunable defaults plus ``overrides``, by function name."""
-    from toolchain import cuobjdump, sass_functions, toolchain
-
-    cuobjdump()                                   # skips before the build when it is missing
-    compile_mod, _, _ = toolchain()
-    from evaluators.base import CompileSettings
-    from evo.records import Candidate
+    from toolchain import build_sass
     from evo.tunables import parse_tunables, violated_constraints
 
     src = render(GEMM_SEEDS[task])
     params = {t.name: t.default for t in parse_tunables(src)} | overrides
     assert violated_constraints(src, params) == []
-    settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=900)
-    outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=src, params=params), settings)
-    assert outcome.ok, outcome.result.reason
+    outcome, functions = build_sass(request, tmp_path, task, src, params, timeout_s=900)
     assert not outcome.result.metrics.get("wgmma_serialized", False)
-    so = tmp_path / "k.so"
-    so.write_bytes(outcome.so_bytes)
-    functions = sass_functions(so)
     kernels = {name: body for name, body in functions.items()
                if name.startswith("_ZN8evo_bf16") and "pad_rows" not in name}
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), list(functions)

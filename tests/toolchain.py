@@ -53,3 +53,21 @@ def sass(so_path: Path) -> str:
 def sass_functions(so_path: Path) -> dict[str, str]:
     """:func:`sass` split per kernel: mangled function name -> its SASS listing."""
     return {chunk.split()[0]: chunk for chunk in sass(so_path).split("Function : ")[1:]}
+
+
+def build_sass(request, tmp_path: Path, task: str, source: str, params: dict[str, str], timeout_s: int = 600):
+    """Builds ``source`` with ``params`` for sm_90a into the pytest cache shared by the seed
+    compile tests (a rerun costs nothing), asserts the build succeeded, and returns
+    ``(CompileOutcome, sass_functions of its .so)``. Skips without nvcc, CUTLASS or cuobjdump,
+    checking cuobjdump before the costly build."""
+    cuobjdump()
+    compile_mod, _, _ = toolchain()
+    from evaluators.base import CompileSettings
+    from evo.records import Candidate
+
+    settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=timeout_s)
+    outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=source, params=params), settings)
+    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    so = tmp_path / f"{task}.so"
+    so.write_bytes(outcome.so_bytes)
+    return outcome, sass_functions(so)
