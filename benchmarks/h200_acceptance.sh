@@ -5,6 +5,9 @@
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
 #   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks, row stream,
 #          exploits, self-test) -> $OUT/gpu_tests.txt (a line per file), $OUT/gpu_<file>.txt
+#   selftest  the self-test alone (every task's null / zero / copy / constant / half kernels must fail),
+#          split over EVO_SELFTEST_SHARDS (default 2) pytest processes on disjoint task lists at once
+#          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
@@ -60,11 +63,29 @@ PY
         echo "$f rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)') in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$out/gpu_$f.txt")" \
           | tee -a "$out/gpu_tests.txt"
       done ;;
+    selftest)
+      # Checks are not timed, so shards may share the GPU; tasks go round-robin, which spreads
+      # the long GEMM builds. A kernel "fails" on any non-OK verdict, so a shard that ran out of
+      # GPU memory would pass vacuously: the reasons are searched for that below.
+      shards=${EVO_SELFTEST_SHARDS:-2}; per=${EVO_GPU_TEST_TIMEOUT:-540}
+      tasks=${EVO_SELFTEST_TASKS:-$(python -c "from evo.tasks.registry import task_names; print(','.join(task_names()))")}
+      IFS=, read -ra all <<< "$tasks"
+      for ((sh = 0; sh < shards; sh++)); do
+        part=$(for ((i = sh; i < ${#all[@]}; i += shards)); do printf '%s,' "${all[i]}"; done)
+        ( EVO_SELFTEST_TASKS=${part%,} timeout "$per" python -m pytest -m gpu -q -s -rs -p no:cacheprovider \
+            -o log_cli=true --log-cli-level=INFO tests/gpu/test_selftest.py > "$out/gpu_selftest_$sh.txt" 2>&1
+          rc=$?
+          echo "selftest shard $sh (${part%,}) rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)'): $(tail -n 1 "$out/gpu_selftest_$sh.txt")" \
+            >> "$out/gpu_tests.txt" ) &
+      done
+      wait
+      grep '^selftest shard' "$out/gpu_tests.txt"
+      echo "kernel verdicts: $(cat "$out"/gpu_selftest_*.txt | grep -c '^\[selftest\]'); naming out-of-memory: $(cat "$out"/gpu_selftest_*.txt | grep '^\[selftest\]' | grep -ci 'out of memory')" ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
       sed -n '/## Families/,/^$/p' "$out/RESULTS.md" ;;
-    *) echo "unknown step $step (seeds demo gemm tests bench)"; exit 2 ;;
+    *) echo "unknown step $step (seeds demo gemm tests selftest bench)"; exit 2 ;;
   esac
   echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
 done

@@ -152,6 +152,41 @@ def test_softmax_seeds_stream_rows():
     assert seeds.seed_params("kb23_softmax")["STREAM"] == "1" == seeds.seed_params("kb24_log_softmax")["STREAM"]
 
 
+def test_keep_exp_constraint_only_for_softmax():
+    """KEEP_EXP = 1 is allowed where it changes the kernel (softmax) and rejected elsewhere,
+    so the tuner spends no compile on a duplicate of the KEEP_EXP = 0 build."""
+    for name in ("softmax_bf16", "kb23_softmax"):
+        assert violated_constraints(seeds.seed_source(name), {**seeds.seed_params(name), "KEEP_EXP": "1"}) == []
+    for name in ("rmsnorm_bf16", "kb24_log_softmax"):
+        src, params = seeds.seed_source(name), seeds.seed_params(name)
+        assert violated_constraints(src, params) == []
+        assert any("KEEP_EXP" in v for v in violated_constraints(src, {**params, "KEEP_EXP": "1"}))
+
+
+@pytest.mark.slow
+def test_keep_exp_sass(request, tmp_path):
+    """KEEP_EXP = 1 halves the MUFU exps of softmax's register-resident kernel (pass 2 reuses
+    pass 1's exps; the seed of softmax_bf16 holds 16 values per thread: 32 exps -> 16 + a few),
+    with no local memory for the 16 kept fp32 values; the other instantiations keep two."""
+    from toolchain import build_sass
+
+    name = "softmax_bf16"
+    src, params = seeds.seed_source(name), seeds.seed_params(name)
+    counts = {}
+    for keep in ("0", "1"):
+        _, functions = build_sass(request, tmp_path, name, src, {**params, "KEEP_EXP": keep})
+        regs = {fn: body for fn, body in functions.items() if re.search(r"row_kernelILi\d+ELi0E", fn)}
+        assert len(regs) == 2, list(functions)  # kRegs for V = VEC (8) and V = 1
+        for fn, body in functions.items():
+            assert not re.search(r"\b(LDL|STL)\b", body), f"KEEP_EXP={keep}: {fn} uses local memory"
+        counts[keep] = {re.search(r"row_kernelILi(\d+)", fn).group(1): len(re.findall(r"MUFU\.EX2", body))
+                        for fn, body in regs.items()}
+    print(counts)
+    assert counts["1"]["1"] < counts["0"]["1"], counts
+    # the seed's own kernel: VEC 8 x REG_VECS 2 = 16 values per thread, 16 pass-2 exps -> one
+    assert counts["0"]["8"] - counts["1"]["8"] == 15, counts
+
+
 # STREAM = 1: the kb23 seed as is (it shares test_seed_compiles_for_sm90a's cached build), and
 # the bf16 RMSNorm path (16-byte vectors of 8 elements, a weight vector) the search may draw.
 STREAM_BUILDS = [("kb23_softmax", {}), ("rmsnorm_bf16", {"STREAM": "1", "BLOCK": "512"})]

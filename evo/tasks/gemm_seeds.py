@@ -112,8 +112,11 @@ F32_FFMA_SEEDS: dict[str, SeedSpec] = {
 #: PERSIST: one CTA per SM loops over the tiles, so the producer refills the ring for the next
 #: tile while the consumers run this one's epilogue. On an H200 (benchmarks/probes/bf16_persist.json,
 #: 2026-12-01): SwiGLU 1.078x -> 1.124x torch, gemm_bf16 8192^3 0.960x -> 0.969x, 4096^3 0.881x ->
-#: 0.898x cuBLAS; bmm_bf16 (128 batches of 512 x 2048) lost (0.76x), the irregular shape gained
-#: nothing (3.61x), so those two stay one tile per CTA.
+#: 0.898x cuBLAS; the irregular shape gained nothing (3.61x), so it stays one tile per CTA.
+#: bmm_bf16 (128 batches of 512 x 2048, K = 1024: 16 k-steps a tile, so the epilogue is a large
+#: share) gained little from PERSIST alone (0.73x -> 0.76x / 0.81x) but with EPI_DEFER below
+#: 0.733x / 0.734x / 0.734x -> 0.951x / 0.952x / 0.954x torch (benchmarks/probes/bmm_persist.json,
+#: 2026-12-02, alternating, every check passed).
 _BF16_PERSIST = (("PERSIST", "1"),)
 #: EPI_DEFER: a tile's activation and stores run in slices under the next tile's wgmmas (its
 #: accumulators packed to bf16 first), so the tensor pipe no longer idles through each epilogue.
@@ -123,6 +126,10 @@ _BF16_PERSIST = (("PERSIST", "1"),)
 #: 1.044x / 1.034x / 1.021x, gemm_bf16 0.978x -> 1.024x / 1.028x (8192^3) and 0.906x -> 0.927x
 #: / 0.962x (4096^3).
 _BF16_DEFER = (("EPI_DEFER", "1"),)
+#: bmm_bf16: 2-CTA clusters along M (B tiles multicast) on top of PERSIST + EPI_DEFER: 0.961x,
+#: 0.973x, 0.975x against 0.951-0.959x in the same runs (benchmarks/probes/bmm_persist.json and
+#: row_block128.json, 2026-12-02, every check passed).
+_BMM_CLUSTER = (("CLUSTER_M", "2"),)
 #: SwiGLU: 2-CTA clusters along M share (multicast) the W1 / W3 tiles. On an H200
 #: (benchmarks/probes/bf16_release.json, 2026-12-01, with the straight-line epilogue and the
 #: tanh SiLU): 1.147x / 1.146x torch against 1.128x / 1.138x without; clusters came out ahead
@@ -153,7 +160,9 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
     "gemm_bf16_irregular": _bf16(
         "C = A @ B with unaligned K/N: operands padded into the workspace, then TMA + wgmma"
     ),
-    "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, batch on gridDim.y"),
+    "bmm_bf16": _bf16("C[l] = A[l] @ B[l]: rank-3 TMA, persistent over (batch, tile) work units, "
+                      "2-CTA clusters multicasting B, each epilogue under the next tile's wgmmas",
+                      tunables=(*_BF16_PERSIST, *_BF16_DEFER, *_BMM_CLUSTER)),
     "gemm_bias_gelu_bf16": _bf16("C = gelu_erf(A @ B + bias), fused epilogue, persistent, epilogue under "
                                  "the next tile's wgmmas, bias added by a packed bf16x2 FMA",
                                  epilogue="bias_gelu", tunables=(*_BF16_PERSIST, *_BF16_DEFER, *_BIAS_GELU_X2)),

@@ -86,7 +86,9 @@ ELEMENTWISE_SEEDS: dict[str, SeedSpec] = {
 #: kb24 1.39x -> 1.44x, softmax_bf16 1.74x -> 2.14x. STREAM 1 at BLOCK 512 (persistent clusters
 #: streaming rows through shared memory by bulk copies; benchmarks/probes/row_stream*.json,
 #: 2026-12-02): kb23 1.42x -> 1.79-1.80x, kb24 1.43x -> 1.75x (STREAM 1 at BLOCK 1024: 1.72x,
-#: 1.55x; with CLUSTER 16: 0.92-1.49x).
+#: 1.55x; with CLUSTER 16: 0.92-1.49x). softmax_bf16 (benchmarks/probes/softmax_keep_exp.json,
+#: 2026-12-02): KEEP_EXP 1 (one exp per element) 2.15x -> 2.19x torch, with BLOCK 128 and
+#: REG_VECS 4 (a 4096-wide row in one 128-thread CTA) 2.82x.
 ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     "kb23_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_SOFTMAX", "1"),),
@@ -101,8 +103,9 @@ ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     ),
     "softmax_bf16": SeedSpec(
         "rowreduce", _BF16 + (("EVO_OP_SOFTMAX", "1"),),
-        "softmax over the last dim, bf16 in/out, fp32 maths; a row lives in one CTA's registers",
-        (("VEC", "8"), ("REG_VECS", "2"), ("FAST_MATH", "1")),
+        "softmax over the last dim, bf16 in/out, fp32 maths; a row lives in one 128-thread CTA's "
+        "registers, with one exp per element (pass 1's exps kept for pass 2)",
+        (("VEC", "8"), ("REG_VECS", "4"), ("BLOCK", "128"), ("FAST_MATH", "1"), ("KEEP_EXP", "1")),
     ),
     "rmsnorm_bf16": SeedSpec(
         "rowreduce", _BF16 + (("EVO_OP_RMSNORM", "1"), ("EVO_S0_DEFAULT", "1e-06")),

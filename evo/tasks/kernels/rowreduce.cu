@@ -51,10 +51,13 @@
 // @tunable STAGE_SMEM = 1 in {0, 1}
 // @tunable FAST_MATH = 0 in {0, 1}
 // @tunable STREAM = 0 in {0, 1}
+// @tunable KEEP_EXP = 0 in {0, 1}
 // @constraint VEC * EVO_ELEM_BYTES <= 16
 // @constraint REG_VECS * VEC * EVO_ELEM_BYTES <= 128
 // STREAM = 1 changes nothing without staging or with vectors other than 16 bytes:
 // @constraint STREAM == 0 || (STAGE_SMEM == 1 && VEC * EVO_ELEM_BYTES == 16)
+// KEEP_EXP = 1 changes only softmax (elsewhere it would build the same kernels again):
+// @constraint KEEP_EXP == 0 || EVO_OP_SOFTMAX == 1
 #ifndef BLOCK
 #define BLOCK 256
 #endif
@@ -75,6 +78,9 @@
 #endif
 #ifndef STREAM
 #define STREAM 0
+#endif
+#ifndef KEEP_EXP
+#define KEEP_EXP 0
 #endif
 #if STREAM
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -247,6 +253,16 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
   // The staged chunk, indexed by vector offset from `begin` (MODE kSmem only).
   Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<Vec<V>*>(dyn_smem)), make_shape(chunk));
   constexpr int STEP = BLOCK * REG_VECS;
+#if KEEP_EXP && defined(EVO_OP_SOFTMAX)
+  // KEEP_EXP: softmax with the chunk in registers keeps pass 1's exp(x - own max) in fp32
+  // registers, and pass 2 scales them by exp(own max - row max) / sum: one exp per element
+  // instead of two. Rounding: two exps and one more product where the plain path has one exp.
+  constexpr bool kKeep = MODE == kRegs;
+#else
+  constexpr bool kKeep = false;
+#endif
+  float e[kKeep ? REG_VECS : 1][kKeep ? V : 1];
+  float own_m = -INFINITY;
 
   Vec<V> r[REG_VECS];
   Acc acc = empty_acc();
@@ -256,6 +272,26 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
     CUTE_UNROLL
     for (int i = 0; i < REG_VECS; ++i)
       if (i < nvalid) r[i] = gX(first + int64_t(i) * BLOCK);
+    if constexpr (kKeep) {
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) {
+          CUTE_UNROLL
+          for (int k = 0; k < V; ++k) own_m = fmaxf(own_m, to_f32(r[i][k]));
+        }
+      float s = 0.f;
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i) {
+        CUTE_UNROLL
+        for (int k = 0; k < V; ++k) {
+          // An all -inf (or empty) chunk: every exp is 0, as in the plain path's pass 2.
+          e[i][k] = (i < nvalid && own_m != -INFINITY) ? row_exp(to_f32(r[i][k]) - own_m) : 0.f;
+          s += e[i][k];
+        }
+      }
+      if (own_m != -INFINITY) acc = Acc{own_m, s};
+      break;  // kRegs: one step
+    }
     acc = accumulate<V>(acc, r, nvalid);
     if (MODE == kSmem) {
       CUTE_UNROLL
@@ -283,6 +319,18 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(const T* __restrict__ x, con
       CUTE_UNROLL
       for (int i = 0; i < REG_VECS; ++i)
         if (i < nvalid) r[i] = MODE == kSmem ? sX(first - begin + int64_t(i) * BLOCK) : gX(first + int64_t(i) * BLOCK);
+    }
+    if constexpr (kKeep) {
+      // own_m == -inf with a finite row max: scale 0, and every kept exp is 0 as well.
+      const float scale = row_exp(own_m - f.m) * f.inv_s;
+      CUTE_UNROLL
+      for (int i = 0; i < REG_VECS; ++i)
+        if (i < nvalid) {
+          CUTE_UNROLL
+          for (int k = 0; k < V; ++k) from_f32(e[i][k] * scale, r[i][k]);
+          gY(first + int64_t(i) * BLOCK) = r[i];
+        }
+      break;
     }
     CUTE_UNROLL
     for (int i = 0; i < REG_VECS; ++i)
