@@ -4,9 +4,10 @@
 #   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
 #   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks, row stream,
-#          exploits, self-test) -> $OUT/gpu_tests.txt (a line per file), $OUT/gpu_<file>.txt
+#          exploits), then the self-test as the selftest step runs it -> $OUT/gpu_tests.txt (a line per
+#          file and shard), $OUT/gpu_<file>.txt
 #   selftest  the self-test alone (every task's null / zero / copy / constant / half kernels must fail),
-#          split over EVO_SELFTEST_SHARDS (default 2) pytest processes on disjoint task lists at once
+#          split over EVO_SELFTEST_SHARDS (default 3) pytest processes on disjoint task lists at once
 #          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
@@ -16,6 +17,27 @@ out=${1:?output folder}; shift
 steps=${*:-seeds demo gemm tests}   # bench is never implied: it needs a call of its own
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+# The GPU self-test split into EVO_SELFTEST_SHARDS (default 3) pytest processes over disjoint,
+# round-robin task lists (which spreads the long GEMM builds), run at once: checks are not timed,
+# so they may share the GPU. A kernel "fails" on any non-OK verdict, so a shard that ran out of
+# GPU memory would pass vacuously: the verdicts naming out-of-memory are counted at the end.
+selftest_shards() {
+  local shards=${EVO_SELFTEST_SHARDS:-3} per=${EVO_GPU_TEST_TIMEOUT:-540} tasks part sh i
+  tasks=${EVO_SELFTEST_TASKS:-$(python -c "from evo.tasks.registry import task_names; print(','.join(task_names()))")}
+  IFS=, read -ra all <<< "$tasks"
+  for ((sh = 0; sh < shards; sh++)); do
+    part=$(for ((i = sh; i < ${#all[@]}; i += shards)); do printf '%s,' "${all[i]}"; done)
+    ( EVO_SELFTEST_TASKS=${part%,} timeout "$per" python -m pytest -m gpu -q -s -rs -p no:cacheprovider \
+        -o log_cli=true --log-cli-level=INFO tests/gpu/test_selftest.py > "$out/gpu_selftest_$sh.txt" 2>&1
+      rc=$?
+      echo "selftest shard $sh (${part%,}) rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)'): $(tail -n 1 "$out/gpu_selftest_$sh.txt")" \
+        >> "$out/gpu_tests.txt" ) &
+  done
+  wait
+  grep '^selftest shard' "$out/gpu_tests.txt"
+  echo "kernel verdicts: $(cat "$out"/gpu_selftest_*.txt | grep -c '^\[selftest\]'); naming out-of-memory: $(cat "$out"/gpu_selftest_*.txt | grep '^\[selftest\]' | grep -ci 'out of memory')"
+}
+
 for step in $steps; do
   t0=$(date +%s)
   case $step in
@@ -51,36 +73,22 @@ PY
       ;;
     tests)
       # One bounded pytest per file (a hang or a slow file cannot eat the call, and every file
-      # gets a verdict line); the self-test (41 tasks x 5 kernels, long builds) goes last with
-      # progress lines. EVO_GPU_TEST_TIMEOUT (s, per file) and EVO_SELFTEST_TASKS narrow it.
+      # gets a verdict line); the self-test (41 tasks x 5 kernels, long builds) goes last, in
+      # shards (selftest_shards). EVO_GPU_TEST_TIMEOUT (s, per file or shard) and
+      # EVO_SELFTEST_TASKS narrow it.
       per=${EVO_GPU_TEST_TIMEOUT:-300}
       : > "$out/gpu_tests.txt"
-      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu test_adversarial_gpu test_selftest; do
+      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu test_adversarial_gpu; do
         t1=$(date +%s)
         timeout "$per" python -m pytest -m gpu -q -rs -p no:cacheprovider -o log_cli=true --log-cli-level=INFO \
           "tests/gpu/$f.py" > "$out/gpu_$f.txt" 2>&1
         rc=$?
         echo "$f rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)') in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$out/gpu_$f.txt")" \
           | tee -a "$out/gpu_tests.txt"
-      done ;;
-    selftest)
-      # Checks are not timed, so shards may share the GPU; tasks go round-robin, which spreads
-      # the long GEMM builds. A kernel "fails" on any non-OK verdict, so a shard that ran out of
-      # GPU memory would pass vacuously: the reasons are searched for that below.
-      shards=${EVO_SELFTEST_SHARDS:-2}; per=${EVO_GPU_TEST_TIMEOUT:-540}
-      tasks=${EVO_SELFTEST_TASKS:-$(python -c "from evo.tasks.registry import task_names; print(','.join(task_names()))")}
-      IFS=, read -ra all <<< "$tasks"
-      for ((sh = 0; sh < shards; sh++)); do
-        part=$(for ((i = sh; i < ${#all[@]}; i += shards)); do printf '%s,' "${all[i]}"; done)
-        ( EVO_SELFTEST_TASKS=${part%,} timeout "$per" python -m pytest -m gpu -q -s -rs -p no:cacheprovider \
-            -o log_cli=true --log-cli-level=INFO tests/gpu/test_selftest.py > "$out/gpu_selftest_$sh.txt" 2>&1
-          rc=$?
-          echo "selftest shard $sh (${part%,}) rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)'): $(tail -n 1 "$out/gpu_selftest_$sh.txt")" \
-            >> "$out/gpu_tests.txt" ) &
       done
-      wait
-      grep '^selftest shard' "$out/gpu_tests.txt"
-      echo "kernel verdicts: $(cat "$out"/gpu_selftest_*.txt | grep -c '^\[selftest\]'); naming out-of-memory: $(cat "$out"/gpu_selftest_*.txt | grep '^\[selftest\]' | grep -ci 'out of memory')" ;;
+      selftest_shards ;;
+    selftest)
+      selftest_shards ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
