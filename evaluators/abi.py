@@ -47,6 +47,7 @@ EVO_DTYPES: dict[str, int] = {
     "int32": 4,
     "int64": 5,
     "uint8": 6,   # only the optional workspace tensor
+    "bool": 7,    # one byte per element, 0 or 1
 }
 
 #: Byte every workspace is filled with before a harness call: NaN in fp32, fp16 and bf16.

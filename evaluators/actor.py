@@ -56,6 +56,13 @@ class GpuEvaluator:
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
         self._settings = settings
+        if settings.task_files and profile_fn is None:
+            # The profiler looks the task up in this process (the harness child loads the
+            # files itself from the job); a file that fails here fails the same way there.
+            from evo.tasks.user import load_task_file
+
+            for f in settings.task_files:
+                load_task_file(f)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
 
     def evaluate(self, candidate: Candidate, so_bytes: bytes) -> GpuResult:
@@ -72,7 +79,8 @@ class GpuEvaluator:
             return self._profile(candidate, so_bytes, shape_idx, settings)
         from evaluators.profile import profile_candidate
 
-        return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings)
+        return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
+                                 task_files=self._settings.task_files)
 
     def worker(self) -> str:
         return self._worker

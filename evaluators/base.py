@@ -14,7 +14,35 @@ from typing import Protocol, runtime_checkable
 
 from evo.records import Candidate, StageResult
 
-__all__ = ["CompileSettings", "HarnessSettings", "Stage"]
+__all__ = ["CompileSettings", "HarnessSettings", "InfrastructureError", "Stage"]
+
+
+class InfrastructureError(RuntimeError):
+    """Our failure, not the candidate's: a harness bug, a task that cannot be loaded in the
+    evaluating process, a missing toolchain, a full disk.
+
+    Raised by stage implementations (compile, GPU harness, profiler); the engine stops the
+    run at the first one (status ``failed``, resumable) instead of charging candidates or
+    retrying: every later candidate would meet the same failure. ``fix`` says what the user
+    can do; ``detail`` carries the long form (a traceback) for the log, never the terminal.
+    """
+
+    def __init__(self, message: str, *, fix: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
+        self.detail = detail
+
+    def __reduce__(self):  # keep fix/detail across pickling (Ray ships exceptions)
+        return (_rebuild_infra, (type(self), str(self), self.fix, self.detail))
+
+    def one_line(self) -> str:
+        """The message and the fix on one line: what the CLI prints."""
+        first = str(self).strip().splitlines()[0] if str(self).strip() else type(self).__name__
+        return f"{first}; {self.fix}" if self.fix else first
+
+
+def _rebuild_infra(cls, message: str, fix: str, detail: str) -> "InfrastructureError":
+    return cls(message, fix=fix, detail=detail)
 
 
 @dataclass(frozen=True)
@@ -42,6 +70,9 @@ class HarnessSettings:
     correctness process passed (``False``: both stages in one process, one start-up less but
     memory-bound timings up to ~11% slow on an H200; see docs/evaluator.md).
     ``timeout_s`` applies to each process.
+    ``task_files``: absolute paths of the user task files of the run; every isolated child
+    (correctness, timing, profile, tuning trials, confirmation) imports them before it looks
+    its task up, so user tasks are known wherever a candidate is evaluated.
     """
 
     trials: int = 5
@@ -52,6 +83,7 @@ class HarnessSettings:
     check_only: bool = False
     device: int = 0
     fresh_timing_process: bool = True
+    task_files: tuple[str, ...] = ()
 
 
 @runtime_checkable

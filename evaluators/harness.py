@@ -65,14 +65,29 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+class TaskLoadError(RuntimeError):
+    """The job's task (or one of its task files) cannot be loaded in this process: our
+    failure, reported with ``kind = "task"`` so the parent names the task file as the fix."""
+
+
 def _load_task(name: str, files: list[str]) -> Any:
     """The task from the registry, after importing user task files (which register theirs)."""
-    from evo.tasks.registry import get_task
-    from evo.tasks.user import load_task_file
+    from evo.tasks.registry import UnknownTaskError, get_task
+    from evo.tasks.user import TaskFileError, load_task_file
 
     for f in files:
-        load_task_file(f)
-    return get_task(name)
+        try:
+            load_task_file(f)
+        except TaskFileError as e:
+            raise TaskLoadError(f"task file {f} could not be loaded in the GPU process: {e}") from e
+    try:
+        return get_task(name)
+    except UnknownTaskError as e:
+        given = ", ".join(files) if files else "none"
+        raise TaskLoadError(
+            f"unknown task {name!r} in the GPU process (task files given to it: {given}); a user "
+            f"task must come from a file in [tasks] files (or evo check --task-file)"
+        ) from e
 
 
 def _nvidia_smi(uuid: str | None, index: str) -> dict[str, str]:
@@ -305,8 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads((jobdir / "job.json").read_text())
         result = run_job(jobdir, job, state)
     except BaseException as e:  # noqa: BLE001 - harness bug: report, exit nonzero
+        kind = "task" if isinstance(e, TaskLoadError) else "bug"
+        if "sees no CUDA device" in str(e):
+            kind = "cuda"
         _write_json(jobdir / "error.json",
-                    {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+                    {"error": f"{type(e).__name__}: {e}", "kind": kind,
+                     "traceback": traceback.format_exc()})
         sys.stderr.flush()
         os._exit(HARNESS_BUG_EXIT)
     result["seconds"] = time.monotonic() - t0

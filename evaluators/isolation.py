@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from evaluators.base import HarnessSettings
+from evaluators.base import HarnessSettings, InfrastructureError
 from evo.records import StageResult, Status
 
 __all__ = [
@@ -72,8 +72,34 @@ _ENV_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "P
 _ENV_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_", "CUBLAS_", "OMP_")
 
 
-class HarnessError(RuntimeError):
-    """The harness itself failed (not the candidate): a bug or a broken GPU environment."""
+class HarnessError(InfrastructureError):
+    """The harness itself failed (not the candidate): a bug, a task the child cannot load, or
+    a broken GPU environment. ``kind`` is the child's classification (``task``: the task or
+    its file could not be loaded there; ``cuda``: no usable GPU; ``sandbox``: confinement
+    failed; ``bug``: anything else)."""
+
+    def __init__(self, message: str, *, fix: str = "", detail: str = "", kind: str = "bug") -> None:
+        super().__init__(message, fix=fix, detail=detail)
+        self.kind = kind
+
+    def __reduce__(self):
+        return (_rebuild_harness_error, (str(self), self.fix, self.detail, self.kind))
+
+
+def _rebuild_harness_error(message: str, fix: str, detail: str, kind: str) -> "HarnessError":
+    return HarnessError(message, fix=fix, detail=detail, kind=kind)
+
+
+#: What the user can do about each kind of harness failure (the CLI prints it with the cause).
+_HARNESS_FIXES = {
+    "task": "check the task file with `evo tasks --task-file FILE` and the seed with "
+            "`evo check SEED.cu --task NAME --task-file FILE`; every file in [tasks] files is "
+            "imported by the GPU process",
+    "cuda": "run the GPU stages on a machine whose GPU the harness can see (nvidia-smi, and "
+            "`python -c \"import torch; print(torch.cuda.is_available())\"` with the same Python)",
+    "sandbox": "see docs/SECURITY.md for the sandbox's switches (EVO_SANDBOX_*)",
+    "bug": "this is a bug in the harness: report it with the log file's traceback",
+}
 
 
 @dataclass(frozen=True)
@@ -181,7 +207,7 @@ def _job_json(job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str
         "mode": job.mode,
         "shapes": list(job.shapes) if job.shapes is not None else None,
         "bench_shapes": list(job.bench_shapes) if job.bench_shapes is not None else None,
-        "task_files": [str(Path(f).resolve()) for f in job.task_files],
+        "task_files": [str(Path(f).resolve()) for f in (job.task_files or settings.task_files)],
         "seed": seed,
         "settings": asdict(settings),
         "so": "kernel.so",
@@ -497,11 +523,25 @@ class _Child:
             return _failure_report(Status.TIMEOUT, reason, mode, arts, seconds, None)
         result = jobdir / "result.json"
         if rc == HARNESS_BUG_EXIT and (jobdir / "error.json").exists():
-            err_data = json.loads((jobdir / "error.json").read_text())
+            try:
+                err_data = json.loads((jobdir / "error.json").read_text())
+            except ValueError:
+                err_data = {"error": "error.json unreadable"}
+            kind = str(err_data.get("kind") or "bug")
+            kind = kind if kind in _HARNESS_FIXES else "bug"
             raise HarnessError(
                 f"the GPU harness failed on task {job.task!r} (not the candidate's fault): "
-                f"{err_data.get('error', '?')}\n{err_data.get('traceback', '')}"
+                f"{str(err_data.get('error', '?')).strip()}",
+                fix=_HARNESS_FIXES[kind], detail=str(err_data.get("traceback", "")), kind=kind,
             )
+        if result.exists() and rc != 0:
+            # A result is accepted only from a clean exit: a child that died (a kernel that
+            # wrote its own result file and then aborted) is a crash, whatever files exist.
+            why = (f"process killed by {_signal_name(rc)}" if rc < 0 else f"process exited with code {rc}")
+            why += " after a result file appeared (a result counts only from a clean exit)"
+            if stderr:
+                why += f"; stderr tail: {stderr[-600:]}"
+            return _failure_report(Status.CRASH, why, mode, arts, seconds, rc)
         if result.exists():
             try:
                 data = json.loads(result.read_text())
@@ -510,10 +550,7 @@ class _Child:
                     Status.CRASH, f"harness result unreadable: {e}", mode, arts, seconds, rc
                 )
             report = _parse_result(data, seconds, rc)
-            report = replace(report, env={**report.env, "sandbox": self.launch.summary})
-            if rc != 0:
-                log.warning("harness wrote a result but exited %s", rc)
-            return report
+            return replace(report, env={**report.env, "sandbox": self.launch.summary})
         if rc < 0:
             why = f"process killed by {_signal_name(rc)}"
         else:

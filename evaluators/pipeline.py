@@ -83,13 +83,14 @@ def check_kernel(
     harness_settings: HarnessSettings,
     gpu: bool | None = None,
     task_files: tuple[str, ...] = (),
+    shapes: tuple[int, ...] | None = None,
 ) -> tuple[StageResult, ...]:
     """Run every stage on one kernel source; always returns four results (policy, compile,
     correctness, timing), later ones ``skipped`` with the reason when an earlier one failed.
 
     ``gpu``: ``None`` = detect (:func:`gpu_available`); ``True`` forces the GPU stages (a
     child without CUDA then raises :class:`~evaluators.isolation.HarnessError`); ``False``
-    skips them.
+    skips them. ``shapes``: indices of the task's shapes to check (``None``: all).
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
@@ -107,7 +108,8 @@ def check_kernel(
         return (pol, comp) + _skipped(STAGES[2:], NO_GPU_REASON)
     report = run_isolated(
         HarnessJob(task=task, candidate_id=cand.id, so_bytes=outcome.so_bytes,
-                   params=cand.params, mode=_mode(harness_settings), task_files=task_files),
+                   params=cand.params, mode=_mode(harness_settings), task_files=task_files,
+                   shapes=shapes),
         harness_settings,
     )
     return (pol, comp) + report.stages

@@ -302,25 +302,36 @@ def check(
     params: list[str] = typer.Option([], "--params", help="Tunable values NAME=VALUE (repeatable)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
     task_file: list[Path] = typer.Option([], "--task-file", help="Load user tasks from this .py file."),
+    timing: bool = typer.Option(True, "--timing/--no-timing",
+                                help="--no-timing: correctness only (quicker while iterating on a kernel)."),
+    shapes: Optional[str] = typer.Option(
+        None, "--shapes", help="Check only these shape indices, e.g. 1,2 (`evo tasks` lists the shapes; "
+        "0 is the first). Default: every shape."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the evaluation cascade on one kernel file and print each stage's verdict.
 
     Policy and compile run anywhere (nvcc needed); correctness and timing need a CUDA GPU
-    and are reported as skipped without one. Run this before seeding a search with a
-    hand-written kernel.
+    and are reported as skipped without one. `--params` are checked against the tunables
+    and constraints the kernel declares before anything is built. Run this before seeding a
+    search with a hand-written kernel.
 
-    Example: evo check my_relu.cu --task kb19_relu --params BLOCK=256
+    Example: evo check my_relu.cu --task kb19_relu --params BLOCK=256 --no-timing
     """
+    from dataclasses import replace as _replace
+
     import evo.tasks as T
     from evaluators.pipeline import check_kernel
 
     if not kernel.is_file():
         _fail(f"{kernel}: no such file")
     for f in task_file:
-        T.load_task_file(f)
+        try:
+            T.load_task_file(f)
+        except (OSError, ValueError) as e:
+            _fail(str(e))
     try:
-        T.get_task(task)
+        task_obj = T.get_task(task)
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     kv: dict[str, str] = {}
@@ -329,12 +340,31 @@ def check(
             _fail(f"--params {p!r}: expected NAME=VALUE")
         k, v = p.split("=", 1)
         kv[k.strip()] = v.strip()
+    source = kernel.read_text()
+    problems = _param_problems(source, kv)
+    if problems:
+        _fail("\n".join(f"{kernel}: --params: {m}" for m in problems))
+    shape_idx: tuple[int, ...] | None = None
+    if shapes is not None:
+        try:
+            shape_idx = tuple(int(x) for x in shapes.split(",") if x.strip())
+        except ValueError:
+            _fail(f"--shapes {shapes!r}: expected comma-separated shape indices, e.g. 0,2")
+        bad = [i for i in shape_idx if not 0 <= i < len(task_obj.shapes)]
+        if bad or not shape_idx:
+            _fail(f"--shapes {shapes!r}: task {task} has shapes 0..{len(task_obj.shapes) - 1}")
     cs, hs = _stage_settings(config)
+    if not timing:
+        hs = _replace(hs, check_only=True)
     try:
-        stages = check_kernel(kernel.read_text(), task, kv, compile_settings=cs, harness_settings=hs,
-                              task_files=tuple(str(f.resolve()) for f in task_file))
+        stages = check_kernel(source, task, kv, compile_settings=cs, harness_settings=hs,
+                              task_files=tuple(str(f.resolve()) for f in task_file), shapes=shape_idx)
     except ValueError as e:
         _fail(str(e))
+    except RuntimeError as e:  # the harness itself (evaluators.base.InfrastructureError)
+        one = getattr(e, "one_line", None)
+        _fail(one() if callable(one) else str(e))
+    stages = tuple(_name_user_file(s, kernel) for s in stages)
     if as_json:
         _emit_json([{"stage": s.stage, "status": s.status.value, "reason": s.reason,
                      "metrics": s.metrics, "seconds": s.seconds} for s in stages])
@@ -352,6 +382,42 @@ def check(
                 console.print(s.artifacts["errors"], markup=False, highlight=False)
     failed = [s for s in stages if not s.passed and s.status.value != "skipped"]
     raise typer.Exit(1 if failed else 0)
+
+
+def _param_problems(source: str, params: dict[str, str]) -> list[str]:
+    """Every problem with ``--params`` for this source: unknown names, values outside their
+    declared set, violated constraints (one message each; empty when all is well)."""
+    from evo.tunables import TunableError, parse_tunables, violated_constraints
+
+    try:
+        tunables = {t.name: t for t in parse_tunables(source)}
+    except TunableError as e:
+        return [f"the kernel's @tunable annotations: {e}"]
+    out = []
+    for name, value in params.items():
+        t = tunables.get(name)
+        if t is None:
+            known = ", ".join(sorted(tunables)) or "none"
+            out.append(f"unknown tunable {name!r}; the kernel declares: {known}")
+        elif value not in t.choices:
+            out.append(f"{name} = {value!r} is not allowed; choose one of {{{', '.join(t.choices)}}}")
+    if out:
+        return out
+    try:
+        return [f"constraint violated at {c}" for c in violated_constraints(source, params)]
+    except TunableError as e:
+        return [str(e)]
+
+
+def _name_user_file(stage, kernel: Path):
+    """Compile messages say ``candidate.cu`` (the job's file name); show the user's file."""
+    from dataclasses import replace as _replace
+
+    def sub(text: str) -> str:
+        return text.replace("candidate.cu", str(kernel)) if isinstance(text, str) else text
+
+    return _replace(stage, reason=sub(stage.reason),
+                    artifacts={k: sub(v) for k, v in stage.artifacts.items()})
 
 
 @app.command()

@@ -14,8 +14,10 @@ Design points (see docs/config.md for the user-facing reference):
   a did-you-mean suggestion, so a typo never silently falls back to a default.
 * Types are strict: TOML already carries types, so ``seed = "3"`` or ``archive = 1`` is a
   mistake, not something to coerce. Integers are accepted where a float is expected.
-* Relative paths (``run.db``, ``compile.cache_dir``, ``tasks.files``) resolve against the
-  current working directory at load time, so later ``chdir``s (Ray workers) cannot move them.
+* Paths are made absolute once, at load time, so later ``chdir``s (Ray workers) cannot move
+  them. Input files the config names (``tasks.files``) are relative to the config file's
+  directory (a config works from any working directory); output locations (``run.db``,
+  ``compile.cache_dir``, ``llm.cassette``) are relative to the current working directory.
 * ``tasks.files`` are loaded through ``evo.tasks.load_task_file`` before ``tasks.include`` is
   checked against ``evo.tasks.task_names()`` / ``evo.tasks.families()``, so user tasks can be
   included. The registry is imported lazily, so importing this module stays cheap.
@@ -24,11 +26,13 @@ Design points (see docs/config.md for the user-facing reference):
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import difflib
 import hashlib
 import json
 import logging
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -96,8 +100,14 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------------------
 
 
+#: Directory of the config file being validated (None for in-memory data): input files the
+#: config names (``tasks.files``) are found relative to it, whatever the working directory.
+_CONFIG_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("evo_config_dir", default=None)
+
+
 def _resolve_path(value: Any) -> Path:
-    """A path given as a string; relative paths resolve against the current directory."""
+    """An output location (``run.db``, ``compile.cache_dir``): relative paths resolve against
+    the current directory, so results land where the user runs the command."""
     if isinstance(value, bool) or not isinstance(value, (str, Path)):
         raise ValueError("must be a path string")
     if isinstance(value, str) and not value.strip():
@@ -106,7 +116,19 @@ def _resolve_path(value: Any) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
+def _resolve_input_path(value: Any) -> Path:
+    """An input file the config names (``tasks.files``): relative paths resolve against the
+    config file's directory, so a config works from any working directory; absolute, once."""
+    _resolve_path(value)  # same type checks
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path.resolve()
+    base = _CONFIG_DIR.get() or Path.cwd()
+    return (base / path).resolve()
+
+
 PathField = Annotated[Path, BeforeValidator(_resolve_path)]
+InputPathField = Annotated[Path, BeforeValidator(_resolve_input_path)]
 
 
 def _int_or_auto(value: Any, minimum: int) -> int | str:
@@ -166,7 +188,20 @@ class RunConfig(_Section):
 def _load_task_file(path: Path) -> Path:
     """Item validator of ``tasks.files``: the file must exist; its tasks get registered."""
     if not path.is_file():
-        raise ValueError("is not a file" if path.exists() else "file not found")
+        if path.exists():
+            raise ValueError("is not a file")
+        base = _CONFIG_DIR.get()
+        msg = f"file not found (looked for {path}"
+        if base is not None:
+            msg += f"; a relative path is relative to the config file's directory, {base}"
+            try:
+                rel = path.relative_to(base)
+            except ValueError:
+                rel = None
+            if rel is not None and (Path.cwd() / rel).is_file():
+                msg += (f"; {Path.cwd() / rel} exists relative to the working directory: write the "
+                        f"path relative to the config file, e.g. {os.path.relpath(Path.cwd() / rel, base)!r}")
+        raise ValueError(msg + ")")
     resolved = path.resolve()
     if resolved not in _LOADED_TASK_FILES:
         from evo import tasks as registry  # lazy: the registry imports torch
@@ -214,8 +249,9 @@ class TasksConfig(_Section):
     in user files can be included.
     """
 
-    files: tuple[Annotated[PathField, AfterValidator(_load_task_file)], ...] = Field(
-        (), strict=False, description="a list of paths to user task files"
+    files: tuple[Annotated[InputPathField, AfterValidator(_load_task_file)], ...] = Field(
+        (), strict=False,
+        description="a list of paths to user task files (relative to the config file's directory)",
     )
     include: tuple[Annotated[str, AfterValidator(_check_task_entry)], ...] = Field(
         ...,
@@ -413,6 +449,7 @@ class Config(_Section):
         return HarnessSettings(
             trials=e.trials, warmup=e.warmup, reps=e.reps, flush_mb=e.flush_mb, timeout_s=float(e.timeout_s),
             fresh_timing_process=e.fresh_timing_process,
+            task_files=tuple(str(f) for f in self.tasks.files),
         )
 
     def profile_settings(self):
@@ -521,6 +558,7 @@ def _build(
 ) -> Config:
     raw = copy.deepcopy(dict(data))
     override_keys = _apply_overrides(raw, overrides or {}, source)
+    token = _CONFIG_DIR.set(path.resolve().parent if path is not None else None)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
@@ -535,7 +573,13 @@ def _build(
         }
         errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in item_locs)]
         problems = [_describe(err, override_keys) for err in errors]
+        if any(k.startswith("tasks.files") for k, _ in problems):
+            # Tasks of a file that failed to load are unknown to include: one error, not one
+            # per included task listing every built-in name.
+            problems = [(k, m) for k, m in problems if not k.startswith("tasks.include")]
         raise ConfigError(source, problems) from None
+    finally:
+        _CONFIG_DIR.reset(token)
     config._source_path = path
     logger.debug("loaded config %s (hash %s)", source, config.hash()[:12])
     return config

@@ -34,13 +34,52 @@ from typing import Any, Callable
 from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status
 from evo.store import StoreError
 
-__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "StoreFullError", "Progress"]
+__all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "SearchFailed", "StoreFullError",
+           "Progress", "BREAKER_THRESHOLD"]
 
 log = logging.getLogger(__name__)
 
 
 class SearchError(RuntimeError):
     """The search cannot start or continue (unknown run to resume, no GPUs, ...)."""
+
+
+class SearchFailed(SearchError):
+    """The run stopped on a failure of ours (not a candidate's): a harness bug, a task the
+    GPU process cannot load, a missing toolchain, repeated evaluator failures of one kind.
+
+    The run is marked ``failed`` in the store with this message; nothing evaluated is lost
+    and candidates in flight stay pending, so ``evo search CONFIG --resume RUN`` continues
+    once the cause is fixed. ``str(err)`` is one line: the cause and the fix.
+    """
+
+
+#: Consecutive evaluator failures of one kind (an exception from a stage or a dead worker,
+#: not a candidate's verdict) after which the run stops (InfrastructureError stops at once).
+BREAKER_THRESHOLD = 3
+
+
+def _infra_cause(err: BaseException | None):
+    """The :class:`~evaluators.base.InfrastructureError` behind ``err`` (a Ray error wraps
+    the stage's exception as ``cause``), or None."""
+    from evaluators.base import InfrastructureError
+
+    seen = 0
+    while err is not None and seen < 8:
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, InfrastructureError):
+            return cause
+        if isinstance(err, InfrastructureError):
+            return err
+        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
+        seen += 1
+    return None
+
+
+def _is_stage_exception(err: BaseException) -> bool:
+    """Whether a remote error is an exception the stage function raised (our code failed),
+    as opposed to its worker process dying (which the recovery paths handle)."""
+    return type(err).__name__.startswith("RayTaskError") or getattr(err, "cause", None) is not None
 
 
 class StoreFullError(StoreError, SearchError):
@@ -240,6 +279,8 @@ class Engine:
         self._gpu_lost: set[int] = set()
         self._bystanders: set[int] = set()
         self._fill_failures = 0
+        # circuit breaker over evaluator failures (not candidate verdicts): (kind, count)
+        self._breaker: tuple[str, int] = ("", 0)
 
     def _max_failed_attempts(self) -> int:
         cap = getattr(self.mutator, "max_failed_attempts", 0) or 0
@@ -288,6 +329,8 @@ class Engine:
     def run(self, *, resume: bool = False) -> SearchSummary:
         try:
             return self._run(resume)
+        except SearchFailed:
+            raise
         except Exception as e:
             if not _is_store_full(e):
                 raise
@@ -541,8 +584,10 @@ class Engine:
                 try:
                     outcome = self.rt.get(ref)
                 except errors as e:
+                    self._evaluator_failed("compile", pending, e)
                     self._compile_worker_failed(pending, e)
                     continue
+                self._breaker_ok("compile")
                 self._compiled(pending, outcome)
             else:
                 g, pending = self.gpu_refs.pop(ref)
@@ -550,8 +595,10 @@ class Engine:
                 try:
                     res = self.rt.get(ref)
                 except errors as e:
+                    self._evaluator_failed("GPU evaluation", pending, e)
                     self._gpu_worker_failed(pending, e, g)
                     continue
+                self._breaker_ok("GPU evaluation")
                 self._bystanders.discard(pending.gpu_seq)
                 pr = self.progress
                 pr.gpu_busy_s += max(0.0, res.finished - res.started)
@@ -561,6 +608,50 @@ class Engine:
                 self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                                  fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
         self._update_counters()
+
+    # ------------------------------------------------------------------ our failures
+
+    def _evaluator_failed(self, where: str, pending: _Pending, err: BaseException) -> None:
+        """A stage raised or its worker died: ours, not the candidate's. An
+        InfrastructureError stops the run at once; other failures trip the breaker after
+        :data:`BREAKER_THRESHOLD` in a row of one kind (the recovery paths handle the rest)."""
+        infra = _infra_cause(err)
+        if infra is not None:
+            self._fail(f"{where} of {pending.candidate.short_id} ({pending.candidate.task}) failed: "
+                       f"{infra.one_line()}", detail=getattr(infra, "detail", "") or str(err))
+        kind = f"{where}: {type(getattr(err, 'cause', None) or err).__name__}"
+        last, n = self._breaker
+        n = n + 1 if kind == last else 1
+        self._breaker = (kind, n)
+        if n >= BREAKER_THRESHOLD:
+            first = (str(getattr(err, "cause", None) or err).strip().splitlines() or [type(err).__name__])[-1]
+            fix = ("the stage itself raised: a bug of ours or a broken machine; the traceback is in the log"
+                   if _is_stage_exception(err) else "its worker process died each time: see the Ray worker "
+                   "logs (memory, a crashing driver)")
+            self._fail(f"{n} {where}s in a row failed with {type(getattr(err, 'cause', None) or err).__name__} "
+                       f"(last on {pending.candidate.short_id}): {first[:300]}; {fix}", detail=str(err))
+
+    def _breaker_ok(self, where: str) -> None:
+        if self._breaker[0].startswith(where + ":"):
+            self._breaker = ("", 0)
+
+    def _fail(self, message: str, detail: str = "") -> None:
+        """Stop the run on a failure of ours: mark it ``failed`` (resumable), record why,
+        raise :class:`SearchFailed` with one line naming the cause, the fix and the resume."""
+        pending = [p.candidate.id for p in self._all_pending()]
+        line = f"{message}. The run {self.run_id} is marked failed; fix the cause, then continue it with " \
+               f"`evo search CONFIG --resume {self.run_id}`"
+        if detail:
+            log.debug("failure detail: %s", detail)
+        log.error("%s", line)
+        self._stop_reason = f"failed: {message}"[:500]
+        try:
+            self.store.log_event(self.run_id, "failed", {"reason": message[:2000], "detail": detail[-8000:],
+                                                         "pending": pending})
+            self.store.set_run_status(self.run_id, "failed")
+        except Exception as e:  # noqa: BLE001 - the original failure is what the user must see
+            log.error("could not mark run %s failed: %s", self.run_id, e)
+        raise SearchFailed(line)
 
     def _compiled(self, pending: _Pending, outcome) -> None:
         stage = outcome.result
@@ -814,6 +905,10 @@ class Engine:
                     raise RuntimeError(outcome.result.reason)
                 res = self.rt.get(self.rt.submit_gpu(0, cand, outcome.so_bytes))
             except self.rt.remote_errors() + (RuntimeError,) as e:
+                infra = _infra_cause(e)
+                if infra is not None:
+                    self._fail(f"champion confirmation of {cand.short_id} ({task}) failed: {infra.one_line()}",
+                               detail=getattr(infra, "detail", ""))
                 log.warning("champion confirmation of %s failed: %s", cand.short_id, e)
                 self.store.set_champion(self.run_id, task, cand.id, fitness,
                                         {"confirmed": False, "error": str(e)[:500]})

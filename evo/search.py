@@ -15,7 +15,7 @@ from evo.engine import Engine, EngineSettings, SearchError, SearchSummary
 from evo.records import Candidate
 
 __all__ = ["run_search", "dry_run", "make_mutator", "engine_settings", "MUTATOR_KINDS", "SearchError",
-           "SearchSummary", "seed_for"]
+           "SearchSummary", "seed_for", "seeds_for"]
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +96,55 @@ def _task_names(cfg) -> list[str]:
     return [t.name for t in T.tasks_for(list(cfg.tasks.include))]
 
 
-def seed_for(task_name: str) -> tuple[str, dict[str, str]]:
+def seed_for(task_name: str) -> tuple[str, dict[str, str]] | None:
+    """The seed kernel (source, params at their declared defaults) of a task, or None.
+
+    ``Task.seed`` is a ``.cu`` path (the user-task loader made it absolute, relative to the
+    task file), the name of a built-in seed (``evo.tasks.seeds``), or empty: a built-in task
+    then uses the seed named like itself, and a user task has none (the LLM mutator writes
+    the first kernel: genesis). Raises :class:`SearchError` naming the task and the fix.
+    """
+    from pathlib import Path
+
     from evo.tasks import get_task
-    from evo.tasks.seeds import seed_params, seed_source
+    from evo.tasks.seeds import SEEDS, UnknownSeedError, seed_params, seed_source
+    from evo.tunables import resolve_params
 
     task = get_task(task_name)
     if task.seed and task.seed.endswith(".cu"):
-        from pathlib import Path
-
-        from evo.tunables import resolve_params
-
-        src = Path(task.seed).read_text()
+        try:
+            src = Path(task.seed).read_text()
+        except OSError as e:
+            raise SearchError(f"task {task_name!r}: cannot read its seed kernel {task.seed}: "
+                              f"{e.strerror or e}; fix the task's `seed` path (relative to the task file)") from e
         return src, resolve_params(src, {})
-    return seed_source(task_name), seed_params(task_name)
+    name = task.seed or (task_name if task_name in SEEDS else "")
+    if not name:
+        return None
+    try:
+        return seed_source(name), seed_params(name)
+    except UnknownSeedError as e:
+        raise SearchError(f"task {task_name!r}: seed {name!r} is neither a .cu file nor a built-in seed; "
+                          f"give `seed = \"file.cu\"` (relative to the task file), a built-in seed name "
+                          f"({', '.join(sorted(SEEDS)[:6])}, ...: `evo tasks` lists them), or no seed "
+                          f"with the llm mutator") from e
+
+
+def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[str, str]]]:
+    """Seeds of every task that has one; a task without a seed needs a mutator that can
+    write the first kernel (``llm``), else :class:`SearchError` says how to give a seed."""
+    seeds: dict[str, tuple[str, dict[str, str]]] = {}
+    for name in names:
+        got = seed_for(name)
+        if got is not None:
+            seeds[name] = got
+        elif mutator_kind != "llm":
+            raise SearchError(
+                f"task {name!r} has no seed kernel, and the {mutator_kind} mutator only changes an "
+                f"existing kernel: add `seed = \"my_kernel.cu\"` (relative to the task file) or a "
+                f"built-in seed name to the Task, or use `[mutator] kind = \"llm\"` so the model "
+                f"writes the first kernel")
+    return seeds
 
 
 def dry_run(cfg) -> dict:
@@ -119,8 +155,13 @@ def dry_run(cfg) -> dict:
     rows, ok = [], True
     names = _task_names(cfg)
     cs = cfg.compile_settings()
+    seeds = seeds_for(names, cfg.mutator.kind)
     for name in names:
-        src, params = seed_for(name)
+        if name not in seeds:
+            rows.append({"task": name, "policy": "-", "compile": "-",
+                         "note": "genesis: the first kernel will be written by the model"})
+            continue
+        src, params = seeds[name]
         pol = check_policy(src)
         row = {"task": name, "policy": pol.status.value, "compile": "-", "note": pol.reason}
         if pol.passed:
@@ -168,7 +209,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             seed = cfg.run.seed
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
-        seeds = {t: seed_for(t) for t in names}
+        seeds = seeds_for(names, cfg.mutator.kind)
         rt = Runtime(
             stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
             harness_settings=cfg.harness_settings(), address=address,

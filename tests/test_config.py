@@ -455,7 +455,7 @@ def test_include_empty_duplicated_or_missing(registry):
 
 def test_task_file_problems(registry, tmp_path):
     msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": ["does/not/exist.py"]}}))
-    assert msg == 'configs/x.toml: tasks.files[0] = "does/not/exist.py": file not found'
+    assert msg.startswith('configs/x.toml: tasks.files[0] = "does/not/exist.py": file not found (looked for ')
     bad = write(tmp_path, "raise\n", "bad.py")
     msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": [str(bad)]}}))
     assert msg == f'configs/x.toml: tasks.files[0] = "{bad}": could not load task file: SyntaxError: invalid syntax (line 1)'
@@ -533,3 +533,34 @@ def test_config_pickles_for_ray(registry, tmp_path):
     cfg = load_config(path)
     back = pickle.loads(pickle.dumps(cfg))
     assert back == cfg and back.hash() == cfg.hash() and back.source_path == path
+
+
+def test_task_files_are_relative_to_the_config_file_from_any_directory(registry, tmp_path, monkeypatch):
+    """Input files a config names are found next to the config, whatever the working
+    directory; output locations stay relative to the working directory."""
+    conf_dir = tmp_path / "project" / "configs"
+    conf_dir.mkdir(parents=True)
+    write(conf_dir, "task my_op\n", "mytasks.py")
+    cfg_file = conf_dir / "search.toml"
+    cfg_file.write_text('[run]\ndb = "out/run.db"\n[tasks]\nfiles = ["mytasks.py"]\ninclude = ["my_op"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(cfg_file)
+    assert cfg.tasks.files == ((conf_dir / "mytasks.py").resolve(),)
+    assert cfg.run.db == elsewhere / "out/run.db"
+    assert cfg.harness_settings().task_files == (str((conf_dir / "mytasks.py").resolve()),)
+
+
+def test_a_cwd_relative_task_file_gets_a_hint_not_a_list_of_every_task(registry, tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    write(tmp_path, "task my_op\n", "mytasks.py")
+    cfg_file = tmp_path / "configs" / "search.toml"
+    cfg_file.write_text('[tasks]\nfiles = ["mytasks.py"]\ninclude = ["my_op", "my_other"]\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_file)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1, lines  # the include entries are not reported as unknown tasks
+    assert "file not found" in lines[0] and "relative to the config file's directory" in lines[0]
+    assert "exists relative to the working directory" in lines[0] and "'../mytasks.py'" in lines[0]

@@ -11,6 +11,8 @@ Public API (everything a caller needs; see docs/tasks.md)::
     task_table(gpu) -> list[dict]             # rows for `evo tasks`
     gpu_names(), get_gpu(name), detect_gpu(), speed_of_light_ms(task, shape, gpu)
     evo.tasks.tolerance.check(out, ref, tol) -> (ok, reason, metrics)
+    tolerances for task authors: FP32_ELEMENTWISE, FP32_SOFTMAX, BF16_ELEMENTWISE, BF16_GEMM,
+    strict_fp32_reduction(k) (= fp32_gemm(k)), ArgExtremum(dim) for index outputs with ties
 
 Importing this package imports torch (the references are torch functions) but needs no GPU.
 """
@@ -32,6 +34,8 @@ from evo.tasks.registry import (
     tasks_for,
     validate_task,
 )
+from evo.tasks.tolerance import ArgExtremum, check_exact, fp32_gemm, strict_fp32_reduction
+from evo.tasks.tolerance import BF16_ELEMENTWISE, BF16_GEMM, FP32_ELEMENTWISE, FP32_SOFTMAX
 from evo.tasks.user import TaskFileError, load_task_file, seed_path
 
 __all__ = [
@@ -62,4 +66,12 @@ __all__ = [
     "TaskFileError",
     "load_task_file",
     "seed_path",
+    "ArgExtremum",
+    "check_exact",
+    "fp32_gemm",
+    "strict_fp32_reduction",
+    "FP32_ELEMENTWISE",
+    "FP32_SOFTMAX",
+    "BF16_ELEMENTWISE",
+    "BF16_GEMM",
 ]

@@ -61,7 +61,11 @@ class Task:
       scalars: constants passed to the kernel (e.g. ``(3.14,)`` for matrix-scalar).
       flops / bytes: ``f(shape) -> float``: arithmetic and compulsory DRAM traffic
         (each input read once, each output written once) for the speed-of-light bound.
-      seed: name of the seed kernel in ``evo.tasks.seeds`` (usually the task name).
+      seed: a ``.cu`` path (user tasks: relative to the task file), the name of a seed
+        kernel in ``evo.tasks.seeds``, or empty (built-in tasks: the seed named like the
+        task; user tasks: no seed, the LLM mutator writes the first kernel).
+      Outputs may be floating (checked by ``tolerance``), integer or boolean (exact, or
+      ``index_rule``), and 0-dim (a loss: a tensor of shape ``()``).
     """
 
     name: str
@@ -80,6 +84,10 @@ class Task:
     reference_dtype: str = "float64"
     seed: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    #: Optional rule for integer (index) outputs, e.g. ``evo.tasks.tolerance.ArgExtremum``:
+    #: called as ``rule(inputs, out, ref) -> (ok, reason, metrics)`` instead of the exact
+    #: match, so a task can accept any index of an equal value. None: exact, ties as torch.
+    index_rule: Callable[..., Any] | None = None
 
     @property
     def benchmark_shapes(self) -> tuple[Shape, ...]:

@@ -146,6 +146,8 @@ def validate_task(task: Any) -> None:
                 raise InvalidTaskError(
                     f"{who}: {field_name}(shapes[{i}]) = {v!r}; must be a positive finite number"
                 )
+    if task.index_rule is not None and not callable(task.index_rule):
+        raise InvalidTaskError(f"{who}: index_rule must be callable (e.g. evo.tasks.ArgExtremum(dim=1)) or None")
     if not isinstance(task.seed, str):
         raise InvalidTaskError(f"{who}: seed must be a string (a seed name or a .cu path)")
 

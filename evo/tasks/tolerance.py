@@ -3,7 +3,9 @@
 :func:`check` is the single implementation of :class:`~evo.tasks.base.Tolerance`; the GPU
 harness calls it for every trial. An output passes when
 
-1. it is a floating tensor of the reference's shape (and of ``dtype`` when given);
+1. it is a floating tensor of the reference's shape (and of ``dtype`` when given); an
+   integer or boolean reference (argmax indices, masks) asks for an exact match instead
+   (:func:`check_exact`; ties as torch breaks them, or a task's :class:`ArgExtremum` rule);
 2. it is finite wherever the reference is finite (and matches the reference's own NaN/Inf);
 3. elementwise ``|out - ref| <= atol_eff + rtol * |ref|`` where ``atol_eff = atol * rms(ref)``
    for ``Tolerance(atol_relative=True)`` (every built-in task) and ``atol`` otherwise;
@@ -29,8 +31,11 @@ from evo.tasks.base import Tolerance
 
 __all__ = [
     "check",
+    "check_exact",
     "check_deterministic",
+    "ArgExtremum",
     "fp32_gemm",
+    "strict_fp32_reduction",
     "FP32_ELEMENTWISE",
     "FP32_SOFTMAX",
     "BF16_ELEMENTWISE",
@@ -54,6 +59,14 @@ def fp32_gemm(k: int) -> Tolerance:
     """
     rel = min(1e-4, max(1e-5, 4.0 * FP32_UNIT_ROUNDOFF * math.sqrt(max(int(k), 1))))
     return Tolerance(atol=8.0 * rel, rtol=rel, rel_l2=rel, atol_relative=True)
+
+
+def strict_fp32_reduction(k: int) -> Tolerance:
+    """The strict fp32 rule for any output that sums ``k`` products or terms (GEMMs,
+    matvec, convolutions, row reductions): fp32 arithmetic in any order passes, tf32 and
+    bf16 shortcuts fail. The same rule as :func:`fp32_gemm`, under the name a task author
+    looks for; use it with ``k`` = the reduction length of your task's largest shape."""
+    return fp32_gemm(k)
 
 
 #: fp32 elementwise maps (activations, scaling): a few ulps per element, with an absolute
@@ -117,6 +130,8 @@ def check(
     """
     if not isinstance(out, torch.Tensor):
         return False, f"output is a {type(out).__name__}, not a torch.Tensor", {}
+    if not ref.is_floating_point() and not ref.is_complex():
+        return check_exact(out, ref)
     if tuple(out.shape) != tuple(ref.shape):
         return False, (
             f"shape mismatch: output has shape {tuple(out.shape)}, "
@@ -234,6 +249,101 @@ def check(
     return True, "ok", metrics
 
 
+def _as_exact(t: torch.Tensor) -> torch.Tensor:
+    """Integers as int64; bools by their storage byte, so a poisoned (unwritten) bool,
+    whose byte is neither 0 nor 1, never compares equal to a written one."""
+    if t.dtype == torch.bool:
+        return t.contiguous().view(torch.uint8).to(torch.int64)
+    return t.to(torch.int64)
+
+
+def check_exact(out: Any, ref: torch.Tensor) -> tuple[bool, str, dict[str, Any]]:
+    """Integer and boolean outputs (argmax / argmin / top-k indices, masks, counts) must
+    equal the reference exactly, with the reference's dtype; ties are resolved as torch
+    resolves them (the first index of an equal extremum) unless the task declares an
+    :class:`ArgExtremum` rule. Returns ``(ok, reason, metrics)`` like :func:`check`."""
+    if not isinstance(out, torch.Tensor):
+        return False, f"output is a {type(out).__name__}, not a torch.Tensor", {}
+    if tuple(out.shape) != tuple(ref.shape):
+        return False, (f"shape mismatch: output has shape {tuple(out.shape)}, reference has "
+                       f"{tuple(ref.shape)}"), {}
+    if out.dtype != ref.dtype:
+        return False, f"dtype mismatch: output is {out.dtype}, the reference's is {ref.dtype} (exact outputs keep it)", {}
+    if out.device != ref.device:
+        out = out.to(ref.device)
+    n = ref.numel()
+    metrics: dict[str, Any] = {"numel": n, "exact": True}
+    if n == 0:
+        metrics["n_mismatch"] = 0
+        return True, "ok", metrics
+    o, r = _as_exact(out).reshape(-1), _as_exact(ref).reshape(-1)
+    bad = o != r
+    nbad = int(bad.sum().item())
+    metrics["n_mismatch"] = nbad
+    if not nbad:
+        return True, "ok", metrics
+    i = int(bad.to(torch.int8).argmax().item())
+    metrics.update(worst_index=_unravel(i, tuple(ref.shape)), worst_out=int(o[i].item()), worst_ref=int(r[i].item()))
+    hint = ""
+    if ref.dtype == torch.bool and metrics["worst_out"] not in (0, 1):
+        hint = " (not a written bool: the element was left unwritten)"
+    elif metrics["worst_out"] == -0x5A5A5A5A:
+        hint = " (the poison value: the element was left unwritten)"
+    return False, (f"exact match required ({ref.dtype} output): {nbad} of {n} elements differ; first at "
+                   f"{_fmt_idx(metrics['worst_index'])}: out={metrics['worst_out']} ref={metrics['worst_ref']}{hint}"), metrics
+
+
+class ArgExtremum:
+    """A tie rule for index outputs: any index of an equal extremum passes.
+
+    ``Task(index_rule=ArgExtremum(dim=1))`` for an argmax over dim 1 (``largest=False`` for
+    argmin; ``input`` picks the reference argument the indices point into). The harness
+    calls it with the saved inputs (upcast), the candidate's index output and the
+    reference's; it passes when every index is in range and the value it selects equals
+    the value the reference's index selects (NaN equal to NaN, as torch treats NaN as the
+    extremum). Picklable: plain attributes only.
+    """
+
+    def __init__(self, dim: int, largest: bool = True, input: int = 0) -> None:
+        self.dim, self.largest, self.input = int(dim), bool(largest), int(input)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArgExtremum) and (self.dim, self.largest, self.input) == (
+            other.dim, other.largest, other.input)
+
+    def __hash__(self) -> int:
+        return hash((ArgExtremum, self.dim, self.largest, self.input))
+
+    def __repr__(self) -> str:
+        return f"ArgExtremum(dim={self.dim}, largest={self.largest}, input={self.input})"
+
+    def __call__(self, inputs: Any, out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str, dict[str, Any]]:
+        if not isinstance(out, torch.Tensor) or out.dtype != ref.dtype or tuple(out.shape) != tuple(ref.shape):
+            return check_exact(out, ref)
+        x = inputs[self.input]
+        size = x.shape[self.dim]
+        o = out.to(torch.int64)
+        if o.numel() and (int(o.min()) < 0 or int(o.max()) >= size):
+            bad = (o < 0) | (o >= size)
+            i = int(bad.reshape(-1).to(torch.int8).argmax())
+            return False, (f"index out of range [0, {size}) at {_fmt_idx(_unravel(i, tuple(o.shape)))}: "
+                           f"{int(o.reshape(-1)[i])}"), {"numel": o.numel()}
+        keep = o.dim() == x.dim()
+        oi = o if keep else o.unsqueeze(self.dim)
+        ri = ref.to(torch.int64) if keep else ref.to(torch.int64).unsqueeze(self.dim)
+        got = x.gather(self.dim, oi).to(torch.float64)
+        want = x.gather(self.dim, ri).to(torch.float64)
+        same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+        nbad = int((~same).sum())
+        if nbad:
+            i = int((~same).reshape(-1).to(torch.int8).argmax())
+            return False, (f"{nbad} of {same.numel()} indices select a value that is not the "
+                           f"{'largest' if self.largest else 'smallest'}; first at "
+                           f"{_fmt_idx(_unravel(i, tuple(got.shape)))}: selected {float(got.reshape(-1)[i])!r}, "
+                           f"extremum {float(want.reshape(-1)[i])!r}"), {"numel": o.numel(), "n_mismatch": nbad}
+        return True, "ok", {"numel": o.numel(), "n_mismatch": 0, "exact": False}
+
+
 def check_deterministic(
     first: torch.Tensor, second: torch.Tensor, tol: Tolerance
 ) -> tuple[bool, str, float]:
@@ -247,6 +357,14 @@ def check_deterministic(
             f"outputs of two calls differ in shape/dtype: {tuple(first.shape)} {first.dtype} "
             f"vs {tuple(second.shape)} {second.dtype}"
         ), math.inf
+    if not first.is_floating_point() and not first.is_complex():
+        a, b = _as_exact(first).reshape(-1), _as_exact(second).reshape(-1)
+        nd = int((a != b).sum().item())
+        if not nd:
+            return True, "ok", 0.0
+        i = int((a != b).to(torch.int8).argmax().item())
+        return False, (f"nondeterministic: two calls on the same inputs differ at {nd} elements; e.g. at "
+                       f"{_fmt_idx(_unravel(i, tuple(first.shape)))}: {int(a[i])} vs {int(b[i])}"), math.inf
     a = first.reshape(-1).to(torch.float64)
     b = second.reshape(-1).to(torch.float64)
     same = (a == b) | (torch.isnan(a) & torch.isnan(b))

@@ -92,6 +92,12 @@ def _import(path: Path) -> Any:
     name = module_name_for(path)
     if name in sys.modules:
         return sys.modules[name]
+    # Task files may import modules next to them (`from helpers import ...`), in every
+    # process that imports the file. Appended, not prepended: a sibling never shadows an
+    # installed package (or this project) of the same name.
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
     try:
         return importlib.import_module(name)
     except SyntaxError as exc:
@@ -160,8 +166,10 @@ def _resolve_seed(path: Path, task: Task) -> str:
 
 
 def _check_pickles(path: Path, task: Task) -> None:
-    for field_name in ("reference", "make_inputs", "flops", "bytes"):
+    for field_name in ("reference", "make_inputs", "flops", "bytes", "index_rule"):
         obj = getattr(task, field_name)
+        if obj is None:
+            continue
         try:
             back = pickle.loads(pickle.dumps(obj))
         except Exception as exc:

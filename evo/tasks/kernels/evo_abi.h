@@ -42,6 +42,7 @@ enum EvoDType : int32_t {
   EVO_I32 = 4,
   EVO_I64 = 5,
   EVO_U8 = 6,      // only the optional workspace tensor
+  EVO_BOOL = 7,    // one byte per element, 0 or 1 (boolean outputs such as masks)
 };
 
 struct EvoTensor {
