@@ -28,7 +28,7 @@ from evaluators.actor import EvaluateFn, GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.records import Candidate
 
-__all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages"]
+__all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,75 @@ CompileFn = Callable[[Candidate, CompileSettings], Any]
 
 class RuntimeError_(RuntimeError):
     """The cluster cannot do what the search needs (no GPUs, cannot connect...)."""
+
+
+#: Seconds :func:`probe_cluster_address` waits for a TCP connection and for the GCS's answer.
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_cluster_address(addr: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast, naming ``addr`` as typed, unless a Ray GCS (or Ray client server) answers there.
+
+    Without this, ``ray.init(address=...)`` on a dead address retries for many minutes
+    (20 rounds of ~35 s in Ray 2.x), printing C++ warnings that name the address as Ray
+    rewrote it (127.0.0.1 becomes the node's IP). The probe opens a TCP connection (within
+    ``timeout_s``) and sends an HTTP/2 client preface: a gRPC server, which the GCS is,
+    answers with a SETTINGS frame. ``"auto"`` is resolved the way Ray does (the cluster
+    recorded by ``ray start`` on this machine) and probed too; ``"local"`` starts a local
+    instance and is not probed. Raises :class:`RuntimeError_` with how to check the cluster.
+
+    A server that accepts the connection and speaks HTTP/2 but is no GCS (another gRPC
+    service, a transparent proxy) passes the probe; ``ray.init`` then waits as long as Ray does.
+    """
+    import socket
+    import time
+
+    typed = addr
+    check = (f"Check the cluster with `ray status --address {typed}`; start one with `ray start --head`, "
+             "or drop --address (and RAY_ADDRESS, ray.address) to run a local instance.")
+    if addr == "local":
+        return
+    if addr == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
+            return
+        try:
+            resolved = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            resolved = None
+        if resolved is None:
+            raise RuntimeError_(f"Ray cluster address 'auto': no Ray cluster was started on this machine (`ray start --head` "
+                                f"records one). {check}")
+        addr = resolved
+    hostport = addr.split("://", 1)[1] if "://" in addr else addr
+    host, sep, port_text = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit():
+        raise RuntimeError_(f"Ray cluster address {typed!r}: expected HOST:PORT (e.g. 10.0.0.5:6379), "
+                            f"ray://HOST:PORT, 'auto' or 'local'")
+    t0 = time.monotonic()
+    try:
+        sock = socket.create_connection((host, int(port_text)), timeout=timeout_s)
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise RuntimeError_(f"cannot reach the Ray cluster at {typed!r}: TCP connect to {host}:{port_text} "
+                            f"failed ({why}, after {time.monotonic() - t0:.1f} s). {check}") from None
+    with sock:
+        data = b""
+        try:
+            sock.settimeout(timeout_s)
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(9))  # preface + empty SETTINGS
+            while len(data) < 9:
+                chunk = sock.recv(9 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+    if len(data) < 9 or data[3] != 0x4:  # frame type 0x4 = SETTINGS
+        raise RuntimeError_(f"something listens at {typed!r} but it does not answer as a Ray cluster "
+                            f"(gRPC) does; is it the head node's GCS port (default 6379)? {check}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +121,18 @@ class Stages:
     evaluate_fn: EvaluateFn | None = None  # None = evaluators.pipeline.evaluate_built
     #: (candidate, so_bytes, shape_idx, ProfileSettings) -> StageResult; None = ncu
     profile_fn: Callable | None = None
+
+
+def route_ray_logs() -> None:
+    """Send Ray's Python log records through the root logger instead of Ray's own stderr
+    handler, so the application's logging setup decides where they go (the ``evo`` CLI
+    writes third-party records such as Ray's start-up and token-authentication notices to
+    its log file, not the terminal). Idempotent."""
+    lg = logging.getLogger("ray")
+    for h in list(lg.handlers):
+        if type(h).__name__ == "PlainRayHandler":
+            lg.removeHandler(h)
+    lg.propagate = True
 
 
 def real_stages() -> Stages:
@@ -81,16 +162,19 @@ class Runtime:
 
     def start(self) -> "Runtime":
         addr = self.address or os.environ.get("RAY_ADDRESS") or None
+        route_ray_logs()
         if ray.is_initialized():
             log.info("using the Ray instance already initialised in this process")
         elif addr:
             log.info("joining Ray cluster at %s", addr)
+            probe_cluster_address(addr)
             try:
                 ray.init(address=addr, log_to_driver=False)
             except ConnectionError as e:
                 raise RuntimeError_(
-                    f"cannot connect to the Ray cluster at {addr!r}: {e}. Start one with "
-                    "`ray start --head` or drop --address to run a local instance."
+                    f"cannot connect to the Ray cluster at {addr!r}: {e}. Check it with "
+                    f"`ray status --address {addr}`; start one with `ray start --head` or drop "
+                    "--address to run a local instance."
                 ) from e
         else:
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
