@@ -356,8 +356,40 @@ class LLMModelConfig(_Section):
     weight: float = Field(1.0, ge=0)
     price_in_per_mtok: float = Field(0.0, ge=0)
     price_out_per_mtok: float = Field(0.0, ge=0)
-    max_tokens: int = Field(8192, ge=1)
-    temperature: float = Field(0.7, ge=0, le=2)
+    max_output_tokens: int = Field(8192, ge=1)
+    token_param: Literal["auto", "max_tokens", "max_completion_tokens"] = "auto"
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict, strict=False)
+    context_tokens: int | None = Field(None, ge=256)
+    stream: bool = False
+    timeout_s: float | None = Field(None, gt=0)
+    concurrency: int | None = Field(None, ge=1, le=256)
+
+
+def _check_llm_model(i: int, m: LLMModelConfig) -> str | None:
+    """The first cross-key problem of ``[[llm.models]]`` entry ``i`` (None if fit)."""
+    from mutators.client import RESERVED_BODY_KEYS, is_openai_reasoning_model  # lazy: imports openai
+
+    key = f"llm.models[{i}]"
+    reasoning = m.token_param != "max_tokens" and is_openai_reasoning_model(m.model)
+    if reasoning and m.temperature is not None and m.temperature != 1:
+        return (f"{key}.temperature = {m.temperature}: model \"{m.model}\" is an OpenAI reasoning model, which "
+                "accepts only temperature 1; remove the key (or set token_param = \"max_tokens\" if this "
+                "endpoint is not OpenAI's and takes any temperature)")
+    if reasoning and m.top_p is not None and m.top_p != 1:
+        return (f"{key}.top_p = {m.top_p}: model \"{m.model}\" is an OpenAI reasoning model, which does not "
+                "take top_p; remove the key (or set token_param = \"max_tokens\" if this endpoint is not OpenAI's)")
+    clash = sorted(set(m.extra_body) & set(RESERVED_BODY_KEYS))
+    if clash:
+        return (f"{key}.extra_body.{clash[0]}: set by a typed key, not extra_body (allowed in extra_body: any key "
+                f"except {', '.join(RESERVED_BODY_KEYS)}; use max_output_tokens, token_param, temperature, top_p, "
+                "reasoning_effort, stream)")
+    if m.context_tokens is not None and m.context_tokens <= m.max_output_tokens:
+        return (f"{key}.context_tokens = {m.context_tokens}: must be larger than max_output_tokens = "
+                f"{m.max_output_tokens} (the window holds the prompt and the answer)")
+    return None
 
 
 class LLMConfig(_Section):
@@ -383,6 +415,10 @@ class LLMConfig(_Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"llm.models: duplicate name(s) {', '.join(dup)}: each model needs its own name")
+        for i, m in enumerate(self.models):
+            problem = _check_llm_model(i, m)
+            if problem:
+                raise ValueError(problem)
         return self
 
 

@@ -57,9 +57,8 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from mutators.llm import LLMMutator
 
     L = cfg.llm
-    models = [ModelSpec(name=m.name, base_url=m.base_url, model=m.model, key_env=m.key_env, weight=m.weight,
-                        price_in_per_mtok=m.price_in_per_mtok, price_out_per_mtok=m.price_out_per_mtok,
-                        max_tokens=m.max_tokens, temperature=m.temperature) for m in L.models]
+    # [[llm.models]] keys map one to one onto ModelSpec fields (tests/test_llm_config.py).
+    models = [ModelSpec(**m.model_dump()) for m in L.models]
 
     def store_call(call) -> None:
         store.add_llm_call(run_id, **call.to_row())

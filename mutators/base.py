@@ -17,7 +17,17 @@ from typing import Protocol, runtime_checkable
 
 from evo.records import Member
 
-__all__ = ["Proposal", "MutationContext", "Mutator"]
+__all__ = ["Proposal", "MutationContext", "Mutator", "MutatorStopped"]
+
+
+class MutatorStopped(RuntimeError):
+    """The mutator can make no more proposals in this run (its budget is spent, every model
+    it may call is stopped). The message is one line naming the cause and the fix.
+
+    The engine catches it around ``propose`` (and ``repair``), stops proposing, lets the work
+    in flight drain and ends the run with the message as its stop reason. Subclasses:
+    :class:`mutators.client.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
+    """
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         fake = self.server.fake
         entry = fake.cassette.next_for(messages, model)
-        fake._log_request(model, messages, entry)
+        fake._log_request(model, messages, entry, req, dict(self.headers))
         if entry is None:
             self._json(500, {"error": {"message": f"cassette {fake.cassette.source} exhausted", "type": "server_error"}})
             return
@@ -148,13 +148,16 @@ class FakeLLMServer:
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
 
-    def _log_request(self, model: str, messages: Any, entry: CassetteEntry | None) -> None:
+    def _log_request(self, model: str, messages: Any, entry: CassetteEntry | None, body: dict[str, Any],
+                     headers: dict[str, str]) -> None:
         with self._lock:
             self.requests.append({
                 "model": model,
                 "messages": messages,
                 "status": None if entry is None else entry.status,
                 "time": time.monotonic(),
+                "body": body,
+                "headers": headers,
             })
 
     @property

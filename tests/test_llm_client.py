@@ -30,7 +30,7 @@ MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "
 
 def _spec(server: FakeLLMServer, **kw) -> ModelSpec:
     base = dict(name="fake", base_url=server.base_url, model="fake-1", key_env="EVO_TEST_UNSET_KEY",
-                price_in_per_mtok=2.0, price_out_per_mtok=8.0, max_tokens=256)
+                price_in_per_mtok=2.0, price_out_per_mtok=8.0, max_output_tokens=256)
     base.update(kw)
     return ModelSpec(**base)
 
