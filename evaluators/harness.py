@@ -7,6 +7,8 @@ Runs in a fresh process that owns nothing but one candidate. Steps:
    TF32 off, create the harness stream, (a gated job: wait for ``JOBDIR/go``, see
    :func:`_wait_for_gate`), poison the allocator (allocate + fill NaN + free a
    large block back to the driver, so memory a kernel allocates holds NaN, not old results);
+   install the seccomp filter (:func:`_confine`: no exec, fork, socket, ptrace... from here
+   on, in every thread; failing that, a harness error of kind ``sandbox``);
 3. ``ctypes``-load ``JOBDIR/kernel.so`` (``evaluators.abi``);
 4. correctness (``evaluators.correctness``) unless ``time-only``; timing
    (``evaluators.timing``) for ``check+time`` / ``time-only`` once correctness passed;
@@ -135,6 +137,57 @@ def _env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def _confine() -> str:
+    """Install the seccomp filter (:func:`evaluators.sandbox.install_seccomp`) unless the
+    user switched it off; returns what was done, for ``env["seccomp"]``.
+
+    Runs after torch, CUDA, the stream and the allocator are set up and right before the
+    candidate's ``.so`` is loaded (its static constructors are its first code): nothing
+    CUDA needs at initialisation is blocked, and nothing of the candidate runs unfiltered.
+    Raises :class:`~evaluators.sandbox.SandboxError` (a harness error of kind ``sandbox``)
+    when the filter cannot be installed.
+    """
+    from evaluators.sandbox import SECCOMP_ENV, install_seccomp, seccomp_wanted
+
+    if not seccomp_wanted():
+        log.warning("seccomp is off (%s=0): the candidate may exec, fork and open sockets", SECCOMP_ENV)
+        return f"off ({SECCOMP_ENV}=0)"
+    return install_seccomp()
+
+
+def _gpu_state_nvml(uuid: str | None) -> dict[str, str]:
+    """Clocks, power and temperature from NVML (``libnvidia-ml.so.1`` through ctypes), with
+    the keys of :func:`_nvidia_smi`: the query after timing, when seccomp forbids running
+    nvidia-smi. ``{}`` when NVML or the device cannot be reached."""
+    import ctypes
+
+    if not uuid:
+        return {}
+    try:
+        nv = ctypes.CDLL("libnvidia-ml.so.1")
+        if nv.nvmlInit_v2() != 0:
+            return {}
+    except (OSError, AttributeError):
+        return {}
+    out: dict[str, str] = {}
+    try:
+        dev = ctypes.c_void_p()
+        if nv.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(dev)) != 0:
+            return {}
+        v = ctypes.c_uint()
+        for key, fn, arg in (("sm_clock_mhz", nv.nvmlDeviceGetClockInfo, 1),      # NVML_CLOCK_SM
+                             ("mem_clock_mhz", nv.nvmlDeviceGetClockInfo, 2),     # NVML_CLOCK_MEM
+                             ("max_sm_clock_mhz", nv.nvmlDeviceGetMaxClockInfo, 1),
+                             ("temp_c", nv.nvmlDeviceGetTemperature, 0)):         # NVML_TEMPERATURE_GPU
+            if fn(dev, ctypes.c_int(arg), ctypes.byref(v)) == 0:
+                out[key] = str(v.value)
+        if nv.nvmlDeviceGetPowerUsage(dev, ctypes.byref(v)) == 0:   # milliwatts
+            out["power_w"] = f"{v.value / 1000:.2f}"
+    finally:
+        nv.nvmlShutdown()
+    return out
+
+
 def _poison_allocator(torch: Any) -> int:
     """Fill a large block with NaN and return it to the driver; returns its size in bytes."""
     torch.cuda.synchronize()
@@ -212,6 +265,7 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     if job.get("gate"):
         _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
+    env["seccomp"] = _confine()
     stages: list[StageResult] = []
     fitness = None
     timings: list[dict[str, Any]] = []
@@ -291,7 +345,8 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
         stages.append(_crash(current, f"{type(e).__name__} after the kernel ran "
                                       f"({state.stage}): {msg}", traceback.format_exc()))
     if any(s.stage == "timing" and s.status is not Status.SKIPPED for s in stages):
-        after = _nvidia_smi(env.get("uuid") or None, os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+        # nvidia-smi cannot run under seccomp (no exec): NVML in this process instead
+        after = _gpu_state_nvml(env.get("uuid") or None)
         env.update({f"{k}_after_timing": v for k, v in after.items() if k != "driver"})
     if stages and stages[-1].stage == "correctness":
         stages.append(StageResult("timing", Status.SKIPPED,
@@ -320,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads((jobdir / "job.json").read_text())
         result = run_job(jobdir, job, state)
     except BaseException as e:  # noqa: BLE001 - harness bug: report, exit nonzero
-        kind = "task" if isinstance(e, TaskLoadError) else "bug"
+        from evaluators.sandbox import SandboxError
+
+        kind = "task" if isinstance(e, TaskLoadError) else "sandbox" if isinstance(e, SandboxError) else "bug"
         if "sees no CUDA device" in str(e):
             kind = "cuda"
         _write_json(jobdir / "error.json",

@@ -33,12 +33,28 @@ and logs one WARNING for what is missing):
   most likely to meet site specifics (MPS pipes, shared caches). Without it the candidate
   can write wherever its user can; see docs/SECURITY.md.
 
+- **system calls** (in the harness itself, :func:`install_seccomp`, right before it loads the
+  candidate: after torch and CUDA are initialised, so nothing they need at start-up is
+  blocked, while the wrapper can still ``exec`` the harness): a seccomp-bpf filter, synced
+  to every thread, refuses with ``EPERM`` ``execve``/``execveat``, ``fork``/``vfork``,
+  ``clone`` without ``CLONE_THREAD`` or with a namespace flag (threads stay allowed;
+  ``clone3`` answers ``ENOSYS`` so glibc falls back to ``clone``), every socket call,
+  ``ptrace``/``process_vm_*``, mounts and namespaces, kexec/modules/bpf/perf/userfaultfd,
+  keyrings, io_uring, signals to any process but itself, terminal injection (TIOCSTI).
+  Another architecture's calls (i386 ``int 0x80``, x32) kill the process. Checked for
+  x86_64 and aarch64; elsewhere, or when the kernel refuses, the harness stops with a
+  harness error of kind ``sandbox`` unless ``EVO_SANDBOX_SECCOMP=0``.
+- **parents not readable**: :func:`sandbox_launch` makes the process that starts the child
+  undumpable (:func:`make_undumpable`), so the child cannot read its ``/proc/<ppid>/environ``
+  or ``mem``; the driver does the same when it starts the runtime, and starts a local Ray
+  instance without its secrets (:func:`secrets_withheld`).
+
 OOM score: the child sets ``oom_score_adj = 1000`` so the kernel's OOM killer picks a
 runaway candidate before anything else.
 
 Switches (environment, read by :meth:`SandboxSettings.from_env`, inherited by Ray workers
 started from the driver): ``EVO_SANDBOX=0`` (no wrapper at all: environment scrub only),
-``EVO_SANDBOX_NET=0``, ``EVO_SANDBOX_LANDLOCK=0`` (no Landlock at all),
+``EVO_SANDBOX_NET=0``, ``EVO_SANDBOX_SECCOMP=0``, ``EVO_SANDBOX_LANDLOCK=0`` (no Landlock at all),
 ``EVO_SANDBOX_LANDLOCK_FS=1``, ``EVO_SANDBOX_WRITABLE=/a:/b``, ``EVO_SECRET_ENV=NAME,NAME``.
 
 Failure policy: the probe runs the very same wrapper once per process, so a layer that is
@@ -58,12 +74,21 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 __all__ = [
+    "SECCOMP_ENV",
+    "SandboxError",
     "SandboxSettings",
+    "install_seccomp",
+    "make_undumpable",
+    "seccomp_program",
+    "seccomp_wanted",
+    "secret_names",
+    "secrets_withheld",
     "Capabilities",
     "Launch",
     "probe",
@@ -107,6 +132,7 @@ class SandboxSettings:
     network: bool = True
     landlock: bool = True
     landlock_fs: bool = False
+    seccomp: bool = True
     cpu_factor: float = 2.0
     cpu_min_s: float = 60.0
     nofile: int = 1024
@@ -125,6 +151,7 @@ class SandboxSettings:
             network=_flag(e, "EVO_SANDBOX_NET", True),
             landlock=_flag(e, "EVO_SANDBOX_LANDLOCK", True),
             landlock_fs=_flag(e, "EVO_SANDBOX_LANDLOCK_FS", False),
+            seccomp=_flag(e, SECCOMP_ENV, True),
             secret_env=secrets_,
             extra_writable=writable,
         )
@@ -184,6 +211,67 @@ def scrub_env(env: Mapping[str, str], *, extra: Sequence[str] = (),
             continue
         out[k] = v
     return out
+
+
+def secret_names(env: Mapping[str, str] | None = None, *, extra: Sequence[str] = ()) -> list[str]:
+    """Names in ``env`` (the process environment by default) that :func:`scrub_env` would
+    drop: secret-looking names, ``extra`` and ``$EVO_SECRET_ENV``, and variables carrying a
+    secret's value."""
+    env = os.environ if env is None else env
+    names = tuple(extra) + SandboxSettings.from_env(env).secret_env
+    kept = scrub_env(env, extra=names, parent=env)
+    return sorted(k for k in env if k not in kept)
+
+
+@contextmanager
+def secrets_withheld(extra: Sequence[str] = ()) -> Iterator[list[str]]:
+    """Remove every secret (:func:`secret_names`) from ``os.environ`` for the block, then put
+    them back; yields the names removed.
+
+    For starting long-lived helper processes from the driver (the local Ray instance: its
+    GCS, raylet and every worker inherit the environment they were started with): the
+    driver alone keeps the LLM key, so no process that a candidate's process could read
+    (an ancestor, a sibling of the same user) holds it. Not thread-safe against other
+    threads reading the environment meanwhile; call it before the LLM client starts.
+    """
+    names = secret_names(os.environ, extra=extra)
+    saved = {k: os.environ[k] for k in names}
+    for k in names:
+        del os.environ[k]
+    try:
+        yield names
+    finally:
+        for k, v in saved.items():
+            os.environ[k] = v
+
+
+_PR_SET_DUMPABLE, _PR_GET_DUMPABLE = 4, 3
+
+
+def make_undumpable() -> bool:
+    """``prctl(PR_SET_DUMPABLE, 0)`` on this process; True if it is (now) not dumpable.
+
+    A process of the same user may read another's ``/proc/<pid>/environ``, ``mem``, ``maps``
+    and ``fd/`` only while that process is dumpable (without CAP_SYS_PTRACE). Called by
+    :func:`sandbox_launch` in the process that starts harness children (the GPU actor, or
+    ``evo check``'s own process) and by the driver when it starts the runtime, so a candidate
+    cannot read them. Side effects: no core dumps of this process, and debuggers (py-spy,
+    gdb) need root to attach. ``execve`` resets it, so children are unaffected.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_GET_DUMPABLE, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) == 0:
+            return True
+        if libc.prctl(_PR_SET_DUMPABLE, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0:
+            log.warning("SANDBOX: prctl(PR_SET_DUMPABLE, 0) failed (%s): processes of this user can "
+                        "read this process's environment and memory", os.strerror(ctypes.get_errno()))
+            return False
+    except (OSError, AttributeError) as e:  # no libc prctl (not Linux)
+        log.warning("SANDBOX: cannot make this process undumpable (%s)", e)
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -402,6 +490,259 @@ def user_task_count(uid: int | None = None) -> int:
     return n
 
 
+# ----------------------------------------------------------------------------- seccomp
+
+#: Set by :func:`sandbox_launch` in the child's environment: ``"1"`` the harness must
+#: install :func:`install_seccomp` before it loads the candidate (failure = harness error),
+#: ``"0"`` the user switched it off (``EVO_SANDBOX_SECCOMP=0`` or ``EVO_SANDBOX=0``). A
+#: harness started without it installs the filter too (the safe default).
+SECCOMP_ENV = "EVO_SANDBOX_SECCOMP"
+
+
+class SandboxError(RuntimeError):
+    """A confinement layer the harness must apply could not be applied: our failure (the
+    harness reports it with ``kind = "sandbox"``); the candidate never runs unconfined."""
+
+
+@dataclass(frozen=True)
+class _Arch:
+    name: str
+    audit_arch: int
+    nr: Mapping[str, int]
+    #: x86_64 also accepts x32 system calls (``nr | 0x40000000``) under the same audit
+    #: arch: without this check they would bypass every rule below.
+    x32_bit: int = 0
+
+
+_NR_X86_64 = {
+    "socket": 41, "connect": 42, "accept": 43, "bind": 49, "listen": 50, "socketpair": 53,
+    "accept4": 288, "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+    "clone3": 435, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "kexec_load": 246,
+    "kexec_file_load": 320, "bpf": 321, "keyctl": 250, "add_key": 248, "request_key": 249,
+    "personality": 135, "unshare": 272, "setns": 308, "perf_event_open": 298, "userfaultfd": 323,
+    "init_module": 175, "finit_module": 313, "delete_module": 176, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "kcmp": 312, "kill": 62, "tkill": 200, "tgkill": 234,
+    "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "ioctl": 16, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "pidfd_getfd": 438, "pidfd_send_signal": 424, "seccomp": 317,
+}
+# aarch64 uses the generic table (asm-generic/unistd.h): no fork/vfork (glibc forks by clone).
+_NR_AARCH64 = {
+    "socket": 198, "connect": 203, "accept": 202, "bind": 200, "listen": 201, "socketpair": 199,
+    "accept4": 242, "clone": 220, "execve": 221, "execveat": 281, "clone3": 435, "ptrace": 117,
+    "process_vm_readv": 270, "process_vm_writev": 271, "mount": 40, "umount2": 39,
+    "pivot_root": 41, "chroot": 51, "kexec_load": 104, "kexec_file_load": 294, "bpf": 280,
+    "keyctl": 219, "add_key": 217, "request_key": 218, "personality": 92, "unshare": 97,
+    "setns": 268, "perf_event_open": 241, "userfaultfd": 282, "init_module": 105,
+    "finit_module": 273, "delete_module": 106, "name_to_handle_at": 264, "open_by_handle_at": 265,
+    "kcmp": 272, "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
+    "rt_tgsigqueueinfo": 240, "ioctl": 29, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442, "pidfd_getfd": 438,
+    "pidfd_send_signal": 424, "seccomp": 277,
+}
+_ARCHES = {
+    "x86_64": _Arch("x86_64", 0xC000003E, _NR_X86_64, x32_bit=0x40000000),
+    "aarch64": _Arch("aarch64", 0xC00000B7, _NR_AARCH64),
+}
+
+#: System calls the candidate's process may not make at all (``EPERM``), and why.
+SECCOMP_DENIED: dict[str, str] = {
+    **dict.fromkeys(("execve", "execveat"), "no program may be started (a shell, curl, a compiler)"),
+    **dict.fromkeys(("fork", "vfork"), "no new process (only threads, see clone)"),
+    **dict.fromkeys(("socket", "socketpair", "connect", "accept", "accept4", "bind", "listen"),
+                    "no socket of any family: Unix sockets reach local daemons (the raylet, "
+                    "a container runtime) that the network namespace does not cut off"),
+    **dict.fromkeys(("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
+                    "no access to another process's memory or files (the GPU actor, the driver)"),
+    **dict.fromkeys(("mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
+                     "fsconfig", "fsmount", "fspick", "mount_setattr", "unshare", "setns"),
+                    "no new namespaces or mounts (inside a user namespace the child holds capabilities)"),
+    **dict.fromkeys(("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+                     "bpf", "perf_event_open", "userfaultfd", "open_by_handle_at", "name_to_handle_at"),
+                    "kernel attack surface a kernel never needs"),
+    **dict.fromkeys(("keyctl", "add_key", "request_key"), "no access to the kernel keyrings (credentials)"),
+    **dict.fromkeys(("io_uring_setup", "io_uring_enter", "io_uring_register"),
+                    "io_uring operations (socket, connect, open) bypass seccomp's per-syscall rules"),
+    "tkill": "signals only through tgkill, whose target is checked",
+    "pidfd_send_signal": "signals only to itself (kill/tgkill checked)",
+}
+#: Checked by argument (the rest of the call is allowed):
+#: ``clone``: only with CLONE_THREAD and no namespace flag (threads: CUDA, torch, OpenMP);
+#: ``clone3``: ENOSYS (its flags sit in memory a filter cannot read; glibc then uses clone);
+#: ``kill`` / ``tgkill`` / ``rt_sigqueueinfo`` / ``rt_tgsigqueueinfo``: only to its own pid
+#: (``kill(0, ...)``: its own process group, which the harness child leads alone);
+#: ``ioctl``: not TIOCSTI / TIOCLINUX (typing into a terminal the user has open);
+#: ``personality``: only the query ``personality(0xffffffff)``.
+SECCOMP_ARG_CHECKED = ("clone", "clone3", "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+                       "ioctl", "personality")
+
+_CLONE_THREAD = 0x00010000
+_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+
+# classic BPF
+_LD_W_ABS = 0x20
+_JEQ, _JGE, _JSET = 0x15, 0x35, 0x45  # BPF_JMP | op | BPF_K
+_RET = 0x06
+_RET_KILL_PROCESS = 0x80000000
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_EPERM, _ENOSYS = 1, 38
+_OFF_NR, _OFF_ARCH = 0, 4
+
+
+def _arg_lo(i: int) -> int:
+    """Offset of the low 32 bits of syscall argument ``i`` in ``struct seccomp_data``
+    (little-endian). The kernel reads pid, ioctl and clone-flag bits from the low word too."""
+    return 16 + 8 * i
+
+
+def seccomp_program(arch: str, pid: int) -> list[tuple[int, int, int, int]]:
+    """The filter as ``(code, jt, jf, k)`` instructions for ``arch`` and the process ``pid``.
+
+    Wrong audit arch (e.g. i386 calls through ``int 0x80`` on x86_64) or an x32 call: the
+    process is killed. Denied calls return ``EPERM``. Raises :class:`SandboxError` for an
+    architecture without a table.
+    """
+    a = _ARCHES.get(arch)
+    if a is None:
+        raise SandboxError(f"seccomp: no system call table for architecture {arch!r} "
+                           f"(known: {', '.join(_ARCHES)}); set EVO_SANDBOX_SECCOMP=0 to run without it")
+    eperm, allow = _RET_ERRNO | _EPERM, _RET_ALLOW
+    p: list[tuple[int, int, int, int]] = [
+        (_LD_W_ABS, 0, 0, _OFF_ARCH),
+        (_JEQ, 1, 0, a.audit_arch),
+        (_RET, 0, 0, _RET_KILL_PROCESS),
+        (_LD_W_ABS, 0, 0, _OFF_NR),
+    ]
+    if a.x32_bit:
+        p += [(_JGE, 0, 1, a.x32_bit), (_RET, 0, 0, _RET_KILL_PROCESS)]
+    nr = a.nr
+    pid &= 0xFFFFFFFF
+
+    def block(name: str, body: list[tuple[int, int, int, int]]) -> None:
+        # every body ends in a return on every path, so the next test needs no reload of nr
+        p.append((_JEQ, 0, len(body), nr[name]))
+        p.extend(body)
+
+    block("clone", [(_LD_W_ABS, 0, 0, _arg_lo(0)),
+                    (_JSET, 0, 2, _CLONE_THREAD),       # no CLONE_THREAD: a process -> EPERM
+                    (_JSET, 1, 0, _CLONE_NS_FLAGS),     # a namespace flag -> EPERM
+                    (_RET, 0, 0, allow),
+                    (_RET, 0, 0, eperm)])
+    block("clone3", [(_RET, 0, 0, _RET_ERRNO | _ENOSYS)])
+    block("kill", [(_LD_W_ABS, 0, 0, _arg_lo(0)),
+                   (_JEQ, 2, 0, pid),
+                   (_JEQ, 1, 0, 0),
+                   (_RET, 0, 0, eperm),
+                   (_RET, 0, 0, allow)])
+    for name in ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        block(name, [(_LD_W_ABS, 0, 0, _arg_lo(0)),
+                     (_JEQ, 1, 0, pid),
+                     (_RET, 0, 0, eperm),
+                     (_RET, 0, 0, allow)])
+    block("ioctl", [(_LD_W_ABS, 0, 0, _arg_lo(1)),
+                    (_JEQ, 1, 0, _TIOCSTI),
+                    (_JEQ, 0, 1, _TIOCLINUX),
+                    (_RET, 0, 0, eperm),
+                    (_RET, 0, 0, allow)])
+    block("personality", [(_LD_W_ABS, 0, 0, _arg_lo(0)),
+                          (_JEQ, 0, 1, 0xFFFFFFFF),
+                          (_RET, 0, 0, allow),
+                          (_RET, 0, 0, eperm)])
+    for name in SECCOMP_DENIED:
+        if name in nr:
+            p += [(_JEQ, 0, 1, nr[name]), (_RET, 0, 0, eperm)]
+    p.append((_RET, 0, 0, allow))
+    return p
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_PR_SET_NO_NEW_PRIVS = 38
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+
+
+def _machine() -> str:
+    import platform
+
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def seccomp_threads_filtered() -> tuple[int, int]:
+    """``(threads, threads in seccomp filter mode)`` of this process, from /proc/self/task."""
+    n = filtered = 0
+    for t in os.scandir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t.name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Seccomp:"):
+                        n += 1
+                        filtered += line.split()[1] == b"2"
+                        break
+        except OSError:  # a thread that just exited
+            continue
+    return n, filtered
+
+
+def install_seccomp() -> str:
+    """Confine this process, every thread of it and everything it starts (see the module
+    docstring); returns a one-line description for the evaluation's ``env``.
+
+    Called by the harness child right before it loads the candidate, after torch and CUDA are
+    initialised (CUDA's own threads exist by then: ``SECCOMP_FILTER_FLAG_TSYNC`` puts them
+    under the filter too, so a host callback the candidate queues on a driver thread is
+    confined as well). Sets ``PR_SET_NO_NEW_PRIVS`` first. Raises :class:`SandboxError` when
+    the filter cannot be installed or verified: the harness must then not run the candidate.
+    """
+    import sys as _sys
+
+    arch = _machine()
+    if _sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        raise SandboxError(f"seccomp: only 64-bit little-endian processes are supported (this is {arch}, "
+                           f"{_sys.byteorder}-endian); set EVO_SANDBOX_SECCOMP=0 to run without it")
+    prog = seccomp_program(arch, os.getpid())
+    if len(prog) > 4096:  # BPF_MAXINSNS
+        raise SandboxError(f"seccomp: filter of {len(prog)} instructions exceeds the kernel's 4096")
+    insns = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
+    fprog = _SockFprog(len(prog), insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                  ctypes.c_ulong(0)) != 0:
+        e = ctypes.get_errno()
+        raise SandboxError(f"seccomp: prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(e)}")
+    r = libc.syscall(ctypes.c_long(_ARCHES[arch].nr["seccomp"]), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
+                     ctypes.c_long(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog))
+    if r != 0:
+        e = ctypes.get_errno()
+        why = (f"thread {r} could not be synchronised" if r > 0 else os.strerror(e))
+        raise SandboxError(f"seccomp: installing the filter failed ({why}); the kernel needs "
+                           "CONFIG_SECCOMP_FILTER and Linux >= 3.17; set EVO_SANDBOX_SECCOMP=0 to run "
+                           "without it (docs/SECURITY.md)")
+    n, filtered = seccomp_threads_filtered()
+    if n == 0 or filtered != n:
+        raise SandboxError(f"seccomp: only {filtered} of {n} threads are filtered after install")
+    return (f"seccomp-bpf ({arch}, {len(prog)} instructions, {n} threads): no exec, fork, socket, "
+            "ptrace, mount, namespaces; signals to itself only")
+
+
+def seccomp_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the harness must install the filter (:data:`SECCOMP_ENV`, default yes)."""
+    return _flag(os.environ if environ is None else environ, SECCOMP_ENV, True)
+
+
 # ----------------------------------------------------------------------------- launch
 
 
@@ -441,6 +782,10 @@ def sandbox_launch(
     e = scrub_env(env, extra=s.secret_env)
     e.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp),
              XDG_CACHE_HOME=str(home / ".cache"))
+    # The harness reads this before it loads the candidate (install_seccomp); set here, where
+    # the candidate has no say, and only "0" when the user switched the sandbox off.
+    e[SECCOMP_ENV] = "1" if (s.enabled and s.seccomp) else "0"
+    make_undumpable()
     layers = ["env-scrub", "private-home-tmp"]
     if not s.enabled:
         return Launch(list(argv), e, tuple(layers))
@@ -462,6 +807,8 @@ def sandbox_launch(
             parts = [n for n, on in (("fs-writes", ll["fs"]), ("tcp-deny", ll["net"]), ("signal-scope", ll["signal"]))
                      if on]
             layers.append(f"landlock{caps.landlock_abi}(" + ",".join(parts) + ")")
+    if s.seccomp:
+        layers.append("seccomp-required")
     return Launch(_wrapper_argv(cfg, argv), e, tuple(layers))
 
 
@@ -481,4 +828,5 @@ def describe(settings: SandboxSettings | None = None) -> str:
         parts.append(f"Landlock ABI {caps.landlock_abi}"
                      + (" signal scoping" if caps.landlock_abi >= 6 else "")
                      + (" + write protection" if s.landlock_fs else ""))
+    parts.append("seccomp in the harness" if s.seccomp else "NO seccomp (EVO_SANDBOX_SECCOMP=0)")
     return "sandbox: " + ", ".join(parts) + (f" [{'; '.join(caps.notes)}]" if caps.notes else "")
