@@ -1,8 +1,15 @@
 """The kernel ABI on the Python side: ``EvoTensor`` as a ctypes struct and the .so loader.
 
-Mirrors ``evo/tasks/kernels/evo_abi.h`` (ABI version 1) field for field; a test compares
-the struct size and offsets with the header's. Used only inside the isolated harness
-process (``evaluators/harness.py``): the parent never loads a candidate's shared object.
+The C header ``evo/tasks/kernels/evo_abi.h`` is the source of the ABI; this module is its one
+Python statement: the struct's fields (:data:`EVO_TENSOR_FIELDS`), the dtype codes
+(:data:`EVO_DTYPES`) and the entry points' signatures (:data:`LAUNCH_ARGS` and friends), as
+plain data. :class:`EvoTensor` and :func:`load_kernel` are built from that data, and so is the
+copy of the struct in every exported ``op.py`` (``evo/export.py`` renders it from here);
+``tests/test_abi_header.py`` parses the header and fails on any difference. Change the header,
+then this data, never the struct anywhere else.
+
+Used only inside the isolated harness process (``evaluators/harness.py``): the parent never
+loads a candidate's shared object.
 
 Nothing here initialises CUDA. :func:`describe` takes anything tensor-like
 (``data_ptr()``, ``dtype``, ``shape``, ``stride()``), so torch is imported lazily and only
@@ -21,7 +28,13 @@ __all__ = [
     "ABI_VERSION",
     "MAX_DIMS",
     "EVO_DTYPES",
+    "EVO_TENSOR_FIELDS",
+    "LAUNCH_ARGS",
+    "LAUNCH_RESTYPE",
+    "WORKSPACE_ARGS",
+    "WORKSPACE_RESTYPE",
     "EvoTensor",
+    "ctype",
     "KernelLibrary",
     "describe",
     "dtype_code",
@@ -54,16 +67,40 @@ EVO_DTYPES: dict[str, int] = {
 WORKSPACE_POISON = 0xFF
 
 
-class EvoTensor(ctypes.Structure):
-    """``struct EvoTensor`` of evo_abi.h: pointer, dtype code, rank, shape and strides (elements)."""
+#: ``struct EvoTensor`` of evo_abi.h, member by member: ``(name, ctypes type name, array
+#: length or None)``. Strides are in elements, as torch reports them.
+EVO_TENSOR_FIELDS: tuple[tuple[str, str, int | None], ...] = (
+    ("data", "c_void_p", None),
+    ("dtype", "c_int32", None),       # EvoDType
+    ("ndim", "c_int32", None),
+    ("shape", "c_int64", MAX_DIMS),
+    ("strides", "c_int64", MAX_DIMS),
+)
 
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.c_int64 * MAX_DIMS),
-        ("strides", ctypes.c_int64 * MAX_DIMS),
-    ]
+#: ``evo_launch``'s parameter types, in order, as ctypes names (``EvoTensor*``: pointer to the
+#: struct; ``c_double*``: pointer to double; ``cudaStream_t`` travels as ``c_void_p``).
+LAUNCH_ARGS: tuple[str, ...] = ("EvoTensor*", "c_int", "EvoTensor*", "c_int", "c_double*", "c_int", "c_void_p")
+LAUNCH_RESTYPE = "c_int"
+#: ``evo_workspace_bytes`` (optional): evo_launch's parameters without the stream.
+WORKSPACE_ARGS: tuple[str, ...] = LAUNCH_ARGS[:-1]
+WORKSPACE_RESTYPE = "c_int64"
+
+
+def ctype(name: str) -> Any:
+    """The ctypes type of a type name of this module's tables (``"c_int64"``, ``"EvoTensor*"``)."""
+    if name == "EvoTensor*":
+        return ctypes.POINTER(EvoTensor)
+    if name.endswith("*"):
+        return ctypes.POINTER(getattr(ctypes, name[:-1]))
+    return getattr(ctypes, name)
+
+
+class EvoTensor(ctypes.Structure):
+    """``struct EvoTensor`` of evo_abi.h: pointer, dtype code, rank, shape and strides (elements).
+
+    Its ``_fields_`` come from :data:`EVO_TENSOR_FIELDS`."""
+
+    _fields_ = [(n, getattr(ctypes, t) * k if k else getattr(ctypes, t)) for n, t, k in EVO_TENSOR_FIELDS]
 
 
 class KernelLoadError(RuntimeError):
@@ -210,16 +247,8 @@ def load_kernel(path: str | Path) -> KernelLibrary:
             "the shared object exports no `evo_launch`; define it with EVO_EXPORT "
             "(extern \"C\") exactly as evo_abi.h declares it"
         ) from None
-    fn.argtypes = [
-        ctypes.POINTER(EvoTensor),
-        ctypes.c_int,
-        ctypes.POINTER(EvoTensor),
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_double),
-        ctypes.c_int,
-        ctypes.c_void_p,
-    ]
-    fn.restype = ctypes.c_int
+    fn.argtypes = [ctype(t) for t in LAUNCH_ARGS]
+    fn.restype = ctype(LAUNCH_RESTYPE)
     get_err = getattr(lib, "cudaGetLastError", None)
     if get_err is not None:
         get_err.argtypes = []
@@ -232,8 +261,7 @@ def load_kernel(path: str | Path) -> KernelLibrary:
         err_name.restype = ctypes.c_char_p
     ws = getattr(lib, "evo_workspace_bytes", None)
     if ws is not None:
-        ws.argtypes = [ctypes.POINTER(EvoTensor), ctypes.c_int, ctypes.POINTER(EvoTensor), ctypes.c_int,
-                       ctypes.POINTER(ctypes.c_double), ctypes.c_int]
-        ws.restype = ctypes.c_int64
+        ws.argtypes = [ctype(t) for t in WORKSPACE_ARGS]
+        ws.restype = ctype(WORKSPACE_RESTYPE)
     return KernelLibrary(path=p, _lib=lib, _launch=fn, _get_last_error=get_err, _error_name=err_name,
                          _workspace_bytes=ws)

@@ -30,6 +30,11 @@ For each task (a run: every task's champion; an id: that one kernel) this writes
 
 ``DIR/export.json`` lists what was exported and what was skipped (and why).
 
+The generated files are templates in ``evo/export_templates/*.tmpl`` (package data), rendered
+by :func:`render_template`; op.py's copy of the ABI struct, dtype codes and entry-point
+signatures is rendered from :mod:`evaluators.abi` (see :func:`abi_fields`), itself checked
+against ``evo_abi.h`` by ``tests/test_abi_header.py``.
+
 Which candidate: a task's confirmed champion (``Store.champions`` with
 ``confirmation.confirmed``), else its best correct candidate (``Store.top_k``); a task with no
 correct candidate is skipped with a reason, never exported. An explicit id must be correct.
@@ -48,9 +53,11 @@ import logging
 import math
 import re
 import shutil
+import string
 import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -74,6 +81,11 @@ __all__ = [
     "op_identifier",
     "standalone_source",
     "build_script",
+    "render_template",
+    "template_fields",
+    "abi_fields",
+    "ExportTemplateError",
+    "TEMPLATES_DIR",
     "MANIFEST_VERSION",
     "TEST_MAX_BYTES",
 ]
@@ -332,380 +344,128 @@ def standalone_source(fn: Callable[..., Any]) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- generated files
 
+#: The generated files' templates (shipped as package data, like ``mutators/prompts``).
+TEMPLATES_DIR = Path(__file__).with_name("export_templates")
+
+
+class ExportTemplateError(RuntimeError):
+    """A template under :data:`TEMPLATES_DIR` is missing or does not match the fields the
+    code renders it with: a broken install or a code bug, never the user's input."""
+
+
+class _FieldTemplate(string.Template):
+    """``${name}`` with a lower-case ``name`` is a field; every other ``$`` is literal text.
+
+    The templates are bash and Python, full of ``$VAR``, ``${VAR:-x}`` and f-strings, so
+    unlike the prompts' templates there is no ``$$`` escape to remember: a field is always
+    braced and lower-case, and nothing else is touched.
+    """
+
+    flags = 0  # case-sensitive: ${BASH_SOURCE[0]} and ${NVCC:-} are bash, not fields
+    pattern = r"""
+    \$(?:
+      (?P<escaped>(?!))             |
+      (?P<named>(?!))               |
+      \{(?P<braced>[a-z][a-z0-9_]*)\} |
+      (?P<invalid>(?!))
+    )
+    """
+
+
+@lru_cache(maxsize=None)
+def _template(name: str) -> _FieldTemplate:
+    path = TEMPLATES_DIR / f"{name}.tmpl"
+    try:
+        return _FieldTemplate(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ExportTemplateError(
+            f"export template {path} cannot be read ({e}); the package data evo/export_templates/*.tmpl "
+            "is incomplete: reinstall cute-evo") from None
+
+
+def template_fields(name: str) -> set[str]:
+    """The field names template ``name`` (e.g. ``"op.py"``) uses."""
+    return set(_template(name).get_identifiers())
+
+
+def render_template(name: str, **fields: Any) -> str:
+    """Template ``name`` with ``fields`` substituted (values via ``str``, inserted verbatim and
+    not re-scanned). The fields given must be exactly those the template uses: a missing or an
+    unused one raises :class:`ExportTemplateError` naming it (a template and its caller out of
+    step must fail here, not produce a subtly different file)."""
+    used = template_fields(name)
+    missing, unused = sorted(used - fields.keys()), sorted(fields.keys() - used)
+    if missing or unused:
+        raise ExportTemplateError(
+            f"export template {name}.tmpl and evo/export.py disagree: missing field(s) "
+            f"{', '.join(missing) or 'none'}, unused field(s) {', '.join(unused) or 'none'}")
+    return _template(name).substitute({k: str(v) for k, v in fields.items()})
+
+
+def _wrap_items(head: str, items: Sequence[str], tail: str, column: int, width: int) -> str:
+    """``head + ", ".join(items) + tail`` for a value that starts at ``column`` of its line,
+    broken greedily before an item that would pass ``width`` columns; continuation lines
+    are aligned under the first item."""
+    indent = " " * (column + len(head))
+    lines: list[str] = []
+    cur, start = head, column
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else tail)
+        if i and start + len(cur) + 1 + len(piece) > width:
+            lines.append(cur)
+            cur, start = indent + piece, 0
+        else:
+            cur = cur + (" " if i else "") + piece
+    lines.append(cur)
+    return "\n".join(lines)
+
+
+def _py_ctype(name: str) -> str:
+    """Python source for an ABI type name of :mod:`evaluators.abi` (``EvoTensor*`` ->
+    ``ctypes.POINTER(EvoTensor)``), as the exported op.py spells it."""
+    if name == "EvoTensor*":
+        return "ctypes.POINTER(EvoTensor)"
+    if name.endswith("*"):
+        return f"ctypes.POINTER(ctypes.{name[:-1]})"
+    return f"ctypes.{name}"
+
+
+def abi_fields() -> dict[str, str]:
+    """The ABI fields of ``op.py.tmpl``, rendered from :mod:`evaluators.abi` (the one Python
+    statement of ``evo_abi.h``): the struct, dtype codes and entry-point signatures."""
+    from evaluators import abi
+
+    if abi.WORKSPACE_ARGS != abi.LAUNCH_ARGS[:-1]:  # op.py.tmpl writes ws.argtypes = fn.argtypes[:-1]
+        raise ExportTemplateError("evaluators.abi.WORKSPACE_ARGS is no longer LAUNCH_ARGS[:-1]; "
+                                  "op.py.tmpl binds evo_workspace_bytes that way: update it")
+    fields = ["["]
+    for name, ct, n in abi.EVO_TENSOR_FIELDS:
+        size = "" if n is None else (" * _MAX_DIMS" if n == abi.MAX_DIMS else f" * {n}")
+        fields.append(f'        ("{name}", ctypes.{ct}{size}),')
+    fields.append("    ]")
+    codes = [f"torch.{dt}: {code}" for dt, code in abi.EVO_DTYPES.items()]
+    return {
+        "abi_version": str(abi.ABI_VERSION),
+        "max_dims": str(abi.MAX_DIMS),
+        "evo_tensor_fields": "\n".join(fields),
+        # wrapped where op.py.tmpl places them: a module constant (88 columns) and a code line (120)
+        "dtype_codes": _wrap_items("{", codes, "}", column=len("_DTYPE_CODES = "), width=88),
+        "launch_argtypes": _wrap_items("[", [_py_ctype(t) for t in abi.LAUNCH_ARGS], "]",
+                                       column=len("                fn.argtypes = "), width=120),
+        "launch_restype": _py_ctype(abi.LAUNCH_RESTYPE),
+        "workspace_restype": _py_ctype(abi.WORKSPACE_RESTYPE),
+    }
+
 
 def build_script(arch: str, extra_flags: Sequence[str] = ()) -> str:
     """``build.sh``: rebuild ``kernel_<ARCH>.so`` from kernel.cu (``bash build.sh sm_100a``)."""
-    extra = " ".join(_shell_quote(f) for f in extra_flags)
-    return f"""#!/usr/bin/env bash
-# Rebuild this kernel for a GPU arch: bash build.sh [ARCH]   (default {arch}, e.g. sm_100a, sm_80)
-# Needs nvcc (CUDA 12+; $NVCC or $CUDA_HOME/bin/nvcc or PATH) and the CuTe/CUTLASS headers of
-# the nvidia-cutlass wheel (pip install nvidia-cutlass; or set CUTLASS_INCLUDE to an include dir).
-# Writes kernel_<ARCH>.so beside this script; op.py picks the one matching the GPU it runs on.
-# A kernel written for Hopper features (wgmma, TMA) builds only for sm_90a.
-set -euo pipefail
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-ARCH="${{1:-{arch}}}"
-if [[ ! "$ARCH" =~ ^sm_([0-9]+[a-z]?)$ ]]; then
-  echo "usage: bash build.sh [ARCH]  (ARCH like sm_90a, sm_100a, sm_80; got '$ARCH')" >&2
-  exit 2
-fi
-V="${{BASH_REMATCH[1]}}"
-NVCC="${{NVCC:-}}"
-if [[ -z "$NVCC" ]]; then
-  if [[ -n "${{CUDA_HOME:-}}" && -x "$CUDA_HOME/bin/nvcc" ]]; then NVCC="$CUDA_HOME/bin/nvcc";
-  elif [[ -x /usr/local/cuda/bin/nvcc ]]; then NVCC=/usr/local/cuda/bin/nvcc;
-  else NVCC="$(command -v nvcc || true)"; fi
-fi
-if [[ -z "$NVCC" ]]; then
-  echo "build.sh: nvcc not found; install the CUDA toolkit or set NVCC=/path/to/nvcc" >&2
-  exit 1
-fi
-PY="${{PYTHON:-$(command -v python3 || command -v python)}}"
-CUTLASS_INCLUDE="${{CUTLASS_INCLUDE:-$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null || true)}}"
-if [[ -z "$CUTLASS_INCLUDE" || ! -f "$CUTLASS_INCLUDE/cute/tensor.hpp" ]]; then
-  echo "build.sh: CuTe/CUTLASS headers not found; pip install nvidia-cutlass, or set CUTLASS_INCLUDE" >&2
-  exit 1
-fi
-set -x
-"$NVCC" -std=c++17 -O3 "-gencode=arch=compute_$V,code=sm_$V" --expt-relaxed-constexpr \\
-  -shared -Xcompiler -fPIC {extra} -I"$HERE" -I"$CUTLASS_INCLUDE" \\
-  "$HERE/kernel.cu" -o "$HERE/kernel_$ARCH.so"
-"""
+    return render_template("build.sh", arch=arch, extra_flags=" ".join(_shell_quote(f) for f in extra_flags))
 
 
 def _shell_quote(s: str) -> str:
     import shlex
 
     return shlex.quote(s)
-
-
-_OP_TEMPLATE = '''"""evo::{op_name}: a cute-evo kernel for task {task!r}, exported as a PyTorch custom op.
-
-Generated by cute-evo {when} from run {run_id}, candidate {cid}
-(speedup {fitness} over the task reference on {gpu}). Standalone: it needs torch (2.4 or
-newer) and a kernel_<arch>.so beside this file, and imports nothing of cute-evo.
-
-    import torch
-    import op                                  # or load this file with importlib
-    {example}
-
-Calling convention: {signature}. Inputs must be CUDA tensors of dtype {dtype}, contiguous
-(row-major), on one device, with these dims (names must agree across inputs):
-{dims_doc}
-Unsupported inputs raise UnsupportedInputError (a ValueError) saying what to change. The
-kernel runs on torch.cuda.current_stream(); there is no backward (autograd is not registered).
-{task_description}
-"""
-
-import ctypes
-import threading
-import typing
-from pathlib import Path
-
-import torch
-
-TASK = {task!r}
-OP = "evo::{op_name}"
-CANDIDATE_ID = {cid!r}
-DTYPE = torch.{dtype}
-#: (name, dims) per input; a dim is a size name (bound on first use) or a literal size.
-INPUTS = {inputs!r}
-#: dims per output, or None: output shapes then come from running reference.py on meta tensors.
-OUTPUTS = {outputs!r}
-SCALARS = {scalars!r}
-BUILT_ARCHES = {arches!r}
-HERE = Path(__file__).resolve().parent
-
-_MAX_DIMS = 8
-_DTYPE_CODES = {{torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3,
-                torch.int32: 4, torch.int64: 5, torch.uint8: 6}}
-
-
-class UnsupportedInputError(ValueError):
-    """An input this kernel cannot take (device, dtype, rank, size, layout); says the fix."""
-
-
-class EvoTensor(ctypes.Structure):
-    """struct EvoTensor of evo_abi.h (ABI version 1)."""
-
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.c_int64 * _MAX_DIMS),
-        ("strides", ctypes.c_int64 * _MAX_DIMS),
-    ]
-
-
-def _describe(t):
-    e = EvoTensor()
-    e.data = ctypes.c_void_p(t.data_ptr())
-    e.dtype = _DTYPE_CODES[t.dtype]
-    e.ndim = t.dim()
-    for i in range(t.dim()):
-        e.shape[i] = int(t.shape[i])
-        e.strides[i] = int(t.stride(i))
-    return e
-
-
-def check_inputs(inputs, need_cuda=True):
-    """Validate ``inputs``; returns the bound size names. Raises UnsupportedInputError."""
-    if len(inputs) != len(INPUTS):
-        raise UnsupportedInputError(f"{{OP}} takes {{len(INPUTS)}} tensors "
-                                    f"({{', '.join(n for n, _ in INPUTS)}}), got {{len(inputs)}}")
-    sizes = {{}}
-    device = None
-    for i, (t, (name, dims)) in enumerate(zip(inputs, INPUTS)):
-        what = f"input {{i}} ({{name}})"
-        if not isinstance(t, torch.Tensor):
-            raise UnsupportedInputError(f"{{OP}}: {{what}} is a {{type(t).__name__}}, not a torch.Tensor")
-        if need_cuda and t.device.type != "cuda":
-            raise UnsupportedInputError(
-                f"{{OP}} needs a CUDA tensor: {{what}} is on {{t.device}}; move it with .cuda() "
-                f"(the kernel runs only on NVIDIA GPUs of arch {{', '.join(BUILT_ARCHES) or 'see build.sh'}})")
-        if device is None:
-            device = t.device
-        elif t.device != device:
-            raise UnsupportedInputError(f"{{OP}}: {{what}} is on {{t.device}} but input 0 is on {{device}}; "
-                                        "put all inputs on one device")
-        if t.dtype != DTYPE:
-            raise UnsupportedInputError(f"{{OP}}: {{what}} has dtype {{t.dtype}}, the kernel takes {{DTYPE}} "
-                                        f"only; convert with .to({{DTYPE}})")
-        if t.dim() != len(dims):
-            raise UnsupportedInputError(
-                f"{{OP}}: {{what}} must have {{len(dims)}} dims {{list(dims)}}, got shape {{tuple(t.shape)}}")
-        for d, s in zip(dims, t.shape):
-            if isinstance(d, int):
-                if s != d:
-                    raise UnsupportedInputError(
-                        f"{{OP}}: {{what}} must have size {{d}} where its dims {{list(dims)}} say so, "
-                        f"got shape {{tuple(t.shape)}}")
-            elif d in sizes:
-                if s != sizes[d]:
-                    raise UnsupportedInputError(
-                        f"{{OP}}: size {{d!r}} is {{sizes[d]}} in an earlier input but {{s}} in {{what}} "
-                        f"(dims {{list(dims)}}, shape {{tuple(t.shape)}})")
-            else:
-                sizes[d] = s
-        if t.numel() == 0:
-            raise UnsupportedInputError(f"{{OP}}: {{what}} is empty (shape {{tuple(t.shape)}}); the kernel "
-                                        "was verified on non-empty inputs only")
-        if not t.is_contiguous():
-            raise UnsupportedInputError(f"{{OP}}: {{what}} is not contiguous (strides {{t.stride()}}); "
-                                        "the kernel reads row-major memory: pass t.contiguous()")
-    return sizes
-
-
-_REFERENCE = None
-
-
-def _output_specs(inputs, sizes):
-    if OUTPUTS is not None:
-        return [tuple(sizes[d] if isinstance(d, str) else d for d in dims) for dims in OUTPUTS]
-    global _REFERENCE
-    if _REFERENCE is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(f"_evo_ref_{{TASK}}", HERE / "reference.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _REFERENCE = mod.reference
-    metas = [torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs]
-    outs = _REFERENCE(*metas)
-    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return [tuple(o.shape) for o in outs]
-
-
-_LIBS = {{}}
-_LOCK = threading.Lock()
-
-
-def _arch_names(device):
-    major, minor = torch.cuda.get_device_capability(device)
-    return [f"sm_{{major}}{{minor}}a", f"sm_{{major}}{{minor}}"]
-
-
-def _library(device):
-    """The evo_launch of the .so built for ``device``'s arch (loaded once per arch)."""
-    archs = _arch_names(device)
-    with _LOCK:
-        for arch in archs:
-            if arch in _LIBS:
-                return _LIBS[arch]
-        for arch in archs:
-            path = HERE / f"kernel_{{arch}}.so"
-            if path.is_file():
-                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-                fn = lib.evo_launch
-                fn.argtypes = [ctypes.POINTER(EvoTensor), ctypes.c_int, ctypes.POINTER(EvoTensor), ctypes.c_int,
-                               ctypes.POINTER(ctypes.c_double), ctypes.c_int, ctypes.c_void_p]
-                fn.restype = ctypes.c_int
-                err_name = getattr(lib, "cudaGetErrorName", None)
-                if err_name is not None:
-                    err_name.argtypes = [ctypes.c_int]
-                    err_name.restype = ctypes.c_char_p
-                ws = getattr(lib, "evo_workspace_bytes", None)   # optional scratch (evo_abi.h)
-                if ws is not None:
-                    ws.argtypes = fn.argtypes[:-1]
-                    ws.restype = ctypes.c_int64
-                _LIBS[arch] = (fn, err_name, ws)
-                return _LIBS[arch]
-    have = sorted(p.name for p in HERE.glob("kernel_*.so"))
-    raise UnsupportedInputError(
-        f"{{OP}}: no kernel built for this GPU ({{torch.cuda.get_device_name(device)}}, {{archs[0]}}); this "
-        f"export has {{have or 'no .so at all'}}. Build one with: bash {{HERE / 'build.sh'}} {{archs[0]}}")
-
-
-def launch(inputs, outputs):
-    """Call evo_launch on the current stream of the inputs' device (no checks: see check_inputs)."""
-    device = inputs[0].device
-    fn, err_name, ws_bytes = _library(device)
-    ins = (EvoTensor * len(inputs))(*[_describe(t) for t in inputs])
-    outs = (EvoTensor * len(outputs))(*[_describe(t) for t in outputs])
-    sc = (ctypes.c_double * max(len(SCALARS), 1))(*SCALARS)
-    if ws_bytes is not None:
-        n = int(ws_bytes(ins, len(inputs), outs, len(outputs), sc, len(SCALARS)))
-        if n > 0:   # scratch the kernel asked for: one more uint8 tensor after the outputs
-            outputs = list(outputs) + [torch.empty(n, dtype=torch.uint8, device=device)]
-            outs = (EvoTensor * len(outputs))(*[_describe(t) for t in outputs])
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device).cuda_stream
-        rc = fn(ins, len(inputs), outs, len(outputs), sc, len(SCALARS), ctypes.c_void_p(stream))
-    if rc != 0:
-        name = err_name(rc).decode() if err_name is not None else "cudaError"
-        raise RuntimeError(f"{{OP}}: evo_launch returned {{name}} ({{rc}}) for input shapes "
-                           f"{{[tuple(t.shape) for t in inputs]}}")
-
-
-def _run(inputs):
-    sizes = check_inputs(inputs, need_cuda=True)
-    outs = [torch.empty(s, dtype=DTYPE, device=inputs[0].device) for s in _output_specs(inputs, sizes)]
-    launch(inputs, outs)
-    return outs
-
-
-def _fake(inputs):
-    sizes = check_inputs(inputs, need_cuda=False)
-    return [torch.empty(s, dtype=DTYPE, device=inputs[0].device) for s in _output_specs(inputs, sizes)]
-
-
-def _registered():
-    try:
-        getattr(torch.ops.evo, {op_name!r})
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
-if not _registered():
-    @torch.library.custom_op(OP, mutates_args=())
-    def _op({params_annotated}) -> {return_annotation}:
-        outs = _run(({params_tuple}))
-        return {return_expr}
-
-    @_op.register_fake
-    def _op_fake({params_plain}):
-        outs = _fake(({params_tuple}))
-        return {return_expr}
-
-
-def {op_name}({params_plain}):
-    """Run evo::{op_name} (see the module docstring)."""
-    return torch.ops.evo.{op_name}({params_plain})
-'''
-
-
-_TEST_TEMPLATE = '''"""Checks evo::{op_name} against the reference of task {task!r} (pytest).
-
-Run: python -m pytest -q {here_hint}
-The accuracy tests need a CUDA GPU matching a kernel_<arch>.so here (or run build.sh first);
-the input-validation test runs anywhere. Standalone: imports torch, pytest and the files here.
-"""
-
-import importlib.util
-from pathlib import Path
-
-import pytest
-import torch
-
-HERE = Path(__file__).resolve().parent
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_evo_export_{{name}}_{task_ident}", HERE / f"{{name}}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-op = _load("op")
-ref = _load("reference")
-
-#: Shape indices checked for accuracy (shapes above {max_gb:.0f} GiB of compulsory traffic are left out).
-CHECK_SHAPES = {check_shapes!r}
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _tuple(x):
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-@needs_cuda
-@pytest.mark.parametrize("dist", ref.DISTRIBUTIONS)
-@pytest.mark.parametrize("shape_index", CHECK_SHAPES)
-def test_matches_reference(shape_index, dist):
-    shape = ref.SHAPES[shape_index]
-    gen = torch.Generator(device="cuda").manual_seed(1000 + shape_index)
-    inputs = ref.make_inputs(shape, gen, dist, "cuda")
-    before = [x.clone() for x in inputs]
-    outs = _tuple(op.{op_name}(*inputs))
-    torch.cuda.synchronize()
-    with torch.no_grad():
-        up = [x.to(ref.REFERENCE_DTYPE) if x.is_floating_point() else x for x in inputs]
-        expected = _tuple(ref.reference(*up))
-    assert len(outs) == len(expected)
-    for k, (o, e) in enumerate(zip(outs, expected)):
-        assert o.dtype == op.DTYPE, f"output {{k}} dtype {{o.dtype}}"
-        ok, why = ref.check(o, e)
-        assert ok, f"shape {{shape}}, dist {{dist}}, output {{k}}: {{why}}"
-    for x, y in zip(inputs, before):
-        assert torch.equal(x, y), "the kernel modified an input"
-
-
-@needs_cuda
-def test_runs_on_a_side_stream_and_under_fake_tensors():
-    shape = ref.SHAPES[CHECK_SHAPES[-1]]
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    inputs = ref.make_inputs(shape, gen, ref.DISTRIBUTIONS[0], "cuda")
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        outs = _tuple(op.{op_name}(*inputs))
-    side.synchronize()
-    with torch.no_grad():
-        expected = _tuple(ref.reference(*[x.to(ref.REFERENCE_DTYPE) for x in inputs]))
-    for o, e in zip(outs, expected):
-        ok, why = ref.check(o, e)
-        assert ok, why
-    torch.library.opcheck(torch.ops.evo.{op_name}.default, tuple(inputs),
-                          test_utils=("test_schema", "test_faketensor"))
-
-
-def test_rejects_unsupported_inputs():
-    shape = ref.SHAPES[CHECK_SHAPES[-1]] if CHECK_SHAPES else ref.SHAPES[-1]
-    cpu = ref.make_inputs(shape, torch.Generator().manual_seed(0), ref.DISTRIBUTIONS[0], "cpu")
-    with pytest.raises(op.UnsupportedInputError, match="needs a CUDA tensor"):
-        op.{op_name}(*cpu)
-    with pytest.raises(op.UnsupportedInputError, match="takes"):
-        op.check_inputs(tuple(cpu) + (cpu[0],), need_cuda=False)
-    wrong = tuple(x.to(torch.float64 if op.DTYPE != torch.float64 else torch.float32) for x in cpu)
-    with pytest.raises(op.UnsupportedInputError, match="dtype"):
-        op.check_inputs(wrong, need_cuda=False)
-    if cpu[0].dim() >= 2 and cpu[0].shape[-1] > 1 and cpu[0].shape[-2] > 1:
-        strided = (cpu[0][..., ::2],) + tuple(cpu[1:])
-        with pytest.raises(op.UnsupportedInputError):
-            op.check_inputs(strided, need_cuda=False)
-'''
 
 
 def _reference_module(task: "Task") -> tuple[str, str]:
@@ -728,7 +488,8 @@ def _reference_module(task: "Task") -> tuple[str, str]:
         from evo.tasks.inputs import sample
 
         inputs_block = (f"INPUT_SPECS = {specs!r}\nINPUT_DTYPE = {task.make_inputs.dtype!r}\n\n\n"
-                        + textwrap.dedent(inspect.getsource(sample)) + _TENSOR_INPUTS_SRC)
+                        + textwrap.dedent(inspect.getsource(sample)) + "\n\n"
+                        + render_template("tensor_inputs.py"))
     else:
         try:
             gen_src, gen_name = standalone_source(task.make_inputs)
@@ -738,98 +499,18 @@ def _reference_module(task: "Task") -> tuple[str, str]:
             inputs_block = ("def make_inputs(shape, generator, dist, device):\n"
                             f"    raise RuntimeError({note!r})\n")
     tol = task.tolerance
-    text = f'''"""Reference of task {task.name!r} (copied from cute-evo as plain torch code), its input
-generator and its pass rule. Standalone: imports torch and the standard library only.
-
-{textwrap.fill(task.description, 90)}
-"""
-
-import math
-
-import torch
-import torch.nn.functional as F
-
-TASK = {task.name!r}
-DTYPE = torch.{task.dtype}
-REFERENCE_DTYPE = torch.{task.reference_dtype}
-SCALARS = {tuple(task.scalars)!r}
-SHAPES = {[dict(s) for s in task.shapes]!r}
-BENCH_SHAPES = {int(task.bench_shapes)!r}
-DISTRIBUTIONS = {list(task.distributions)!r}
-#: |out - ref| <= atol' + rtol * |ref| elementwise (atol' = atol * RMS(ref) when atol_relative)
-#: and ||out - ref|| / ||ref|| <= rel_l2; NaN/Inf only where the reference has the same.
-TOLERANCE = {{"atol": {tol.atol!r}, "rtol": {tol.rtol!r}, "rel_l2": {tol.rel_l2!r},
-             "atol_relative": {bool(tol.atol_relative)!r}}}
-
-# ---- reference ({task.reference.__module__ if hasattr(task.reference, "__module__") else "?"})
-{ref_src}
-
-reference = {ref_name}
-
-
-# ---- inputs
-{inputs_block}
-
-# ---- pass rule
-def check(out, ref):
-    """(ok, reason) of ``out`` against the ground truth ``ref`` under TOLERANCE."""
-    if tuple(out.shape) != tuple(ref.shape):
-        return False, f"shape {{tuple(out.shape)}} != reference shape {{tuple(ref.shape)}}"
-    if out.dtype != DTYPE:
-        return False, f"dtype {{out.dtype}} != {{DTYPE}}"
-    o = out.reshape(-1).to(torch.float64)
-    r = ref.reshape(-1).to(device=o.device, dtype=torch.float64)
-    if r.numel() == 0:
-        return True, "ok"
-    rfin, ofin = torch.isfinite(r), torch.isfinite(o)
-    same_special = (torch.isnan(r) & torch.isnan(o)) | (r == o)
-    bad_nf = int(((rfin & ~ofin) | (~rfin & ~same_special)).sum())
-    n_fin = int(rfin.sum())
-    rms = math.sqrt(float(torch.where(rfin, r * r, 0.0).sum()) / n_fin) if n_fin else 0.0
-    atol = TOLERANCE["atol"] * rms if TOLERANCE["atol_relative"] else TOLERANCE["atol"]
-    both = rfin & ofin
-    d = torch.where(both, (o - r).abs(), 0.0)
-    allowed = atol + TOLERANCE["rtol"] * r.abs()
-    n_viol = int((both & (d > allowed)).sum())
-    ref_sq = float(torch.where(rfin, r * r, 0.0).sum())
-    diff_sq = float((d * d).sum())
-    rel_l2 = math.sqrt(diff_sq / ref_sq) if ref_sq > 0 else (0.0 if diff_sq == 0 else math.inf)
-    reasons = []
-    if bad_nf:
-        reasons.append(f"{{bad_nf}} non-finite outputs where the reference is finite (or differs)")
-    if n_viol:
-        i = int(torch.where(both, d / allowed.clamp_min(1e-300), 0.0).argmax())
-        reasons.append(f"{{n_viol}} elements beyond atol {{atol:.3g}} + rtol {{TOLERANCE['rtol']:g}} * |ref|; "
-                       f"worst at flat index {{i}}: out={{float(o[i])!r}} ref={{float(r[i])!r}}")
-    if not rel_l2 <= TOLERANCE["rel_l2"]:
-        reasons.append(f"relative L2 error {{rel_l2:.3g}} > {{TOLERANCE['rel_l2']:g}}")
-    return (not reasons), "; ".join(reasons) or "ok"
-'''
+    text = render_template(
+        "reference.py",
+        task_repr=repr(task.name), description=textwrap.fill(task.description, 90),
+        dtype=task.dtype, reference_dtype=task.reference_dtype,
+        scalars_repr=repr(tuple(task.scalars)), shapes_repr=repr([dict(s) for s in task.shapes]),
+        bench_shapes_repr=repr(int(task.bench_shapes)), distributions_repr=repr(list(task.distributions)),
+        atol_repr=repr(tol.atol), rtol_repr=repr(tol.rtol), rel_l2_repr=repr(tol.rel_l2),
+        atol_relative_repr=repr(bool(tol.atol_relative)),
+        reference_module=task.reference.__module__ if hasattr(task.reference, "__module__") else "?",
+        reference_src=ref_src, reference_name=ref_name, inputs_block=inputs_block,
+    )
     return text, note
-
-
-_TENSOR_INPUTS_SRC = '''
-
-def input_sizes(shape):
-    """The size of every input for ``shape`` (a dict of named sizes)."""
-    return [tuple(shape[d] if isinstance(d, str) else d for d in s["dims"]) for s in INPUT_SPECS]
-
-
-def make_inputs(shape, generator, dist, device):
-    """The task's inputs (sampled in float32, shaped, rounded to the task dtype), in the
-    reference's argument order; ``generator`` must live on ``device``."""
-    out = []
-    for spec, size in zip(INPUT_SPECS, input_sizes(shape)):
-        x = sample(size, generator, dist, device)
-        if spec["structure"] == "symmetric":
-            x = x.add(x.transpose(-1, -2)).mul_(0.5)
-        elif spec["structure"] == "upper":
-            x = torch.triu(x)
-        elif spec["structure"] == "lower":
-            x = torch.tril(x)
-        out.append(x.to(getattr(torch, INPUT_DTYPE)).contiguous())
-    return tuple(out)
-'''
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1021,9 +702,11 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
     ret_expr = "outs[0]" if n_out == 1 else "tuple(outs)"
     arches = [settings.arch] if so_path else []
     fitness = ev.fitness
-    op_text = _OP_TEMPLATE.format(
-        op_name=ident, task=cand.task, when=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        run_id=run_id, cid=cand.id, fitness=f"{fitness:.3f}x", gpu=ev.gpu or "the run GPU",
+    op_text = render_template(
+        "op.py",
+        op_name=ident, op_name_repr=repr(ident), task_repr=repr(cand.task),
+        when=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        run_id=run_id, cid=cand.id, cid_repr=repr(cand.id), fitness=f"{fitness:.3f}x", gpu=ev.gpu or "the run GPU",
         example=f"y = torch.ops.evo.{ident}({', '.join(names)})   # == op.{ident}(...)",
         signature=f"evo::{ident}({', '.join(names)}) -> "
                   + ("Tensor" if n_out == 1 else f"({', '.join(['Tensor'] * n_out)})"),
@@ -1032,25 +715,26 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
                  + ("\n    output: " + "; ".join(f"[{', '.join(map(str, o))}]" for o in out_dims)
                     if out_dims else ""),
         task_description="\nTask: " + textwrap.fill(task.description, 88),
-        inputs=[(n, tuple(dims)) for n, dims in zip(names, in_dims)],
-        outputs=out_dims, scalars=tuple(float(s) for s in task.scalars), arches=arches,
+        inputs_repr=repr([(n, tuple(dims)) for n, dims in zip(names, in_dims)]),
+        outputs_repr=repr(out_dims), scalars_repr=repr(tuple(float(s) for s in task.scalars)),
+        arches_repr=repr(arches),
         params_annotated=", ".join(f"{n}: torch.Tensor" for n in names),
         params_plain=", ".join(names), params_tuple=", ".join(names) + ("," if len(names) == 1 else ""),
         return_annotation=ret_ann, return_expr=ret_expr,
+        **abi_fields(),
     )
     (d / "op.py").write_text(op_text, encoding="utf-8")
 
     check_shapes = [i for i, s in enumerate(task.shapes) if task.bytes(s) <= TEST_MAX_BYTES]
     if not check_shapes:
         check_shapes = [min(range(len(task.shapes)), key=lambda i: task.bytes(task.shapes[i]))]
-    test_text = _TEST_TEMPLATE.format(
-        op_name=ident, task=cand.task, task_ident=re.sub(r"\W", "_", cand.task),
-        here_hint=f"{cand.task}/test_op.py", max_gb=TEST_MAX_BYTES / 2**30, check_shapes=check_shapes,
+    test_text = render_template(
+        "test_op.py",
+        op_name=ident, task_repr=repr(cand.task), task_ident=re.sub(r"\W", "_", cand.task),
+        here_hint=f"{cand.task}/test_op.py", max_gb=f"{TEST_MAX_BYTES / 2**30:.0f}",
+        check_shapes_repr=repr(check_shapes),
+        skip_mark=f"\npytestmark = pytest.mark.skip(reason={test_note!r})\n" if test_note else "",
     )
-    if test_note:
-        test_text = test_text.replace(
-            "import pytest\nimport torch\n",
-            f"import pytest\nimport torch\n\npytestmark = pytest.mark.skip(reason={test_note!r})\n", 1)
     (d / "test_op.py").write_text(test_text, encoding="utf-8")
 
     versions = _versions(settings)
