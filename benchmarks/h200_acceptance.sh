@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU acceptance checks on an H200, as one device call. Steps (default: all, in this order):
-#   seeds  every task's seed: compile, check on every shape, time vs torch -> $OUT/SEEDS.md
+#   seeds  every task's seed (benchmarks/lab/seeds.py): compile, check on every shape, time vs torch -> $OUT/SEEDS.md
 #   demo   the embedded demo search (configs/demo.toml) -> $OUT/demo.db
 #   gemm   GEMM search with ncu profiling + Optuna tuning + scripted LLM endpoint -> $OUT/gemm.db
 #   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks, row stream,
@@ -42,7 +42,7 @@ for step in $steps; do
   t0=$(date +%s)
   case $step in
     seeds)
-      python benchmarks/seeds.py --out "$out/seeds" --table "$out/SEEDS.md" --jobs 16 --timeout 150 \
+      python benchmarks/lab/seeds.py --out "$out/seeds" --table "$out/SEEDS.md" --jobs 16 --timeout 150 \
         > "$out/seeds_stdout.txt" 2> "$out/seeds_stderr.txt" ;;
     demo)
       python -m evo.cli search configs/demo.toml --db "$out/demo.db" --no-progress \

@@ -381,7 +381,7 @@ def run_isolated(
     # had just run the correctness trials, memory-bound kernels measured up to 11% slower
     # (gelu_bf16 1.686 ms against 1.511 ms in a fresh process; torch's own silu 7% slower)
     # and the slowdown lasted exactly as long as the first buffers allocated after the
-    # trials lived: benchmarks/timing_state.py, docs/evaluator.md. The timing process starts
+    # trials lived: benchmarks/lab/timing_state.py, docs/evaluator.md. The timing process starts
     # gated, next to the correctness process, so its start-up (imports, CUDA context) overlaps
     # the trials; it does no GPU work until it is let through, after the correctness process
     # has exited with correctness ok, and is killed otherwise.

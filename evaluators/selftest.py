@@ -10,7 +10,7 @@ For every task five generic kernels are built and run through the real harness:
                (``#define evo_launch seed_launch`` before the seed's text): half-written output.
 
 Every one of them must come back non-``ok`` from correctness; a kernel that passes means a
-hole in the evaluator. Used by ``tests/gpu/test_selftest.py`` and ``benchmarks/seeds.py
+hole in the evaluator. Used by ``tests/gpu/test_selftest.py`` and ``benchmarks/lab/seeds.py
 --selftest``.
 """
 

@@ -1,4 +1,4 @@
-"""benchmarks/ncu_compare.py's CPU side: how the kernel rows of one profiled call combine into
+"""benchmarks/lab/ncu_compare.py's CPU side: how the kernel rows of one profiled call combine into
 one table row (several torch kernels per call, metrics ncu left out), and the table's cells.
 (The ncu runs themselves need a GPU; benchmarks/RESULTS.md shows the table of one.)"""
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import ncu_compare  # noqa: E402
+from benchmarks.lab import ncu_compare  # noqa: E402
 from evaluators.profile import parse_ncu_csv  # noqa: E402
 
 # ncu --csv --page raw --print-units base: header, units, one row per kernel launch. Two

@@ -1,4 +1,4 @@
-"""benchmarks/power.py's CPU side: nvidia-smi row parsing, per-loop summaries, variant syntax.
+"""benchmarks/lab/power.py's CPU side: nvidia-smi row parsing, per-loop summaries, variant syntax.
 (The GPU loop itself runs on the device machine; benchmarks/RESULTS.md shows its table.)"""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import power, probe  # noqa: E402
+from benchmarks.lab import power, probe  # noqa: E402
 
 
 def _stamp(t: float) -> str:
@@ -38,7 +38,7 @@ def test_rows_parse_and_summaries_use_only_their_window():
 
 
 def test_variants_take_tunables_and_reject_malformed_items():
-    """The variant syntax power.py and precompile.py share (benchmarks/probe.py)."""
+    """The variant syntax power.py and precompile.py share (benchmarks/lab/probe.py)."""
     assert probe.parse_variant("gemm_bf16") == ("gemm_bf16", {})
     assert probe.parse_variant("gemm_silu_mul_bf16:DUAL_MMA=1,CLUSTER_M=1,") == (
         "gemm_silu_mul_bf16", {"DUAL_MMA": "1", "CLUSTER_M": "1"})

@@ -1,4 +1,4 @@
-"""benchmarks/precompile.py: compiles probe specs and repeat.py variants into the compile cache.
+"""benchmarks/lab/precompile.py: compiles probe specs and repeat.py variants into the compile cache.
 
 Contract: ``main([items...])`` compiles every variant of every ``.json`` probe spec and every
 ``TASK:NAME=V,...`` argument (rendered from ``--source``) with the evaluator's compile stage
@@ -23,7 +23,7 @@ from toolchain import toolchain  # noqa: E402
 @pytest.mark.slow
 def test_spec_and_variant_compile_then_a_bad_variant_fails(tmp_path, capsys):
     toolchain()                                   # skips without nvcc / the CUTLASS wheel
-    from benchmarks.precompile import main
+    from benchmarks.lab.precompile import main
 
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps([{"label": "relu", "task": "kb19_relu", "source": "seed", "params": {}}]))

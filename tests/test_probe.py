@@ -1,4 +1,4 @@
-"""benchmarks/probe.py: spec parsing and source resolution (the GPU part runs on the device)."""
+"""benchmarks/lab/probe.py: spec parsing and source resolution (the GPU part runs on the device)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe", ROOT / "benchmarks" / "probe.py")
+    spec = importlib.util.spec_from_file_location("probe", ROOT / "benchmarks" / "lab" / "probe.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -43,7 +43,15 @@ def test_sources_seed_render_and_path_resolve_to_kernel_text():
     assert "evo_launch" in probe._source("kb01_square", "evo/tasks/kernels/gemm_f32_3xtf32.cu")
 
 
-@pytest.mark.parametrize("spec", sorted((ROOT / "benchmarks" / "probes").glob("*.json")), ids=lambda p: p.name)
+PROBES = ROOT / "benchmarks" / "lab" / "probes"
+
+
+def test_the_probe_specs_are_where_the_parametrisation_looks():
+    """An empty glob would make the next test vanish instead of fail (e.g. after a move)."""
+    assert len(list(PROBES.glob("*.json"))) >= 40, PROBES
+
+
+@pytest.mark.parametrize("spec", sorted(PROBES.glob("*.json")), ids=lambda p: p.name)
 def test_committed_probe_specs_resolve(spec):
     """Every committed sweep names real tasks, resolvable sources and declared tunables (or a
     diagnostic define the source defaults with ``#ifndef NAME``, e.g. the bf16 template's

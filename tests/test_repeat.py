@@ -1,4 +1,4 @@
-"""benchmarks/repeat.py's summary of where wrong elements sit (the GPU part needs a GPU).
+"""benchmarks/lab/repeat.py's summary of where wrong elements sit (the GPU part needs a GPU).
 
 Contract: ``_where(out, ref, TM, TN)`` prints nothing when ``out`` matches ``ref`` within 1e-3
 of the reference's largest magnitude, and otherwise the number of wrong elements, how many
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.repeat import _where  # noqa: E402
+from benchmarks.lab.repeat import _where  # noqa: E402
 
 
 def test_where_silent_when_equal(capsys):

@@ -3,7 +3,7 @@
 The compile test builds ONE rendered seed of each template with the real nvcc for sm_90a
 through evaluators.compile (cached under pytest's cache dir, so a rerun costs nothing);
 it skips when nvcc or the CUTLASS wheel is missing. Correctness and speed need a GPU:
-benchmarks/probe.py and `evo bench`.
+benchmarks/lab/probe.py and `evo bench`.
 """
 
 from __future__ import annotations

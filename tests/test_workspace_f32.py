@@ -10,7 +10,7 @@ Workspace bytes: for each operand TMA cannot read in place (contiguous extent no
 4 floats, or base not 16-byte aligned), ``round_up(rows * round_up(cols, PAD_LD) * 4, 256)`` with
 ``cols`` its contiguous extent and ``rows`` its stored rows over all batches; A's copy first.
 Not verified here: that the padded path computes the right C on a GPU, and its speed (the GPU
-checks of the seeds do that: benchmarks/probes/f32_3xtf32_pad.json, tests/gpu/).
+checks of the seeds do that: benchmarks/lab/probes/f32_3xtf32_pad.json, tests/gpu/).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Nsight Compute counters of our seed kernels next to their torch references, side by side.
 
-    python benchmarks/ncu_compare.py TASK[:NAME=VALUE,...] ... [--shape-index 0] [--out DIR]
+    python benchmarks/lab/ncu_compare.py TASK[:NAME=VALUE,...] ... [--shape-index 0] [--out DIR]
 
-Why: the fused bf16 GEMMs run at the H200's power limit (benchmarks/power.py), so at equal
+Why: the fused bf16 GEMMs run at the H200's power limit (benchmarks/lab/power.py), so at equal
 tensor work the kernel that moves fewer bytes and issues fewer instructions per flop gets
 the higher clock. This script counts those bytes and instructions for each variant (a seed
-with tunables, in benchmarks/probe.py's ``TASK:NAME=VALUE`` syntax) and for the task's torch
+with tunables, in benchmarks/lab/probe.py's ``TASK:NAME=VALUE`` syntax) and for the task's torch
 reference (cuBLAS for the GEMMs) on the same inputs, so the difference is visible per flop:
 
 - DRAM bytes read / written, L2 bytes (``lts__t_bytes``: every L2 transaction, including the
@@ -34,11 +34,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-log = logging.getLogger("benchmarks.ncu_compare")
+log = logging.getLogger("benchmarks.lab.ncu_compare")
 
 #: (column label, ncu metric, scale, how rows of one call combine: "sum" or "max")
 COLUMNS: tuple[tuple[str, str, float, str], ...] = (
@@ -60,7 +60,7 @@ def _child(jobdir: Path) -> int:
     """Run inside ncu: both sides once outside the ranges, then the job's side once inside."""
     import torch
 
-    from benchmarks.probe import seed_and_reference
+    from benchmarks.lab.probe import seed_and_reference
     from evo.tasks.registry import get_task
 
     job = json.loads((jobdir / "job.json").read_text())
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from benchmarks.probe import _candidate, _compile_all, parse_variant
+    from benchmarks.lab.probe import _candidate, _compile_all, parse_variant
     from evaluators.profile import find_ncu, parse_ncu_csv
 
     variants = [parse_variant(item) for item in args.variants]

@@ -1,6 +1,6 @@
 """SM clock and board power of a GEMM seed against its torch reference under sustained load.
 
-    python benchmarks/power.py gemm_silu_mul_bf16 gemm_silu_mul_bf16:DUAL_MMA=1 gemm_bf16 \
+    python benchmarks/lab/power.py gemm_silu_mul_bf16 gemm_silu_mul_bf16:DUAL_MMA=1 gemm_bf16 \
         [--seconds 3] [--out DIR]
 
 Why: at 8192^3 an H200 runs bf16 GEMMs at its board power limit, so the SM clock -- and with it
@@ -38,11 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-log = logging.getLogger("benchmarks.power")
+log = logging.getLogger("benchmarks.lab.power")
 
 #: Dense bf16 tensor-core flop per SM per clock on Hopper (H100/H200 data sheet: 989.4 TFLOP/s
 #: at 1830 MHz on 132 SMs).
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from benchmarks.probe import _candidate, _compile_all, parse_variant, seed_and_reference
+    from benchmarks.lab.probe import _candidate, _compile_all, parse_variant, seed_and_reference
 
     variants = [parse_variant(item) for item in args.variants]
     import torch
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from evo.tasks.registry import get_task
 
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/power.py needs a CUDA GPU (none visible to torch)")
+        raise SystemExit("benchmarks/lab/power.py needs a CUDA GPU (none visible to torch)")
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count

@@ -1,8 +1,8 @@
 """Compile probe specs and repeat.py variants in parallel into the compile cache, ahead of a GPU run.
 
-    python benchmarks/precompile.py benchmarks/probes/X.json [TASK:NAME=V,NAME=V ...] [--source S]
+    python benchmarks/lab/precompile.py benchmarks/lab/probes/X.json [TASK:NAME=V,NAME=V ...] [--source S]
 
-benchmarks/probe.py compiles its own spec in parallel, but benchmarks/repeat.py compiles one
+benchmarks/lab/probe.py compiles its own spec in parallel, but benchmarks/lab/repeat.py compiles one
 variant at a time; calling this first (on the GPU machine, in the same command) puts every
 build of the session into ``.evo/cache`` at once, so the later steps only load them. A
 ``TASK:PARAMS`` argument is one repeat.py variant (``--source``, default the strict-fp32 3xTF32
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     args = ap.parse_args(argv)
 
-    from benchmarks.probe import _candidate, _compile_all, _load, parse_variant
+    from benchmarks.lab.probe import _candidate, _compile_all, _load, parse_variant
 
     cands = []
     for item in args.items:

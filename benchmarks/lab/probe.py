@@ -1,6 +1,6 @@
 """Check and time a list of kernel variants in one GPU session (kernel development sweeps).
 
-    python benchmarks/probe.py benchmarks/probes/elementwise.json [--out DIR] [--reps 30]
+    python benchmarks/lab/probe.py benchmarks/lab/probes/elementwise.json [--out DIR] [--reps 30]
 
 The spec is a JSON list of objects::
 
@@ -37,11 +37,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-log = logging.getLogger("benchmarks.probe")
+log = logging.getLogger("benchmarks.lab.probe")
 
 
 def _load(spec_path: Path) -> list[dict]:

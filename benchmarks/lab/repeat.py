@@ -1,14 +1,14 @@
 """Call one kernel variant many times on one shape and report whether its output ever changes.
 
-    python benchmarks/repeat.py kb01_square --source render:evo.tasks.gemm_seeds:F32_3XTF32_SEEDS \\
+    python benchmarks/lab/repeat.py kb01_square --source render:evo.tasks.gemm_seeds:F32_3XTF32_SEEDS \\
         -D WGMMA=1 -D STAGES=5 --shape M=256 N=256 K=512 --calls 20 [--where 128 128]
 
 A debugging aid for races (kernel development, not an evaluation): the harness reports
 "output changed after N calls"; this reproduces it on a small shape, small enough to run under
-``compute-sanitizer --tool racecheck|synccheck|memcheck python benchmarks/repeat.py ...``.
+``compute-sanitizer --tool racecheck|synccheck|memcheck python benchmarks/lab/repeat.py ...``.
 It prints, per call, the max |diff| against the first call's output and against the float64
 reference (each comparison waits for its call, so calls do not overlap). Exit 1 when any output differs from
-the first. The source spec is the one benchmarks/probe.py takes ("seed", "render:MOD:TABLE",
+the first. The source spec is the one benchmarks/lab/probe.py takes ("seed", "render:MOD:TABLE",
 or a path).
 """
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from benchmarks.probe import _source
+    from benchmarks.lab.probe import _source
     from evaluators.abi import load_kernel
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_to_file

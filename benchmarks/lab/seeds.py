@@ -1,9 +1,9 @@
-"""Benchmark every task's seed kernel against its PyTorch reference -> benchmarks/SEEDS.md.
+"""Benchmark every task's seed kernel against its PyTorch reference -> benchmarks/lab/SEEDS.md.
 
-    python benchmarks/seeds.py                       # all tasks
-    python benchmarks/seeds.py --task kb19_relu --task kb23_softmax
-    python benchmarks/seeds.py --family modern --reps 100
-    python benchmarks/seeds.py --selftest [--task ...]  # evaluator self-test instead
+    python benchmarks/lab/seeds.py                       # all tasks
+    python benchmarks/lab/seeds.py --task kb19_relu --task kb23_softmax
+    python benchmarks/lab/seeds.py --family modern --reps 100
+    python benchmarks/lab/seeds.py --selftest [--task ...]  # evaluator self-test instead
 
 Each seed is compiled (``evaluators.compile.compile_candidate``, in parallel across CPUs,
 cached), then checked and timed in its own isolated process (``run_isolated``, mode
@@ -24,13 +24,13 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
 
-log = logging.getLogger("benchmarks.seeds")
+log = logging.getLogger("benchmarks.lab.seeds")
 
 
 def _select(tasks: list[str], family: str | None) -> list[str]:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", action="append", default=[], help="task name (repeatable); default all")
     ap.add_argument("--family", default=None, help="kernelbench-l1 | modern | user")
     ap.add_argument("--out", default="runs/seeds", help="folder for per-task JSON logs")
-    ap.add_argument("--table", default=str(ROOT / "benchmarks" / "SEEDS.md"), help="markdown table to write")
+    ap.add_argument("--table", default=str(ROOT / "benchmarks" / "lab" / "SEEDS.md"), help="markdown table to write")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compiles")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--reps", type=int, default=HarnessSettings.reps)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    command = "python benchmarks/seeds.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python benchmarks/lab/seeds.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
 
     if args.selftest:
         from evaluators.selftest import run_selftest

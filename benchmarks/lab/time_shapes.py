@@ -1,6 +1,6 @@
 """Time kernel variants of one task on shapes of your choice (kernel development, not evaluation).
 
-    python benchmarks/time_shapes.py gemm_bf16_irregular --variant "" --variant PAD=0 \\
+    python benchmarks/lab/time_shapes.py gemm_bf16_irregular --variant "" --variant PAD=0 \\
         --shape M=8205,N=5921,K=2949 --shape M=8205,N=5928,K=2952 [--source seed] [--reps 30]
 
 Each variant (comma-separated tunables, "" = the template's defaults) is compiled into
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from benchmarks.probe import _candidate, _compile_all
+    from benchmarks.lab.probe import _candidate, _compile_all
     from evaluators.abi import load_kernel
     from evo.tasks import get_task
 

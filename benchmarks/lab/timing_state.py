@@ -1,7 +1,7 @@
 """Does a kernel's timed speed depend on what its process did before? (diagnostic, GPU only)
 
-    python benchmarks/timing_state.py --task gelu_bf16 [--param ITEMS=2 ...] [--reps 30] [--trace]
-    python benchmarks/timing_state.py --task gelu_bf16 --offsets [--variant ITEMS=4 ...]
+    python benchmarks/lab/timing_state.py --task gelu_bf16 [--param ITEMS=2 ...] [--reps 30] [--trace]
+    python benchmarks/lab/timing_state.py --task gelu_bf16 --offsets [--variant ITEMS=4 ...]
 
 Why it exists: timed right after the correctness trials in the same process, memory-bound
 kernels (and torch's references) measured up to 11% slower than in a fresh process; this is
@@ -34,11 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-log = logging.getLogger("benchmarks.timing_state")
+log = logging.getLogger("benchmarks.lab.timing_state")
 
 
 def _clocks() -> str:

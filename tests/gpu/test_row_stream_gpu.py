@@ -4,7 +4,7 @@ bulk-copy groups do not divide evenly and where there are fewer rows than co-res
 (tests/fixtures/tasks/row_tails.py), for fp32 softmax / log-softmax as seeded and for the bf16
 softmax and RMSNorm paths the search may draw (STREAM 1 at BLOCK 512), checked by the isolated
 harness against the fp64 reference like any candidate. The tasks' own shapes are checked by
-tests/gpu/test_selftest.py and benchmarks/probes/row_stream*.json.
+tests/gpu/test_selftest.py and benchmarks/lab/probes/row_stream*.json.
 """
 
 from __future__ import annotations
