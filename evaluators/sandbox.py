@@ -220,7 +220,9 @@ def secret_names(env: Mapping[str, str] | None = None, *, extra: Sequence[str] =
     env = os.environ if env is None else env
     names = tuple(extra) + SandboxSettings.from_env(env).secret_env
     kept = scrub_env(env, extra=names, parent=env)
-    return sorted(k for k in env if k not in kept)
+    # EVO_SECRET_ENV holds names, not a secret: processes started without the secrets still
+    # learn which names to scrub from what they pass on
+    return sorted(k for k in env if k not in kept and k != "EVO_SECRET_ENV")
 
 
 @contextmanager

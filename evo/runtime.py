@@ -26,6 +26,7 @@ import ray
 
 from evaluators.actor import EvaluateFn, GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
+from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.records import Candidate
 
 __all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
@@ -155,6 +156,10 @@ class Runtime:
     address: str | None = None
     num_cpus: int | None = None
     num_gpus: int | None = None
+    #: names of environment variables that hold secrets without looking like it (the LLM
+    #: models' key_env); with every secret-looking name they are kept out of a local Ray
+    #: instance's processes (evaluators.sandbox.secrets_withheld)
+    secret_env: tuple[str, ...] = ()
     started_ray: bool = False
     gpu_actors: list = field(default_factory=list)
     _compile_remote: Any = None
@@ -183,7 +188,14 @@ class Runtime:
             if self.num_gpus is not None:
                 kw["num_gpus"] = self.num_gpus
             log.info("starting a local Ray instance (%s)", kw)
-            ray.init(**kw)
+            # The GCS, the raylet and every worker (the GPU actor is a harness child's parent)
+            # inherit this environment: the LLM keys stay with the driver alone, which is
+            # undumpable so that no process of the user can read them from /proc.
+            make_undumpable()
+            with secrets_withheld(self.secret_env) as withheld:
+                ray.init(**kw)
+            if withheld:
+                log.info("Ray started without the driver's secrets: %s", ", ".join(withheld))
             self.started_ray = True
         resources = ray.cluster_resources()
         n_gpus = int(resources.get("GPU", 0))

@@ -299,3 +299,57 @@ def test_nvcc_runs_without_secrets(tmp_path, monkeypatch):
     run = _run_limited([sys.executable, str(script)], str(tmp_path), 30, 4096)
     assert run.returncode == 0, run.log
     assert "KEY=absent" in run.log and "sk-test" not in run.log
+
+
+_DUMPABLE_PARENT = r'''
+import importlib.util, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
+sb = importlib.util.module_from_spec(spec); sys.modules["sandbox_copy"] = sb; spec.loader.exec_module(sb)
+if sys.argv[2] == "protect":
+    assert sb.make_undumpable()
+child = "import os\ntry:\n    d = open('/proc/%d/environ' % os.getppid(), 'rb').read()\n" \
+        "    print('read', b'sk-parent-only' in d)\nexcept OSError as e:\n    print('blocked', e.errno)\n"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env={}).stdout.strip())
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root to drop to nobody (root reads any /proc), setpriv and a system python3")
+@pytest.mark.parametrize("mode,expect", [("protect", "blocked 13"), ("control", "read True")])
+def test_an_undumpable_parent_is_not_readable_by_its_child(mode, expect):
+    """make_undumpable (called by sandbox_launch in the GPU actor / evo check, and by the
+    driver before it starts Ray): a child of the same user cannot read the parent's
+    environment. The control (parent left dumpable) can, so the test measures the call."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:   # pytest's tmp_path is private to root
+        copy = Path(d) / "sandbox_copy.py"
+        shutil.copy(sb.__file__, copy)
+        os.chmod(d, 0o755)
+        os.chmod(copy, 0o644)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                            "-I", "-S", "-c", _DUMPABLE_PARENT, str(copy), mode],
+                           capture_output=True, text=True, timeout=60, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "OPENAI_API_KEY": "sk-parent-only-0123456789abcdef"})
+    assert p.stdout.strip() == expect, (p.stdout, p.stderr[-1000:])
+
+
+def test_sandbox_launch_makes_the_launching_process_undumpable(tmp_path):
+    import ctypes
+
+    sb.sandbox_launch(["true"], {}, tmp_path, 10, sb.SandboxSettings(enabled=False))
+    assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 0   # PR_GET_DUMPABLE
+
+
+def test_secrets_withheld_removes_and_restores(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("PLAIN_NAME", "x" * 20)
+    monkeypatch.setenv("CARRIER", "v=" + SECRET)
+    monkeypatch.setenv("EVO_SECRET_ENV", "OTHER_ONE")
+    monkeypatch.setenv("OTHER_ONE", "o" * 20)
+    with sb.secrets_withheld(("PLAIN_NAME",)) as names:
+        assert set(names) == {"OPENAI_API_KEY", "PLAIN_NAME", "CARRIER", "OTHER_ONE"}
+        assert not {"OPENAI_API_KEY", "PLAIN_NAME", "CARRIER", "OTHER_ONE"} & set(os.environ)
+        assert os.environ["EVO_SECRET_ENV"] == "OTHER_ONE"
+    assert os.environ["OPENAI_API_KEY"] == SECRET and os.environ["CARRIER"] == "v=" + SECRET
+    assert os.environ["PLAIN_NAME"] == "x" * 20 and os.environ["OTHER_ONE"] == "o" * 20
