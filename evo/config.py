@@ -403,6 +403,9 @@ class LLMConfig(_Section):
     max_response_kb: int = Field(256, ge=1)
     inspirations: int = Field(2, ge=0, le=3)
     max_failed_attempts: int = Field(0, ge=0)
+    breaker_failures: int = Field(5, ge=1, le=1000)
+    breaker_cooldown_s: float = Field(30.0, ge=0)
+    breaker_trips: int = Field(3, ge=1, le=100)
     cassette: PathField | None = None
     replay_run: str = ""
     models: tuple[LLMModelConfig, ...] = Field(

@@ -54,6 +54,7 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from evo.llm_context import StoreContextProvider
     from mutators.cassette import CassetteRecorder, ReplayClient
     from mutators.client import Budget, LLMClient, ModelSpec
+    from mutators.health import ModelHealth
     from mutators.llm import LLMMutator
 
     L = cfg.llm
@@ -80,9 +81,14 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
         d["unmatched"] = [asdict(u) for u in rec.unmatched]
         store.log_event(run_id, "llm_attempt", d)
 
+    def record_stop(model_name: str, line: str) -> None:
+        store.log_event(run_id, "llm_model_stopped", {"model": model_name, "reason": line})
+
+    health = ModelHealth(models, failures=L.breaker_failures, cooldown_s=L.breaker_cooldown_s,
+                         trips=L.breaker_trips, on_stop=record_stop)
     provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
                                     gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
-    mut = LLMMutator(client, models, provider,
+    mut = LLMMutator(client, models, provider, health=health,
                      attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations)
     mut.max_failed_attempts = L.max_failed_attempts
     return mut

@@ -19,9 +19,17 @@ Any failure of steps 4-5 (an errored call, prose, broken or unmatched blocks, an
 oversized answer, a child that breaks the ABI) returns ``None`` and is reported as an
 :class:`AttemptRecord` to the ``attempt_sink`` and kept in :attr:`LLMMutator.last_failure`;
 unmatched SEARCH blocks are remembered per parent (bounded) and shown in the next prompt for
-that parent. ``propose`` raises only :class:`mutators.client.BudgetExhausted` (the engine
-stops proposing), :class:`mutators.cassette.ReplayMiss` (a replay diverged) and
+that parent. ``propose`` raises only :class:`mutators.base.MutatorStopped` (the budget is
+spent: :class:`mutators.client.BudgetExhausted`; every model is stopped:
+:class:`mutators.health.NoModelLeft`; the engine stops proposing and ends the run with its
+one-line message), :class:`mutators.cassette.ReplayMiss` (a replay diverged) and
 configuration errors.
+
+Model health (:mod:`mutators.health`): a call that fails in a way no retry can heal (401,
+403, unknown model, a rejected parameter, a prompt over the context window, no quota) stops
+that model for the run, with one log line and an ``on_model_stop`` report; repeated
+transient failures open the model's circuit breaker. The bandit only chooses among the
+models still usable.
 
 The engine reports each evaluated LLM child back through :meth:`LLMMutator.observe` so the
 bandit learns which model pays off; the chosen model is in ``Proposal.operator``
@@ -34,6 +42,8 @@ import logging
 import math
 import random
 import re
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -42,6 +52,7 @@ from evo.records import Member, candidate_id, canonical_params
 from evo.tunables import TunableError, parse_tunables, resolve_params
 from mutators.base import MutationContext, Proposal
 from mutators.client import ChatClient, LLMCall, LLMConfigError, ModelSpec
+from mutators.health import ModelHealth, NoModelLeft, StopSink
 from mutators.patch import (
     UnmatchedBlock,
     apply_blocks,
@@ -236,10 +247,14 @@ class ModelBandit:
             out[m.name] = mean + self.c * math.sqrt(2.0 * math.log(total + 1.0) * share / n)
         return out
 
-    def choose(self, rng: random.Random) -> ModelSpec:
+    def choose(self, rng: random.Random, among: Sequence[str] | None = None) -> ModelSpec:
+        """Pick an arm (of ``among``, default all) and count the pull."""
         s = self.scores()
-        best = max(s.values())
-        ties = [m for m in self.models if s[m.name] >= best - 1e-12]
+        arms = [m for m in self.models if among is None or m.name in among]
+        if not arms:
+            raise LLMConfigError(f"no bandit arm among {list(among or [])}; arms: {', '.join(self._pulls)}")
+        best = max(s[m.name] for m in arms)
+        ties = [m for m in arms if s[m.name] >= best - 1e-12]
         pick = ties[0] if len(ties) == 1 else rng.choice(ties)
         self._pulls[pick.name] += 1
         return pick
@@ -374,6 +389,9 @@ class LLMMutator:
         unmatched_per_parent: int = 4,
         excerpt_lines: int = 80,
         pending_max: int = 4096,
+        health: ModelHealth | None = None,
+        on_model_stop: StopSink | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not 0 <= n_inspirations <= 3:
             raise ValueError(f"n_inspirations={n_inspirations}: must be within [0, 3]")
@@ -395,6 +413,11 @@ class LLMMutator:
         self.last_failure: AttemptRecord | None = None
         self.attempts = 0
         self.failures = 0
+        self.health = health if health is not None else ModelHealth(self.models)
+        if on_model_stop is not None:
+            self.health.on_stop = on_model_stop
+        self._sleep = sleep
+        self._lock = threading.RLock()
 
     def wants_parents(self) -> int:
         return 1
@@ -429,9 +452,10 @@ class LLMMutator:
             kind = "repair"
         else:
             kind = "optimize"
-        model = self.bandit.choose(rng)
+        model = self._choose_model(rng)  # may raise NoModelLeft
         messages = self._messages(kind, parent, context)
         call = self.client.complete(messages, model=model, kind=kind)  # may raise BudgetExhausted
+        self.health.record(model.name, call)
         self.attempts += 1
         pid = parent.id if parent is not None else None
         problems, unmatched, child = self._child_from(kind, parent, call)
@@ -464,6 +488,27 @@ class LLMMutator:
         )
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _choose_model(self, rng: random.Random) -> ModelSpec:
+        """The bandit's pick among the models :class:`ModelHealth` allows.
+
+        Raises :class:`NoModelLeft` when every model is stopped. When every live model's
+        breaker is open, waits for the earliest cooldown (``sleep``) and tries that model.
+        """
+        names = [m.name for m in self.bandit.models]
+        while True:
+            self.health.check(names)
+            usable = [n for n in self.health.usable() if n in names]
+            if usable:
+                break
+            wait = self.health.wait_s()
+            log.warning("every LLM model's circuit breaker is open; waiting %.0f s before trying again", wait)
+            self._sleep(wait)
+            self.health.force_half_open()
+        with self._lock:
+            model = self.bandit.choose(rng, among=usable)
+        self.health.chose(model.name)
+        return model
 
     def _messages(self, kind: str, parent: Member | None, context: MutationContext) -> list[dict[str, str]]:
         info = self.provider.task_info(context.task)

@@ -101,3 +101,32 @@ def test_genesis_repair_optimize_over_http_then_replay(local_ray, tmp_path):
     assert [x[:3] for x in _lineage(store, run2)] == [x[:3] for x in lineage]
     assert all(c["cached"] for c in store.llm_calls(run2))
     store.close()
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine to catch mutators.base.MutatorStopped around propose "
+                                       "(evo/engine.py _budget_errors); remove this marker with that change")
+def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_ray, tmp_path):
+    """Before: 401 on every call, 600 requests (3 x max_evaluations) until the engine gave up."""
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("llm-401", {}, seed=5, config_hash="x")
+    body = ('{"error": {"message": "Incorrect API key provided: sk-x. You can find your API key at '
+            'https://platform.openai.com/account/api-keys.", "type": "invalid_request_error", "param": null, '
+            '"code": "invalid_api_key"}}')
+    with FakeLLMServer(Cassette([{"status": 401, "raw": body, "repeat": True}])) as server:
+        model = ModelSpec("fake", server.base_url, "fake-coder", key_env="EVO_TEST_NO_KEY")
+        client = LLMClient([model], timeout_s=5, max_attempts=1, budget=Budget(1.0),
+                           sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
+        mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
+        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                     harness_settings=HarnessSettings()).start()
+        try:
+            eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK], seeds={},
+                         settings=EngineSettings(islands_per_task=1, max_evaluations=200, in_flight=1,
+                                                 confirm_champions=False),
+                         rng=random.Random(5), policy=lambda s: StageResult("policy", Status.OK))
+            summary = eng.run()
+        finally:
+            rt.shutdown()
+        assert len(server.requests) == 1
+    assert "model 'fake' stopped" in summary.stop_reason and "[fatal:auth]" in summary.stop_reason
+    store.close()
