@@ -618,7 +618,7 @@ class Engine:
         infra = _infra_cause(err)
         if infra is not None:
             self._fail(f"{where} of {pending.candidate.short_id} ({pending.candidate.task}) failed: "
-                       f"{infra.one_line()}", detail=getattr(infra, "detail", "") or str(err))
+                       f"{infra.one_line()}", detail=getattr(infra, "detail", "") or str(err), current=pending)
         kind = f"{where}: {type(getattr(err, 'cause', None) or err).__name__}"
         last, n = self._breaker
         n = n + 1 if kind == last else 1
@@ -629,16 +629,18 @@ class Engine:
                    if _is_stage_exception(err) else "its worker process died each time: see the Ray worker "
                    "logs (memory, a crashing driver)")
             self._fail(f"{n} {where}s in a row failed with {type(getattr(err, 'cause', None) or err).__name__} "
-                       f"(last on {pending.candidate.short_id}): {first[:300]}; {fix}", detail=str(err))
+                       f"(last on {pending.candidate.short_id}): {first[:300]}; {fix}", detail=str(err),
+                       current=pending)
 
     def _breaker_ok(self, where: str) -> None:
         if self._breaker[0].startswith(where + ":"):
             self._breaker = ("", 0)
 
-    def _fail(self, message: str, detail: str = "") -> None:
+    def _fail(self, message: str, detail: str = "", current: "_Pending | None" = None) -> None:
         """Stop the run on a failure of ours: mark it ``failed`` (resumable), record why,
-        raise :class:`SearchFailed` with one line naming the cause, the fix and the resume."""
-        pending = [p.candidate.id for p in self._all_pending()]
+        raise :class:`SearchFailed` with one line naming the cause, the fix and the resume.
+        ``current``: the candidate whose stage failed (no longer in flight, still pending)."""
+        pending = [p.candidate.id for p in ([current] if current else []) + self._all_pending()]
         line = f"{message}. The run {self.run_id} is marked failed; fix the cause, then continue it with " \
                f"`evo search CONFIG --resume {self.run_id}`"
         if detail:
