@@ -565,18 +565,30 @@ def fake_llm(
     cassette: Path = typer.Option(..., "--cassette", help="JSONL file of scripted answers (docs/llm.md)."),
     port: int = typer.Option(8000, "--port", help="TCP port on 127.0.0.1 (0 = any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    dialect: str = typer.Option("lenient", "--dialect",
+                                help="lenient, openai (api.openai.com's parameter rules and error bodies) or vllm."),
+    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="Answer 400 over this window."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Answer 401 unless this bearer token is sent."),
+    models: str = typer.Option("", "--models", help="Comma-separated model ids served (others: 404)."),
 ) -> None:
     """Serve a cassette as a local OpenAI-compatible endpoint (demos and tests; no model).
 
     Point a config's [[llm.models]] base_url at the printed URL. Ctrl-C stops it.
 
-    Example: evo fake-llm --cassette tests/fixtures/llm/lineage.jsonl --port 8011
+    Example: evo fake-llm --cassette tests/fixtures/llm/lineage.jsonl --port 8011 --dialect openai
     """
+    from mutators.fake_server import DIALECTS
     from mutators.fake_server import main as serve
 
     if not cassette.is_file():
         _fail(f"{cassette}: no such cassette file")
-    raise typer.Exit(serve(["--cassette", str(cassette), "--port", str(port), "--host", host]))
+    if dialect not in DIALECTS:
+        _fail(f"--dialect {dialect}: unknown; known: {', '.join(DIALECTS)}")
+    argv = ["--cassette", str(cassette), "--port", str(port), "--host", host, "--dialect", dialect,
+            "--models", models]
+    argv += ["--context-tokens", str(context_tokens)] if context_tokens is not None else []
+    argv += ["--api-key", api_key] if api_key is not None else []
+    raise typer.Exit(serve(argv))
 
 
 from evo.cli_inspect import register as _register_inspect  # noqa: E402  (status, report, export)

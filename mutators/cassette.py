@@ -14,7 +14,11 @@ Two uses:
        "raw": "{not json",            # send this body verbatim instead of a JSON answer
        "finish_reason": "stop", "tokens_in": 100, "tokens_out": 50,  # usage to report
        "repeat": false,               # true: never used up (answers every matching request)
-       "model": "..."}                # only listed by GET /v1/models
+       "model": "...",                # only listed by GET /v1/models
+       "reasoning": "...",            # sent as message.reasoning_content (or streamed first)
+       "usage": true,                 # false: the answer carries no usage report
+       "error_code": "...",           # the error body's code for a non-200 status
+       "stream_stall_s": 0}           # a streamed answer stalls this long half way
 
   Entries are used up in file order. A request is answered by the first unused entry whose
   ``prompt_hash`` equals its hash, else whose ``match`` occurs in its last user message,
@@ -49,6 +53,7 @@ log = logging.getLogger(__name__)
 _FIELDS = {
     "prompt_hash", "match", "response", "status", "retry_after", "delay_s", "raw",
     "finish_reason", "tokens_in", "tokens_out", "repeat", "model", "note",
+    "reasoning", "usage", "error_code", "stream_stall_s",
 }
 
 
@@ -77,6 +82,10 @@ class CassetteEntry:
     repeat: bool = False
     model: str | None = None
     note: str = ""
+    reasoning: str = ""
+    usage: bool = True
+    error_code: str | None = None
+    stream_stall_s: float = 0.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "entry") -> "CassetteEntry":
@@ -93,8 +102,10 @@ class CassetteEntry:
             raise CassetteError(f"{where}: status={e.status!r} must be an HTTP status code (200, 429, 500...)")
         if not isinstance(e.response, str):
             raise CassetteError(f"{where}: response must be a string")
-        if e.delay_s < 0:
-            raise CassetteError(f"{where}: delay_s={e.delay_s} must be >= 0")
+        if e.delay_s < 0 or e.stream_stall_s < 0:
+            raise CassetteError(f"{where}: delay_s={e.delay_s} / stream_stall_s={e.stream_stall_s} must be >= 0")
+        if not isinstance(e.reasoning, str) or not isinstance(e.usage, bool):
+            raise CassetteError(f"{where}: reasoning must be a string and usage true or false")
         return e
 
     def to_dict(self) -> dict[str, Any]:

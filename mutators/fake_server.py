@@ -1,19 +1,48 @@
 """A local OpenAI-compatible chat-completions server that answers from a cassette.
 
-Used by tests and demos (``evo fake-llm --cassette FILE --port N``): it is a real HTTP server
-(``http.server.ThreadingHTTPServer`` in a background thread) on 127.0.0.1, so the real
-``openai`` client and the whole retry path are exercised. It speaks:
+Used by tests and demos (``evo fake-llm --cassette FILE --port N [--dialect openai|vllm]``):
+it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background thread) on
+127.0.0.1, so the real ``openai`` client and the whole retry path are exercised. It speaks:
 
-- ``POST /v1/chat/completions``: the answer is the cassette entry chosen by
-  :meth:`mutators.cassette.Cassette.next_for` (by prompt hash, by ``match`` substring of the
-  last user message, else the next plain entry), with its scripted fault: a non-200 status
-  (``500``, ``429`` + ``Retry-After``), a ``delay_s`` wait (a hang when longer than the
-  client's timeout), a ``raw`` body (e.g. invalid JSON), or an empty ``response``. Usage is
-  the entry's token counts, else ~4 characters per token. An exhausted cassette answers 500.
-- ``GET /v1/models``: the models named in the cassette (or ``fake``).
+- ``POST /v1/chat/completions``: first the request is checked the way a real server checks
+  it (below); a rejected request uses up no cassette entry. Then the answer is the cassette
+  entry chosen by :meth:`mutators.cassette.Cassette.next_for` (by prompt hash, by ``match``
+  substring of the last user message, else the next plain entry), with its scripted fault:
+  a non-200 status (``500``, ``429`` with or without ``Retry-After``, ``401``...) with the
+  dialect's error body, a ``delay_s`` wait (a hang when longer than the client's timeout),
+  a ``raw`` body (e.g. invalid JSON), ``reasoning`` text (sent as ``reasoning_content``),
+  no usage report (``usage: false``), or an empty ``response``. Usage is the entry's token
+  counts, else ~4 characters per token. An exhausted cassette answers 500.
+- ``"stream": true``: server-sent events, ``data: {chunk}`` lines (``chat.completion.chunk``
+  objects: a first chunk with the role, the reasoning and content in pieces, a last chunk
+  with ``finish_reason``), then, when ``stream_options.include_usage`` is set, a chunk with
+  ``"choices": []`` and the usage (every other chunk then has ``"usage": null``), then
+  ``data: [DONE]``. ``stream_stall_s`` on an entry stalls the stream half way (a timeout
+  mid-stream).
+- ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``.
 
-Every request is appended to :attr:`FakeLLMServer.requests` (model, messages, the entry's
-status) so tests can assert what was sent. ``stop()`` wakes pending delays at once.
+Dialects (how strictly requests are checked, and which error bodies are sent):
+
+- ``lenient`` (default): any parameters; OpenAI-style error bodies.
+- ``openai``: like api.openai.com. Unknown request fields are 400 ``Unrecognized request
+  argument supplied: X``. For reasoning models (o1/o3/o4/gpt-5 ids) ``max_tokens`` is 400
+  ``unsupported_parameter`` ("Use 'max_completion_tokens' instead."), a temperature other
+  than 1 is 400 ``unsupported_value``, ``top_p`` is 400 ``unsupported_parameter``; for other
+  models ``reasoning_effort`` is 400 ``unsupported_parameter``. ``stream_options`` without
+  ``stream`` is 400. Bodies are ``{"error": {"message", "type", "param", "code"}}``.
+- ``vllm``: like ``vllm serve``: any sampling fields (``chat_template_kwargs``, ``top_k``...);
+  error bodies ``{"object": "error", "message", "type", "param", "code"}``.
+
+With ``context_tokens`` set, a prompt (~4 characters a token) plus the requested completion
+over the window is a 400 (vLLM: "This model's maximum context length is N tokens. However,
+you requested M tokens (P in the messages, C in the completion)..."; OpenAI:
+``context_length_exceeded``). With ``api_key`` set, any other bearer token is a 401 (OpenAI:
+``invalid_api_key``); with ``models`` set, another model id is a 404 (``model_not_found`` /
+vLLM ``NotFoundError``).
+
+Every request is appended to :attr:`FakeLLMServer.requests` (model, messages, the JSON body,
+headers, the HTTP status answered, time) so tests can assert what was sent. ``stop()`` wakes
+pending delays at once.
 """
 
 from __future__ import annotations
@@ -29,10 +58,36 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mutators.cassette import Cassette, CassetteEntry
+from mutators.client import is_openai_reasoning_model
 
-__all__ = ["FakeLLMServer", "main"]
+__all__ = ["FakeLLMServer", "DIALECTS", "OPENAI_REQUEST_FIELDS", "main"]
 
 log = logging.getLogger(__name__)
+
+DIALECTS = ("lenient", "openai", "vllm")
+
+#: The request fields api.openai.com's chat completions accept (others: 400 Unrecognized).
+OPENAI_REQUEST_FIELDS = frozenset({
+    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
+    "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "seed",
+    "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+    "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+})
+
+_CHUNK_CHARS = 24  # characters of content per streamed chunk
+
+
+def prompt_tokens(messages: Sequence[Any]) -> int:
+    """The fake's token count of a prompt: ~4 characters a token plus 4 a message."""
+    return sum(len(str(m.get("content", ""))) // 4 + 4 for m in messages if isinstance(m, dict))
+
+
+class _Rejection(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
 
 
 class _Server(ThreadingHTTPServer):
@@ -70,30 +125,37 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj).encode("utf-8"), headers)
 
     def do_GET(self) -> None:  # noqa: N802
+        fake = self.server.fake
         if self.path.rstrip("/") in ("/v1/models", "/models"):
-            names = sorted({e.model for e in self.server.fake.cassette.entries if e.model}) or ["fake"]
+            names = fake.models or sorted({e.model for e in fake.cassette.entries if e.model}) or ["fake"]
             self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "fake"} for n in names]})
         else:
-            self._json(404, {"error": {"message": f"no route GET {self.path}", "type": "not_found"}})
+            self._json(404, fake.error_body(404, f"no route GET {self.path}", "not_found"))
 
     def do_POST(self) -> None:  # noqa: N802
+        fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._json(404, {"error": {"message": f"no route POST {self.path}", "type": "not_found"}})
+            self._json(404, fake.error_body(404, f"no route POST {self.path}", "not_found"))
             return
         try:
             req = json.loads(body or b"{}")
             messages = req["messages"]
             model = str(req.get("model", ""))
         except (ValueError, KeyError, TypeError) as exc:
-            self._json(400, {"error": {"message": f"bad request body: {exc}", "type": "invalid_request_error"}})
+            self._json(400, fake.error_body(400, f"bad request body: {exc}", "invalid_request_error"))
             return
-        fake = self.server.fake
+        try:
+            fake.check_request(req, self.headers.get("Authorization", ""))
+        except _Rejection as rej:
+            fake._log_request(model, messages, None, req, dict(self.headers), rej.status)
+            self._json(rej.status, rej.body)
+            return
         entry = fake.cassette.next_for(messages, model)
-        fake._log_request(model, messages, entry, req, dict(self.headers))
+        fake._log_request(model, messages, entry, req, dict(self.headers), None if entry is None else entry.status)
         if entry is None:
-            self._json(500, {"error": {"message": f"cassette {fake.cassette.source} exhausted", "type": "server_error"}})
+            self._json(500, fake.error_body(500, f"cassette {fake.cassette.source} exhausted", "server_error"))
             return
         if entry.delay_s > 0:
             fake._stopping.wait(entry.delay_s)
@@ -106,29 +168,81 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(entry.status, entry.raw.encode("utf-8"), headers)
             return
         if entry.status != 200:
-            kind = "rate_limit_exceeded" if entry.status == 429 else "server_error"
-            self._json(entry.status, {"error": {"message": entry.response or f"scripted HTTP {entry.status}",
-                                                "type": kind}}, headers)
+            self._json(entry.status, fake.scripted_error(entry, model), headers)
+            return
+        if req.get("stream"):
+            self._stream(entry, model, messages, req)
             return
         self._json(200, _completion(entry, model, messages), headers)
 
+    # ---- server-sent events ------------------------------------------------------------
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _stream(self, entry: CassetteEntry, model: str, messages: Sequence[dict], req: dict[str, Any]) -> None:
+        fake = self.server.fake
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        cid, created = f"chatcmpl-fake-{uuid.uuid4().hex[:12]}", int(time.time())
+
+        def event(choices: list, usage: Any = None, with_usage: bool = include_usage) -> None:
+            obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                   "choices": choices}
+            if with_usage:
+                obj["usage"] = usage
+            self._chunk(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+
+        def delta(d: dict, finish: str | None = None) -> list:
+            return [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]
+
+        pieces = [("reasoning_content", entry.reasoning[i:i + _CHUNK_CHARS])
+                  for i in range(0, len(entry.reasoning), _CHUNK_CHARS)]
+        pieces += [("content", entry.response[i:i + _CHUNK_CHARS]) for i in range(0, len(entry.response), _CHUNK_CHARS)]
+        event(delta({"role": "assistant", "content": ""}))
+        half = len(pieces) // 2
+        for k, (field, text) in enumerate(pieces):
+            if k == half and entry.stream_stall_s > 0:
+                fake._stopping.wait(entry.stream_stall_s)
+                if fake._stopping.is_set():
+                    return
+            event(delta({field: text}))
+        event(delta({}, entry.finish_reason))
+        if include_usage and entry.usage:
+            event([], _usage(entry, messages))
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _usage(entry: CassetteEntry, messages: Sequence[dict]) -> dict[str, int]:
+    tin = entry.tokens_in if entry.tokens_in is not None else max(1, prompt_tokens(messages))
+    tout = entry.tokens_out if entry.tokens_out is not None else max(0, (len(entry.response) + len(entry.reasoning)) // 4)
+    u = {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout}
+    if entry.reasoning:
+        u["completion_tokens_details"] = {"reasoning_tokens": len(entry.reasoning) // 4}  # type: ignore[assignment]
+    return u
+
 
 def _completion(entry: CassetteEntry, model: str, messages: Sequence[dict]) -> dict[str, Any]:
-    prompt_chars = sum(len(str(m.get("content", ""))) for m in messages)
-    tin = entry.tokens_in if entry.tokens_in is not None else max(1, prompt_chars // 4)
-    tout = entry.tokens_out if entry.tokens_out is not None else max(0, len(entry.response) // 4)
-    return {
+    message: dict[str, Any] = {"role": "assistant", "content": entry.response}
+    if entry.reasoning:
+        message["reasoning_content"] = entry.reasoning
+    out: dict[str, Any] = {
         "id": f"chatcmpl-fake-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": entry.response},
-            "finish_reason": entry.finish_reason,
-        }],
-        "usage": {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout},
+        "choices": [{"index": 0, "message": message, "finish_reason": entry.finish_reason}],
     }
+    if entry.usage:
+        out["usage"] = _usage(entry, messages)
+    return out
 
 
 class FakeLLMServer:
@@ -138,9 +252,19 @@ class FakeLLMServer:
     :class:`mutators.client.ModelSpec` points at (``http://127.0.0.1:<port>/v1``).
     """
 
-    def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0, *,
+                 dialect: str = "lenient", api_key: str | None = None, models: Sequence[str] | None = None,
+                 context_tokens: int | None = None) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect={dialect!r}; known: {', '.join(DIALECTS)}")
+        if context_tokens is not None and context_tokens < 1:
+            raise ValueError(f"context_tokens={context_tokens}: must be >= 1")
         self.cassette = cassette if isinstance(cassette, Cassette) else Cassette.load(cassette)
         self.host = host
+        self.dialect = dialect
+        self.api_key = api_key
+        self.models = list(models) if models else []
+        self.context_tokens = context_tokens
         self._port = port
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -148,16 +272,117 @@ class FakeLLMServer:
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
 
+    # ---- what a real server would answer --------------------------------------------------
+
+    def error_body(self, status: int, message: str, typ: str, param: str | None = None,
+                   code: str | int | None = None) -> dict[str, Any]:
+        """An error body in this dialect's shape."""
+        if self.dialect == "vllm":
+            vtype = {400: "BadRequestError", 401: "Unauthorized", 404: "NotFoundError"}.get(status, "InternalServerError")
+            return {"object": "error", "message": message, "type": vtype, "param": param,
+                    "code": code if isinstance(code, int) else status}
+        return {"error": {"message": message, "type": typ, "param": param, "code": code}}
+
+    def scripted_error(self, entry: CassetteEntry, model: str) -> dict[str, Any]:
+        """The body of a cassette entry's non-200 status (its ``response`` is the message)."""
+        st, msg = entry.status, entry.response
+        if st == 429:
+            if entry.error_code == "insufficient_quota":
+                return self.error_body(429, msg or "You exceeded your current quota, please check your plan and "
+                                       "billing details.", "insufficient_quota", code="insufficient_quota")
+            return self.error_body(429, msg or f"Rate limit reached for {model} on requests per min (RPM): "
+                                   "Limit 3, Used 3, Requested 1. Please try again in 20s.", "requests",
+                                   code=entry.error_code or "rate_limit_exceeded")
+        if st == 401:
+            return self.error_body(401, msg or "Incorrect API key provided: sk-fake. You can find your API key at "
+                                   "https://platform.openai.com/account/api-keys.", "invalid_request_error",
+                                   code=entry.error_code or "invalid_api_key")
+        if st == 404:
+            return self.error_body(404, msg or self._no_model(model), "invalid_request_error",
+                                   code=entry.error_code or "model_not_found")
+        typ = "invalid_request_error" if 400 <= st < 500 else "server_error"
+        return self.error_body(st, msg or f"scripted HTTP {st}", typ, code=entry.error_code)
+
+    def _no_model(self, model: str) -> str:
+        if self.dialect == "vllm":
+            return f"The model `{model}` does not exist."
+        return f"The model `{model}` does not exist or you do not have access to it."
+
+    def check_request(self, req: dict[str, Any], authorization: str) -> None:
+        """Raise :class:`_Rejection` for a request the real server would refuse."""
+        if self.api_key is not None and authorization != f"Bearer {self.api_key}":
+            if self.dialect == "vllm":
+                raise _Rejection(401, {"error": "Unauthorized"})
+            given = authorization.removeprefix("Bearer ")
+            shown = (given[:3] + "*" * max(0, len(given) - 7) + given[-4:]) if len(given) > 7 else given
+            raise _Rejection(401, self.error_body(
+                401, f"Incorrect API key provided: {shown}. You can find your API key at "
+                     "https://platform.openai.com/account/api-keys.", "invalid_request_error", code="invalid_api_key"))
+        model = str(req.get("model", ""))
+        if self.models and model not in self.models:
+            raise _Rejection(404, self.error_body(404, self._no_model(model), "invalid_request_error",
+                                                  code="model_not_found"))
+        if self.dialect == "openai":
+            self._check_openai(req, model)
+        if self.context_tokens is not None:
+            self._check_context(req)
+
+    def _check_openai(self, req: dict[str, Any], model: str) -> None:
+        def bad(message: str, param: str | None, code: str | None) -> _Rejection:
+            return _Rejection(400, self.error_body(400, message, "invalid_request_error", param, code))
+
+        unknown = sorted(set(req) - OPENAI_REQUEST_FIELDS)
+        if unknown:
+            raise bad(f"Unrecognized request argument supplied: {unknown[0]}", None, None)
+        if "stream_options" in req and not req.get("stream"):
+            raise bad("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options",
+                      "invalid_value")
+        if is_openai_reasoning_model(model):
+            if "max_tokens" in req:
+                raise bad("Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                          "'max_completion_tokens' instead.", "max_tokens", "unsupported_parameter")
+            t = req.get("temperature")
+            if t is not None and t != 1:
+                raise bad(f"Unsupported value: 'temperature' does not support {t} with this model. Only the default "
+                          "(1) value is supported.", "temperature", "unsupported_value")
+            if "top_p" in req:
+                raise bad("Unsupported parameter: 'top_p' is not supported with this model.", "top_p",
+                          "unsupported_parameter")
+        elif "reasoning_effort" in req:
+            raise bad("Unsupported parameter: 'reasoning_effort' is not supported with this model.",
+                      "reasoning_effort", "unsupported_parameter")
+
+    def _check_context(self, req: dict[str, Any]) -> None:
+        n = self.context_tokens
+        assert n is not None
+        p = prompt_tokens(req.get("messages") or [])
+        c = req.get("max_completion_tokens", req.get("max_tokens"))
+        c = int(c) if isinstance(c, (int, float)) else 0
+        if p + c <= n:
+            return
+        if self.dialect == "vllm":
+            raise _Rejection(400, self.error_body(
+                400, f"This model's maximum context length is {n} tokens. However, you requested {p + c} tokens "
+                     f"({p} in the messages, {c} in the completion). Please reduce the length of the messages or "
+                     "completion.", "BadRequestError"))
+        raise _Rejection(400, self.error_body(
+            400, f"This model's maximum context length is {n} tokens. However, your messages resulted in {p + c} "
+                 f"tokens ({p} in the messages, {c} in the completion). Please reduce the length of the messages "
+                 "or completion.", "invalid_request_error", "messages", "context_length_exceeded"))
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+
     def _log_request(self, model: str, messages: Any, entry: CassetteEntry | None, body: dict[str, Any],
-                     headers: dict[str, str]) -> None:
+                     headers: dict[str, str], status: int | None) -> None:
         with self._lock:
             self.requests.append({
                 "model": model,
                 "messages": messages,
-                "status": None if entry is None else entry.status,
+                "status": status,
                 "time": time.monotonic(),
                 "body": body,
                 "headers": headers,
+                "entry": entry,
             })
 
     @property
@@ -178,7 +403,7 @@ class FakeLLMServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"fake-llm:{self.port}", daemon=True)
         self._thread.start()
-        log.info("fake LLM server on %s (%d scripted answers from %s)", self.base_url,
+        log.info("fake LLM server on %s (%s dialect, %d scripted answers from %s)", self.base_url, self.dialect,
                  len(self.cassette.entries), self.cassette.source)
         return self
 
@@ -201,16 +426,24 @@ class FakeLLMServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``evo fake-llm --cassette FILE [--port N] [--host H]``: serve until Ctrl-C."""
+    """``evo fake-llm --cassette FILE [--port N] [--host H] [--dialect D] [--context-tokens N]
+    [--api-key K] [--models A,B]``: serve until Ctrl-C."""
     ap = argparse.ArgumentParser(prog="evo fake-llm", description="Serve a JSONL cassette as an OpenAI-compatible endpoint.")
     ap.add_argument("--cassette", required=True, help="JSONL file of scripted answers (see docs/llm.md)")
     ap.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ap.add_argument("--dialect", choices=DIALECTS, default="lenient",
+                    help="check requests and shape errors like api.openai.com (openai) or vllm serve (vllm)")
+    ap.add_argument("--context-tokens", type=int, default=None, help="answer 400 for prompts over this window")
+    ap.add_argument("--api-key", default=None, help="answer 401 unless this bearer token is sent")
+    ap.add_argument("--models", default="", help="comma-separated model ids served (others: 404)")
     args = ap.parse_args(list(argv) if argv is not None else None)
-    srv = FakeLLMServer(args.cassette, host=args.host, port=args.port).start()
+    srv = FakeLLMServer(args.cassette, host=args.host, port=args.port, dialect=args.dialect,
+                        context_tokens=args.context_tokens, api_key=args.api_key,
+                        models=[m for m in args.models.split(",") if m]).start()
     # CLI entry point: the URL goes to stdout so scripts can read it.
-    print(f"fake LLM endpoint: {srv.base_url}  (cassette {args.cassette}, {len(srv.cassette.entries)} entries; Ctrl-C stops)",
-          flush=True)
+    print(f"fake LLM endpoint: {srv.base_url}  ({args.dialect}; cassette {args.cassette}, "
+          f"{len(srv.cassette.entries)} entries; Ctrl-C stops)", flush=True)
     try:
         while True:
             time.sleep(3600)

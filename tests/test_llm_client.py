@@ -279,3 +279,178 @@ def test_fake_server_main_serves_until_interrupted(monkeypatch, capsys):
     assert fake_main(["--cassette", str(FIXTURES / "faults.jsonl"), "--port", "0"]) == 0
     out = capsys.readouterr().out
     assert "http://127.0.0.1:" in out and calls
+    assert fake_main(["--cassette", str(FIXTURES / "faults.jsonl"), "--port", "0", "--dialect", "vllm",
+                      "--context-tokens", "4096", "--models", "a,b"]) == 0
+    assert "(vllm; cassette" in capsys.readouterr().out
+
+
+# ---- strict dialects: the fake behaves like the real servers -------------------------------------
+
+
+def _raw_post(srv: FakeLLMServer, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(srv.base_url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+UNSUPPORTED_MAX_TOKENS = {"error": {
+    "message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' "
+               "instead.", "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}
+
+
+def test_openai_dialect_rejects_max_tokens_for_reasoning_models_with_the_real_body():
+    with FakeLLMServer(Cassette([{"response": "ok", "repeat": True}]), dialect="openai") as srv:
+        status, body = _raw_post(srv, {"model": "o3-mini", "messages": MSGS, "max_tokens": 10})
+        assert (status, json.loads(body)) == (400, UNSUPPORTED_MAX_TOKENS)
+        status, body = _raw_post(srv, {"model": "gpt-5", "messages": MSGS, "temperature": 0.7})
+        assert status == 400 and json.loads(body)["error"] == {
+            "message": "Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) "
+                       "value is supported.", "type": "invalid_request_error", "param": "temperature",
+            "code": "unsupported_value"}
+        assert _raw_post(srv, {"model": "gpt-5", "messages": MSGS, "temperature": 1})[0] == 200
+        assert _raw_post(srv, {"model": "gpt-4.1", "messages": MSGS, "max_tokens": 10, "temperature": 0.7})[0] == 200
+        status, body = _raw_post(srv, {"model": "gpt-4.1", "messages": MSGS, "chat_template_kwargs": {}})
+        assert status == 400 and "Unrecognized request argument supplied: chat_template_kwargs" in body.decode()
+        # rejected requests used up no cassette entry, and are logged with their status
+        assert [r["status"] for r in srv.requests] == [400, 400, 200, 200, 400]
+
+
+def test_client_defaults_pass_openai_reasoning_rules_and_a_wrong_setting_stops_at_once():
+    with FakeLLMServer(Cassette([{"response": "ok", "repeat": True}]), dialect="openai") as srv:
+        ok = _client().complete(MSGS, model=_spec(srv, model="o4-mini", reasoning_effort="low"))
+        assert ok.ok and srv.requests[-1]["body"]["max_completion_tokens"] == 256
+        forced = _client().complete(MSGS, model=_spec(srv, model="o4-mini", token_param="max_tokens"))
+        assert forced.fatal == "unsupported_parameter" and forced.attempts == 1
+        assert "Use 'max_completion_tokens' instead." in forced.error and "param=max_tokens" in forced.error
+        hot = _client().complete(MSGS, model=_spec(srv, model="gpt-5", temperature=0.2))
+        assert hot.fatal == "unsupported_parameter" and "'temperature' does not support 0.2" in hot.error
+        vllm_only = _client().complete(MSGS, model=_spec(srv, model="gpt-4.1", extra_body={"top_k": 20}))
+        assert vllm_only.fatal == "unsupported_parameter" and "top_k" in vllm_only.error
+        assert len(srv.requests) == 4, "fatal answers are not retried"
+
+
+def test_vllm_dialect_takes_extra_body_and_answers_context_length_like_vllm():
+    with FakeLLMServer(Cassette([{"response": "ok", "repeat": True}]), dialect="vllm", context_tokens=1000) as srv:
+        spec = _spec(srv, model="Qwen/Qwen3-32B", max_output_tokens=600,
+                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert _client().complete(MSGS, model=spec).ok
+        long = [{"role": "user", "content": "x" * 2000}]  # 504 prompt tokens + 600 > 1000
+        call = _client().complete(long, model=spec)
+        status, body = _raw_post(srv, {"model": "m", "messages": long, "max_tokens": 600})
+    assert call.fatal == "context_length" and call.attempts == 1
+    assert "This model's maximum context length is 1000 tokens. However, you requested 1104 tokens (504 in the " \
+           "messages, 600 in the completion)." in call.error
+    assert status == 400 and json.loads(body) == {
+        "object": "error", "type": "BadRequestError", "param": None, "code": 400,
+        "message": "This model's maximum context length is 1000 tokens. However, you requested 1104 tokens (504 in "
+                   "the messages, 600 in the completion). Please reduce the length of the messages or completion."}
+
+
+@pytest.mark.parametrize("dialect", ["openai", "vllm"])
+def test_wrong_key_and_unknown_model(dialect):
+    with FakeLLMServer(Cassette([{"response": "ok", "repeat": True}]), dialect=dialect, api_key="sk-right-key-1234",
+                       models=["served-model"]) as srv:
+        bad_key = _client().complete(MSGS, model=_spec(srv, model="served-model"))  # sends the dummy local key
+        import os
+
+        os.environ["EVO_TEST_FAKE_KEY"] = "sk-right-key-1234"
+        try:
+            wrong_model = _client().complete(MSGS, model=_spec(srv, model="gpt-9", key_env="EVO_TEST_FAKE_KEY"))
+            right = _client().complete(MSGS, model=_spec(srv, model="served-model", key_env="EVO_TEST_FAKE_KEY"))
+        finally:
+            del os.environ["EVO_TEST_FAKE_KEY"]
+    assert bad_key.fatal == "auth" and wrong_model.fatal == "model_not_found" and right.ok
+    if dialect == "openai":
+        assert "Incorrect API key provided" in bad_key.error and "code=invalid_api_key" in bad_key.error
+        assert "The model `gpt-9` does not exist or you do not have access to it." in wrong_model.error
+    else:
+        assert "The model `gpt-9` does not exist." in wrong_model.error
+
+
+def test_429_without_retry_after_uses_backoff_and_quota_429_is_fatal():
+    waits: list[float] = []
+    cas = Cassette([{"status": 429}, {"response": "ok"}, {"status": 429, "error_code": "insufficient_quota"}])
+    with FakeLLMServer(cas, dialect="openai") as srv:
+        client = _client(sleep=lambda s: waits.append(s))
+        first = client.complete(MSGS, model=_spec(srv))
+        quota = client.complete(MSGS, model=_spec(srv))
+    assert first.ok and first.attempts == 2 and len(waits) == 1 and 0.01 <= waits[0] < 0.015
+    assert quota.fatal == "quota" and quota.attempts == 1 and "exceeded your current quota" in quota.error
+
+
+# ---- streaming ------------------------------------------------------------------------------------
+
+
+def test_sse_format_of_the_fake():
+    cas = Cassette([{"response": "a" * 30, "tokens_in": 7, "tokens_out": 8, "repeat": True}])
+    with FakeLLMServer(cas) as srv:
+        _, with_usage = _raw_post(srv, {"model": "m", "messages": MSGS, "stream": True,
+                                        "stream_options": {"include_usage": True}})
+        _, without = _raw_post(srv, {"model": "m", "messages": MSGS, "stream": True})
+    events = [ln[len("data: "):] for ln in with_usage.decode().split("\n\n") if ln]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "a" * 30
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 8,
+                                                                  "total_tokens": 15}
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    plain = [json.loads(e) for e in without.decode().split("\n\n") if e and e != "data: [DONE]"
+             for e in [e[len("data: "):]]]
+    assert all("usage" not in c for c in plain) and all(c["choices"] for c in plain)
+
+
+def test_streamed_answer_is_collected_with_usage_from_the_last_chunk():
+    text = "Here is the patch.\n" + "<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE\n" * 3
+    cas = Cassette([{"response": text, "reasoning": "Let me think about tiles. " * 5, "tokens_in": 1200,
+                     "tokens_out": 345, "finish_reason": "stop"}])
+    with FakeLLMServer(cas, dialect="openai") as srv:
+        call = _client().complete(MSGS, model=_spec(srv, model="gpt-5-mini", stream=True))
+        body = srv.requests[0]["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert call.ok and call.response == text, "reasoning_content is never part of the answer"
+    assert (call.tokens_in, call.tokens_out, call.usage_estimated) == (1200, 345, False)
+    assert call.reasoning_tokens == len("Let me think about tiles. " * 5) // 4 and call.finish_reason == "stop"
+
+
+def test_timeout_mid_stream_charges_what_was_sent_and_streamed():
+    cas = Cassette([{"response": "y" * 400, "stream_stall_s": 3, "repeat": True}])
+    with FakeLLMServer(cas) as srv:
+        call = _client(timeout_s=0.4, max_attempts=2).complete(MSGS, model=_spec(srv, stream=True))
+    assert not call.ok and "timeout after 0.4s after" in call.error and "streamed chunks" in call.error
+    assert call.attempts == 2 and call.usage_estimated
+    from mutators.client import estimate_tokens
+
+    # both attempts: the prompt, and the half of the 400 characters that arrived before the stall
+    assert call.tokens_in == 2 * estimate_tokens(MSGS) and call.tokens_out == 2 * estimate_tokens("y" * 192)
+    assert call.cost == pytest.approx((call.tokens_in * 2.0 + call.tokens_out * 8.0) / 1e6) and call.cost > 0
+
+
+def test_timed_out_attempts_and_answers_without_usage_are_charged_by_estimate():
+    from mutators.client import estimate_tokens
+
+    cas = Cassette([{"delay_s": 5}, {"response": "z" * 80, "usage": False}])
+    with FakeLLMServer(cas) as srv:
+        call = _client(timeout_s=0.3, max_attempts=2).complete(MSGS, model=_spec(srv))
+    assert call.ok and call.usage_estimated
+    assert call.tokens_in == 2 * estimate_tokens(MSGS) and call.tokens_out == estimate_tokens("z" * 80)
+    assert call.cost > 0
+
+
+def test_reasoning_content_counts_for_cost_only():
+    from mutators.client import estimate_tokens
+
+    cas = Cassette([{"response": "", "reasoning": "r" * 400, "finish_reason": "length", "usage": False}])
+    with FakeLLMServer(cas) as srv:
+        call = _client().complete(MSGS, model=_spec(srv))
+    assert call.ok and call.response == "" and call.finish_reason == "length"
+    assert call.tokens_out == estimate_tokens("r" * 400) == call.reasoning_tokens
