@@ -55,6 +55,7 @@ from mutators.client import ChatClient, LLMCall, LLMConfigError, ModelSpec
 from mutators.health import ModelHealth, NoModelLeft, StopSink
 from mutators.patch import (
     UnmatchedBlock,
+    strip_reasoning,
     apply_blocks,
     extract_whole_file,
     parse_blocks,
@@ -194,21 +195,28 @@ AttemptSink = Callable[[AttemptRecord], None]
 
 
 class ModelBandit:
-    """UCB1 over models; reward = fitness improvement per dollar, prior from the weights.
+    """UCB1 over models; value = fitness gained per dollar, with a floor on the dollars.
 
-    Each arm starts with ``prior_n`` pseudo-pulls of normalised value ``0.5 * weight /
-    max(weight)``. A pull is counted when :meth:`choose` picks the arm (so results still in
-    flight spread proposals instead of piling onto one arm); :meth:`update` adds the value
-    ``max(0, reward) / (cost + cost_floor_usd)`` of a finished pull. Values are normalised by
-    the largest single value seen, so they stay in [0, 1] whatever the currency of the
-    rewards. Score = mean + ``c * sqrt(2 ln(N + 1) * w / n)`` with ``w = weight /
-    max(weight)``: the weights also scale exploration, so while no reward has come back
-    proposals are spread in proportion to the weights. Ties are broken by ``rng``. Models of
-    weight 0 are never chosen.
+    A pull is counted when :meth:`choose` picks the arm (so results still in flight spread
+    proposals instead of piling onto one arm); :meth:`update` adds a finished pull's gain
+    (``max(0, reward)``) and cost. An arm's rate is ``sum(gain) / sum(max(cost, floor))``
+    with ``floor = max(cost_floor_usd, floor_fraction * mean cost of the priced pulls so
+    far)``: a free (or nearly free) model is charged as if each call cost a fraction of a
+    typical paid call, so it wins only when it gains at least that fraction as much per
+    call. (A fixed $0.0001 floor let a free model take 213 of 300 pulls for 0.32 total
+    gain against 7.4 for the paid one.) Rates are normalised by the best arm's rate, so
+    values stay in [0, 1] whatever the currency.
+
+    Each arm starts with ``prior_n`` pseudo-pulls of value ``0.5 * weight / max(weight)``.
+    Score = mean + ``c * sqrt(2 ln(N + 1) * w / n)`` with ``w = weight / max(weight)``: the
+    weights also scale exploration, so while no reward has come back proposals are spread
+    in proportion to the weights. Ties are broken by ``rng``. Models of weight 0 are never
+    chosen.
     """
 
     def __init__(
-        self, models: Sequence[ModelSpec], *, c: float = 1.0, prior_n: float = 1.0, cost_floor_usd: float = 1e-4
+        self, models: Sequence[ModelSpec], *, c: float = 1.0, prior_n: float = 1.0, cost_floor_usd: float = 1e-4,
+        floor_fraction: float = 0.25,
     ) -> None:
         active = [m for m in models if m.weight > 0]
         if not active:
@@ -218,17 +226,20 @@ class ModelBandit:
         names = [m.name for m in active]
         if len(set(names)) != len(names):
             raise LLMConfigError(f"model names must be unique, got {names}")
+        if not 0 <= floor_fraction <= 1:
+            raise ValueError(f"floor_fraction={floor_fraction}: must be within [0, 1]")
         self.models = tuple(active)
         self.c = c
         self.prior_n = prior_n
         self.cost_floor_usd = cost_floor_usd
+        self.floor_fraction = floor_fraction
         wmax = max(m.weight for m in active)
         self._prior = {m.name: 0.5 * m.weight / wmax for m in active}
         self._share = {m.name: m.weight / wmax for m in active}
         self._pulls = {m.name: 0 for m in active}
-        self._value = {m.name: 0.0 for m in active}
-        self._cost = {m.name: 0.0 for m in active}
-        self._scale = 0.0
+        self._gain = {m.name: 0.0 for m in active}
+        self._costs: dict[str, list[float]] = {m.name: [] for m in active}
+        self._lock = threading.Lock()
 
     def _arm(self, model: ModelSpec | str) -> str:
         name = model if isinstance(model, str) else model.name
@@ -236,42 +247,61 @@ class ModelBandit:
             raise KeyError(f"unknown model {name!r}; bandit arms: {', '.join(self._pulls)}")
         return name
 
+    def floor(self) -> float:
+        """The per-pull cost floor now (see class docstring)."""
+        priced = [c for cs in self._costs.values() for c in cs if c > 0]
+        typical = sum(priced) / len(priced) if priced else 0.0
+        return max(self.cost_floor_usd, self.floor_fraction * typical)
+
+    def rates(self) -> dict[str, float]:
+        """Gain per (floored) dollar of each arm's finished pulls (0 before any)."""
+        fl = self.floor()
+        return {n: (self._gain[n] / sum(max(c, fl) for c in cs)) if cs and fl > 0 else 0.0
+                for n, cs in self._costs.items()}
+
     def scores(self) -> dict[str, float]:
+        rates = self.rates()
+        best = max(rates.values(), default=0.0)
         total = sum(self._pulls.values())
         out = {}
         for m in self.models:
             n = self.prior_n + self._pulls[m.name]
-            norm = self._value[m.name] / self._scale if self._scale > 0 else 0.0
-            mean = (self.prior_n * self._prior[m.name] + norm) / n
+            norm = rates[m.name] / best if best > 0 else 0.0
+            done = len(self._costs[m.name])
+            # pulls still in flight count as 0 until they report (as the prior pseudo-pulls do)
+            mean = (self.prior_n * self._prior[m.name] + done * norm) / n
             share = self._share[m.name]
             out[m.name] = mean + self.c * math.sqrt(2.0 * math.log(total + 1.0) * share / n)
         return out
 
     def choose(self, rng: random.Random, among: Sequence[str] | None = None) -> ModelSpec:
         """Pick an arm (of ``among``, default all) and count the pull."""
-        s = self.scores()
-        arms = [m for m in self.models if among is None or m.name in among]
-        if not arms:
-            raise LLMConfigError(f"no bandit arm among {list(among or [])}; arms: {', '.join(self._pulls)}")
-        best = max(s[m.name] for m in arms)
-        ties = [m for m in arms if s[m.name] >= best - 1e-12]
-        pick = ties[0] if len(ties) == 1 else rng.choice(ties)
-        self._pulls[pick.name] += 1
-        return pick
+        with self._lock:
+            s = self.scores()
+            arms = [m for m in self.models if among is None or m.name in among]
+            if not arms:
+                raise LLMConfigError(f"no bandit arm among {list(among or [])}; arms: {', '.join(self._pulls)}")
+            best = max(s[m.name] for m in arms)
+            ties = [m for m in arms if s[m.name] >= best - 1e-12]
+            pick = ties[0] if len(ties) == 1 else rng.choice(ties)
+            self._pulls[pick.name] += 1
+            return pick
 
     def update(self, model: ModelSpec | str, reward: float, cost: float) -> None:
         name = self._arm(model)
-        v = max(0.0, float(reward)) / (max(0.0, float(cost)) + self.cost_floor_usd)
-        self._value[name] += v
-        self._cost[name] += max(0.0, float(cost))
-        self._scale = max(self._scale, v)
+        with self._lock:
+            self._gain[name] += max(0.0, float(reward)) if math.isfinite(reward) else 0.0
+            self._costs[name].append(max(0.0, float(cost)))
 
     def stats(self) -> dict[str, dict[str, float]]:
-        s = self.scores()
-        return {
-            m.name: {"pulls": self._pulls[m.name], "value": self._value[m.name], "cost": self._cost[m.name], "score": s[m.name]}
-            for m in self.models
-        }
+        with self._lock:
+            s, r = self.scores(), self.rates()
+            return {
+                m.name: {"pulls": self._pulls[m.name], "finished": len(self._costs[m.name]),
+                         "gain": self._gain[m.name], "cost": sum(self._costs[m.name]), "rate": r[m.name],
+                         "score": s[m.name]}
+                for m in self.models
+            }
 
 
 # --------------------------------------------------------------------------------------
@@ -427,8 +457,10 @@ class LLMMutator:
     def observe(self, candidate_id: str, fitness: float | None) -> None:
         """Report the evaluated fitness of a child this mutator proposed (feeds the bandit).
 
-        Reward = ``max(0, fitness - baseline)``, baseline = the parent's fitness (0 for
-        repair and genesis); an incorrect child earns 0. Unknown ids are ignored.
+        Reward = ``max(0, fitness - baseline)``; baseline = the parent's fitness for optimize,
+        the fitness of the nearest correct ancestor for repair (a repair is credited with what
+        its repaired lineage gained over the last correct kernel, not with the whole speedup),
+        0 for genesis. An incorrect child earns 0. Unknown ids are ignored.
         """
         entry = self._pending.pop(candidate_id, None)
         if entry is None:
@@ -472,7 +504,7 @@ class LLMMutator:
         if pid is not None:
             self._unmatched.pop(pid, None)
         assert cid is not None
-        self._pending[cid] = (model.name, parent.fitness if parent is not None and parent.correct else 0.0, call.cost)
+        self._pending[cid] = (model.name, self._baseline(kind, parent), call.cost)
         while len(self._pending) > self._pending_max:
             self._pending.popitem(last=False)
         rec = AttemptRecord(kind=kind, parent_id=pid, model=model.name, ok=True, prompt_hash=call.prompt_hash,
@@ -555,15 +587,21 @@ class LLMMutator:
     ) -> tuple[list[str], tuple[UnmatchedBlock, ...], str | None]:
         if call.error is not None:
             return [f"call failed: {call.error}"], (), None
-        text = call.response or ""
-        if len(text.encode("utf-8")) > self.max_response_bytes:
-            return [f"answer too large: {len(text.encode('utf-8'))} bytes > {self.max_response_bytes}"], (), None
+        raw = call.response or ""
+        if len(raw.encode("utf-8")) > self.max_response_bytes:
+            return [f"answer too large: {len(raw.encode('utf-8'))} bytes > {self.max_response_bytes}"], (), None
+        text, think_note = strip_reasoning(raw)
+        cut = call.finish_reason == "length"
         if not text.strip():
+            if think_note or (cut and raw.strip()):
+                return [f"empty answer: {think_note or 'only reasoning came back'}; the answer was cut at "
+                        "max_output_tokens before any code"], (), None
+            if cut or call.reasoning_tokens:
+                return [f"empty answer: the model spent its output tokens ({call.tokens_out}, "
+                        f"{call.reasoning_tokens} of them reasoning) before writing an answer (finish_reason "
+                        f"{call.finish_reason}); raise max_output_tokens or lower reasoning_effort"], (), None
             return ["empty answer"], (), None
-        if call.finish_reason == "length":
-            note = " (the answer was cut at max_tokens)"
-        else:
-            note = ""
+        note = " (the answer was cut at max_output_tokens)" if cut else ""
         if kind == "genesis":
             whole = extract_whole_file(text)
             if whole is None:
@@ -587,6 +625,15 @@ class LLMMutator:
             self._remember(parent.id, res.unmatched)
             return [f"{len(res.unmatched)} of {len(parsed.blocks)} SEARCH blocks matched nowhere"], res.unmatched, None
         return validate_child(parent.candidate.source, res.source), (), res.source
+
+    def _baseline(self, kind: str, parent: Member | None) -> float:
+        """What a child must beat to earn bandit reward (see :meth:`observe`)."""
+        if parent is None:
+            return 0.0
+        if parent.correct and parent.fitness is not None:
+            return float(parent.fitness)
+        fits = [f for _, f in self.provider.history(parent.id) if f is not None]
+        return float(fits[-1]) if fits else 0.0
 
     def _params_for(self, child: str, parent: Member | None) -> dict[str, str]:
         """The parent's tunable values that the child still declares and allows."""

@@ -41,6 +41,7 @@ __all__ = [
     "render_blocks",
     "apply_blocks",
     "extract_whole_file",
+    "strip_reasoning",
     "validate_child",
     "evo_launch_signature",
     "ABI_PARAM_TYPES",
@@ -176,6 +177,32 @@ def render_blocks(blocks: list[Block] | tuple[Block, ...]) -> str:
 
 def _ensure_nl(s: str) -> str:
     return s if not s or s.endswith("\n") else s + "\n"
+
+
+_THINK_TAGS = "think|thinking|reasoning"
+_THINK_BLOCK_RE = re.compile(rf"<({_THINK_TAGS})>.*?</\1>[ \t]*\n?", re.DOTALL | re.IGNORECASE)
+_THINK_OPEN_RE = re.compile(rf"<(?:{_THINK_TAGS})>", re.IGNORECASE)
+_THINK_CLOSE_RE = re.compile(rf"</(?:{_THINK_TAGS})>[ \t]*\n?", re.IGNORECASE)
+
+
+def strip_reasoning(text: str) -> tuple[str, str]:
+    """``(answer, note)``: the answer without ``<think>...</think>`` reasoning.
+
+    Removes every closed ``<think>`` (``<thinking>``, ``<reasoning>``) block; a lone
+    ``</think>`` drops everything before it (chat templates that open the block in the
+    prompt, as Qwen3 and DeepSeek-R1 do); an unclosed ``<think>`` drops everything after it
+    and ``note`` says the answer was cut inside its reasoning. ``note`` is "" otherwise.
+    """
+    out = _THINK_BLOCK_RE.sub("", text)
+    note = ""
+    close = _THINK_CLOSE_RE.search(out)
+    if close is not None and not _THINK_OPEN_RE.search(out[: close.start()]):
+        out = out[close.end():]
+    opened = _THINK_OPEN_RE.search(out)
+    if opened is not None:
+        out = out[: opened.start()]
+        note = "the answer ended inside an unclosed <think> block (the reasoning used up the output budget)"
+    return out, note
 
 
 _WHOLE_FENCE_RE = re.compile(r"```[ \t]*(cuda|cu|cpp|c\+\+|cxx|c|cc|h|hpp)?[ \t]*\n(.*?)\n[ \t]*```", re.DOTALL | re.IGNORECASE)

@@ -287,7 +287,7 @@ def test_bandit_shifts_to_the_model_that_pays_off():
         # m1 improves fitness by 0.2 for $0.01; m0 never improves
         b.update(m, 0.2 if m.name == "m1" else 0.0, 0.01)
     assert counts["m1"] > 3 * counts["m0"]
-    assert b.stats()["m1"]["value"] > 0 == b.stats()["m0"]["value"]
+    assert b.stats()["m1"]["gain"] > 0 == b.stats()["m0"]["gain"]
 
 
 def test_bandit_reward_is_per_dollar():
@@ -308,7 +308,7 @@ def test_observe_feeds_the_bandit(rig_factory):
 
     cid = candidate_id(prop.source, canonical_params(prop.params), TASK)
     rig.mut.observe(cid, 2.0)
-    assert rig.mut.bandit.stats()["fake"]["value"] > 0
+    assert rig.mut.bandit.stats()["fake"]["gain"] > 0
     rig.mut.observe("unknown-id", 3.0)  # ignored
 
 
