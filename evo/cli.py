@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.logging import RichHandler
 from rich.table import Table
 
 log = logging.getLogger(__name__)
@@ -33,6 +32,7 @@ app = typer.Typer(
 from evo.cli_common import (  # noqa: E402
     DbOpt,
     JsonOpt,
+    ProgressOpt,
     console,
     err_console,
 )
@@ -44,13 +44,11 @@ from evo.cli_common import open_reader as _open_reader  # noqa: E402
 
 
 def _setup_logging(verbose: int) -> None:
-    level = logging.WARNING - 10 * verbose
-    logging.basicConfig(
-        level=max(level, logging.DEBUG),
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
+    # One line per record on the terminal (own packages; errors from anyone); everything,
+    # third-party start-up notices included, in the log file (evo.cli_common.setup_logging).
+    from evo.cli_common import setup_logging
+
+    setup_logging(verbose)
 
 
 @app.callback()
@@ -101,7 +99,15 @@ def search(
     from evo import search as engine_mod
 
     if dry_run:
-        report = engine_mod.dry_run(cfg)
+        from evo.progress import StepProgress, progress_enabled
+
+        try:
+            with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,
+                              enabled=progress_enabled(progress)) as bar:
+                report = engine_mod.dry_run(cfg, resume=resume,
+                                            on_progress=lambda t, i, n: bar.update(t, i, n))
+        except engine_mod.SearchError as e:
+            _fail(str(e))
         _print_dry_run(report)
         raise typer.Exit(0 if report["ok"] else 1)
 
@@ -126,9 +132,10 @@ def search(
 
 
 def _print_dry_run(report: dict) -> None:
-    t = Table(title="dry run: seeds through policy and compile (no GPU used)")
-    for col in ("task", "policy", "compile", "seconds", "note"):
-        t.add_column(col)
+    from evo.cli_common import table
+
+    t = table("dry run: seeds through policy and compile (no GPU used)",
+              [("task", "id"), ("policy", "word"), ("compile", "word"), ("seconds", "num"), "note"])
     for row in report["seeds"]:
         t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
     console.print(t)
@@ -138,9 +145,9 @@ def _print_dry_run(report: dict) -> None:
 def _print_best(best: dict) -> None:
     if not best:
         return
-    t = Table(title="best per task")
-    for col in ("task", "candidate", "speedup", "operator"):
-        t.add_column(col)
+    from evo.cli_common import table
+
+    t = table("best per task", [("task", "id"), ("candidate", "id"), ("speedup", "num"), "operator"])
     for task, row in sorted(best.items()):
         t.add_row(task, row["id"][:12], _fmt(row["fitness"]), row["operator"])
     console.print(t)
@@ -155,25 +162,21 @@ def runs(db: Optional[str] = DbOpt, as_json: bool = JsonOpt) -> None:
 
     Example: evo runs --db runs/evo.db --json
     """
+    from evo.cli_inspect import render_runs
+
     with _open_reader(db) as store:
         rows = store.list_runs()
     if as_json:
         _emit_json(rows)
         return
-    t = Table(title=f"runs in {_db_path(db)}")
-    for col in ("run", "name", "created", "status", "candidates", "evaluated"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(str(r["id"]), str(r.get("name", "")), str(r.get("created", "")), str(r.get("status", "")),
-                  str(r.get("n_candidates", "")), str(r.get("n_evaluated", "")))
-    console.print(t)
+    console.print(render_runs(rows, f"runs in {_db_path(db)}"))
 
 
 @app.command()
 def top(
-    run: str = typer.Argument(..., help="Run id (see `evo runs`)."),
-    task: Optional[str] = typer.Option(None, "--task", help="Only this task."),
-    k: int = typer.Option(10, "-k", help="How many per task."),
+    run: str = typer.Argument(..., help="Run id or unique prefix (see `evo runs`)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Only this task (one of the run's)."),
+    k: int = typer.Option(10, "-k", help="How many per task (>= 1)."),
     db: Optional[str] = DbOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -181,29 +184,14 @@ def top(
 
     Example: evo top r-20261130-1342-ab12 --task kb23_softmax -k 5
     """
-    from evo.store import StoreError
+    from evo.cli_inspect import render_top, top_data
 
     with _open_reader(db) as store:
-        try:
-            store.get_run(run)
-            rows = store.top_k(run, task=task, k=k)
-        except StoreError as e:
-            _fail(str(e))
-    data = [
-        {"id": c.id, "task": c.task, "fitness": f, "operator": c.operator, "island": c.island,
-         "generation": c.generation, "params": dict(c.params)}
-        for c, f in rows
-    ]
+        run_id, data = top_data(store, run, task, k)
     if as_json:
         _emit_json(data)
         return
-    t = Table(title=f"top kernels of {run}")
-    for col in ("task", "candidate", "speedup", "operator", "island", "gen", "params"):
-        t.add_column(col)
-    for d in data:
-        t.add_row(d["task"], d["id"][:12], _fmt(d["fitness"]), d["operator"], str(d["island"]),
-                  str(d["generation"]), " ".join(f"{k}={v}" for k, v in d["params"].items()))
-    console.print(t)
+    console.print(render_top(run_id, data))
 
 
 @app.command()
@@ -245,11 +233,13 @@ def _on_candidate(db: Optional[str], id: str, fn) -> None:
     (unknown or ambiguous id with near matches) become one clean error line."""
     from evo.store import StoreError
 
+    from evo.cli_common import store_error_text
+
     with _open_reader(db) as store:
         try:
             fn(store, store.resolve_id(id))
         except StoreError as e:
-            _fail(str(e))
+            _fail(store_error_text(e))
 
 
 # --------------------------------------------------------------------------- tasks / check
@@ -278,21 +268,16 @@ def tasks(
         spec = gpus.get_gpu(gpu) if gpu else (gpus.detect_gpu() or gpus.get_gpu("H200"))
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
+    from evo.cli_inspect import check_family, render_tasks, tasks_json
+
     rows = T.task_table(spec)
     if family:
-        if family not in T.families():
-            _fail(f"unknown family {family!r}; known: {', '.join(T.families())}")
+        check_family(family, T.families(), task_file)
         rows = [r for r in rows if r["family"] == family]
     if as_json:
-        _emit_json({"gpu": spec.name, "tasks": rows})
+        _emit_json({"gpu": spec.name, "tasks": tasks_json(rows)})
         return
-    t = Table(title=f"tasks (speed-of-light on {spec.name})")
-    for col in ("task", "family", "dtype", "benchmark shape", "shapes checked", "SOL ms"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], r["family"], r["dtype"], str(r["bench_shape"]), str(r["n_shapes"]),
-                  _fmt(r["sol_ms"], 4))
-    console.print(t)
+    console.print(render_tasks(rows, spec.name))
 
 
 @app.command()
@@ -425,8 +410,9 @@ def tune(
     id: str = typer.Argument(..., help="Candidate id or unique prefix (a correct kernel with tunables)."),
     trials: int = typer.Option(16, "--trials", help="Evaluated trials to run in this session."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
-    run: Optional[str] = typer.Option(None, "--run", help="Run to record trials in (default: the candidate's latest run)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run (id or prefix) to record trials in (default: the candidate's latest run)."),
     db: Optional[str] = DbOpt,
+    progress: bool = ProgressOpt,
 ) -> None:
     """Tune a kernel's declared tunables with Optuna (TPE), resuming its study if one exists.
 
@@ -440,7 +426,15 @@ def tune(
     from evo.store import Store, StoreError
     from evo.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
 
+    from evo.cli_common import store_error_text
+    from evo.progress import StepProgress, progress_enabled
+    from evo.status import resolve_run
+
+    if trials < 1:
+        _fail(f"--trials {trials}: must be at least 1")
     path = _db_path(db)
+    if not Path(path).is_file():  # Store(path) would create an empty database
+        _fail(f"lineage database not found: {path} (pass --db, or run `evo search` first)")
     cs, hs = _stage_settings(config)
     try:
         store = Store(path)
@@ -450,21 +444,35 @@ def tune(
         try:
             cid = store.resolve_id(id)
             cand = store.get_candidate(cid)
-            run_id = run or _latest_run_of(store, cid)
+            run_id = resolve_run(store, run) if run else _latest_run_of(store, cid)
             ev = store.get_evaluation(cid, run_id)
+            store.acquire_lease(run_id)  # one writer per run: not while a search of it is live
         except StoreError as e:
-            _fail(str(e))
+            _fail(store_error_text(e))
         if ev is None or not ev.correct:
             _fail(f"{cid[:12]} has no correct evaluation in run {run_id}; tune a correct kernel (see `evo top {run_id}`)")
         if not gpu_available():
             _fail("no CUDA GPU found on this machine: tuning trials are evaluated on the GPU. Run `evo tune` "
                   "on a GPU machine, or enable [tuning] in a search config.")
+        from dataclasses import replace as _replace
+
+        from evo.tasks.user import TaskFileError, load_run_task_files
+
+        try:  # trials of a user task: every trial's child imports the run's task files
+            hs = _replace(hs, task_files=load_run_task_files(store.get_run(run_id).get("config"), run_id))
+        except TaskFileError as e:
+            _fail(str(e))
         evaluate = make_local_evaluate(cs, hs)
+        bar = StepProgress(f"tuning {cid[:12]}: trial", trials, enabled=progress_enabled(progress))
+        n_done = [0]
 
         def evaluate_and_record(c):
+            bar.update(c.short_id, n_done[0])
             store.add_candidate(run_id, c)
             e = evaluate(c)
             store.add_evaluation(run_id, e)
+            n_done[0] += 1
+            bar.update(c.short_id, n_done[0])
             return e
 
         try:
@@ -474,7 +482,8 @@ def tune(
                                                                           r.value, r.status, r.candidate_id))
         except TuningError as e:
             _fail(str(e))
-        summary = tune_once(study, evaluate_and_record)
+        with bar:
+            summary = tune_once(study, evaluate_and_record)
     console.print(f"study {summary.study}: {summary.evaluated} trial(s) evaluated; parent "
                   f"{_fmt(summary.parent_fitness)}x, best {_fmt(summary.best_fitness)}x "
                   f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
@@ -493,7 +502,7 @@ def _latest_run_of(store, cid: str) -> str:
 def bench(
     task: list[str] = typer.Option([], "--task", help="Benchmark this task's seed (repeatable)."),
     family: Optional[str] = typer.Option(None, "--family", help="Benchmark the seeds of a whole family."),
-    run: Optional[str] = typer.Option(None, "--run", help="Benchmark this run's champions instead of seeds."),
+    run: Optional[str] = typer.Option(None, "--run", help="Benchmark this run's champions instead of seeds (id or prefix)."),
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", help="Markdown table to write."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
     jobs: int = typer.Option(os.cpu_count() or 4, "--jobs", help="Parallel compiles."),
@@ -502,6 +511,7 @@ def bench(
     profile_misses: bool = typer.Option(
         False, "--profile-misses", help="Profile (ncu) each task that misses its --targets minimum; say why."),
     db: Optional[str] = DbOpt,
+    progress: bool = ProgressOpt,
 ) -> None:
     """Re-measure champions (--run) or seeds (--task/--family) against their torch references
     in one run, one fresh process per kernel, and write a results table naming GPU, driver,
@@ -531,11 +541,20 @@ def bench(
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     if run:
+        from evo.cli_common import resolve_run
+
+        from dataclasses import replace as _replace
+
+        from evo.tasks.user import TaskFileError, load_run_task_files
+
         with _open_reader(db) as store:
+            run = resolve_run(store, run)
             try:
-                cands = run_candidates(store, store.get_run(run)["id"], set(names) or None)
-            except StoreError as e:
+                files = load_run_task_files(store.get_run(run).get("config"), run)
+                cands = run_candidates(store, run, set(names) or None)
+            except (StoreError, TaskFileError) as e:
                 _fail(str(e))
+        hs = _replace(hs, task_files=files)  # every bench child imports the run's task files
         title = f"Champions of run {run} vs PyTorch references"
     else:
         cands = seed_candidates(names or T.task_names())
@@ -551,11 +570,16 @@ def bench(
         from evo.config import load_config
 
         ps = load_config(config).profile_settings() if config is not None else ProfileSettings()
-    rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,
-                     profile_settings=ps,
-                     on_row=lambda r: console.print(
-                         f"{r.task:24s} {r.shape:32s} {r.status:10s} "
-                         f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False))
+    from evo.progress import StepProgress, progress_enabled
+
+    with StepProgress("bench", len(cands), enabled=progress_enabled(progress)) as bar:
+        rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,
+                         profile_settings=ps,
+                         on_row=lambda r: console.print(
+                             f"{r.task:24s} {r.shape:32s} {r.status:10s} "
+                             f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False),
+                         on_progress=lambda step, i, n: bar.update(
+                             {"compile": "compiling", "done": "done"}.get(step, f"measuring {step}"), i, n))
     console.print(f"wrote {out} ({len(rows)} rows)")
     raise typer.Exit(0 if all(r.status == "ok" for r in rows) else 1)
 
@@ -612,7 +636,26 @@ def _stage_settings(config: Optional[Path]):
 
 
 def main() -> None:  # console script entry point
-    app()
+    try:
+        app()
+    except Exception as e:
+        # A store failure no command caught (a damaged database file, found mid-query) is
+        # one line naming the file and the fix, not a traceback.
+        from rich.markup import escape
+
+        from evo.store import CorruptDatabaseError, StoreError, is_corruption
+
+        if isinstance(e, StoreError):
+            msg = str(e)
+        elif is_corruption(e):
+            argv = sys.argv[1:]
+            db = next((a.split("=", 1)[1] for a in argv if a.startswith("--db=")), None)
+            db = db or next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--db"), None)
+            msg = str(CorruptDatabaseError(_db_path(db), e))
+        else:
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -554,6 +554,29 @@ def _io_dims(task: "Task") -> tuple[list[tuple[str, ...]] | None, list[tuple] | 
     return None, outs, n
 
 
+def _output_dtypes(task: "Task", in_dims: list[tuple] | None) -> list[str] | None:
+    """Per output, the dtype the op returns: the task dtype for floating outputs, the
+    reference's own for integer / boolean ones (argmax indices, masks), found by running the
+    reference on meta tensors of the smallest shape. None: every output in the task dtype
+    (the inputs' dims are unknown, or the reference does not run on meta tensors)."""
+    import torch
+
+    from evo.tasks.inputs import TensorInputs
+
+    if in_dims is None:
+        return None
+    in_dtype = task.make_inputs.dtype if isinstance(task.make_inputs, TensorInputs) else task.dtype
+    shape = min(task.shapes, key=lambda s: task.bytes(s))
+    try:
+        metas = [torch.empty(tuple(shape[d] if isinstance(d, str) else d for d in dims),
+                             dtype=getattr(torch, in_dtype), device="meta") for dims in in_dims]
+        outs = task.reference(*metas)
+    except Exception:  # noqa: BLE001 - a reference that needs real data: assume floating outputs
+        return None
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return [task.dtype if o.is_floating_point() else str(o.dtype).replace("torch.", "") for o in outs]
+
+
 def _timings(ev: Evaluation) -> dict[str, Any]:
     t = ev.stage("timing")
     if t is None:
@@ -717,6 +740,7 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
         task_description="\nTask: " + textwrap.fill(task.description, 88),
         inputs_repr=repr([(n, tuple(dims)) for n, dims in zip(names, in_dims)]),
         outputs_repr=repr(out_dims), scalars_repr=repr(tuple(float(s) for s in task.scalars)),
+        output_dtypes_repr=repr(_output_dtypes(task, in_dims)),
         arches_repr=repr(arches),
         params_annotated=", ".join(f"{n}: torch.Tensor" for n in names),
         params_plain=", ".join(names), params_tuple=", ".join(names) + ("," if len(names) == 1 else ""),
@@ -798,6 +822,7 @@ def export(
     compile_settings: "CompileSettings | None" = None,
     arch: str | None = None,
     build: bool = True,
+    on_task: Callable[[str, int, int], None] | None = None,
 ) -> ExportResult:
     """Export a run's champions (``target`` = run id) or one kernel (``target`` = candidate
     id), prefixes accepted, into ``out_dir`` (see the module docstring for the layout).
@@ -805,27 +830,43 @@ def export(
     ``tasks`` limits a run export to those tasks. The .so is built with ``compile_settings``
     (default: the run config's ``[compile]`` section) for ``arch`` (default: its
     ``compile.arch``); ``build=False`` writes everything but the .so. Returns an
-    :class:`ExportResult`; tasks without a correct candidate are in ``skipped``.
+    :class:`ExportResult`; tasks without a correct candidate are in ``skipped``. When no
+    task has anything to export, raises :class:`ExportError` saying why for each task and
+    writes nothing (no directory, no ``export.json``). ``on_task(task, done, total)`` is
+    called before each task's export (and once with ``done == total`` at the end): progress.
     """
     run_id, cid = resolve_target(store, target)
     run = store.get_run(run_id)
+    from evo.tasks.user import TaskFileError, load_run_task_files
+
+    try:  # the run's user tasks: their references and inputs go into the export
+        load_run_task_files(run.get("config"), run_id)
+    except TaskFileError as e:
+        raise ExportError(str(e)) from None
     settings = _compile_settings(run, compile_settings, arch)
     out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot create the export directory {out}: {e}") from e
     if cid is not None:
         c = store.get_candidate(cid)
         choices, skipped = [Choice(c.task, cid, "explicit id")], {}
     else:
         choices, skipped = choose_champions(store, run_id, tasks)
+    if not choices:
+        why = "; ".join(skipped.values()) or f"run {run_id} has no candidates"
+        raise ExportError(f"nothing to export from run {run_id}, so nothing was written: {why}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create the export directory {out}: {e}") from e
     exported = []
-    for ch in choices:
+    for i, ch in enumerate(choices):
+        if on_task is not None:
+            on_task(ch.task, i, len(choices))
         try:
             exported.append(_export_one(store, run, ch, out, settings, build))
         except OSError as e:
             raise ExportError(f"cannot write the export of {ch.task} into {out}: {e}") from e
+    if on_task is not None:
+        on_task("", len(choices), len(choices))
     result = ExportResult(run_id, out, tuple(exported), skipped)
     summary = result.as_dict()
     summary["exported_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -198,10 +198,12 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     names = _task_names(cfg)
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
+    run_id = None
     try:
         if resume:
             try:
                 run = store.get_run(resume)
+                store.acquire_lease(run["id"])  # one writer per run: RunLeasedError names the live one
             except StoreError as e:
                 raise SearchError(str(e)) from e
             run_id = run["id"]
@@ -211,7 +213,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             store.set_run_status(run_id, "running")
         else:
             run_id = store.create_run(cfg.run.name, cfg.to_dict(), seed=cfg.run.seed, config_hash=cfg.hash())
-            seed = cfg.run.seed
+            seed = cfg.run.seed  # create_run took the new run's writer lease
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
         seeds = seeds_for(names, cfg.mutator.kind)
@@ -263,6 +265,10 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             if view is not None:
                 view.stop()
             rt.shutdown()
+    except BaseException as e:
+        if run_id is not None:  # a failed start or search leaves no phantom `running` run
+            store.abort_run(run_id, e)
+        raise
     finally:
         store.close()
 

@@ -63,7 +63,9 @@ def test_run_status_counts_failures_best_spend_and_rates(built):
 
 def test_live_run_uses_last_progress_event_and_flags_staleness(tmp_path):
     b = build_run(tmp_path / "evo.db", tmp_path / "cache", finished=False)
-    with Store.open_reader(b.db) as store:
+    # A run is live while its writer holds the run's lease (without one it reads interrupted).
+    with Store(b.db) as writer, Store.open_reader(b.db) as store:
+        writer.acquire_lease(b.run_id)
         live = run_status(store, b.run_id)
         assert live["run"]["status"] == "running" and not live["stale"]
         assert live["progress"]["evals_per_min"] == 12.5 and live["progress"]["in_flight"] == 2

@@ -383,3 +383,51 @@ def test_zero_dim_outputs_work_like_any_other():
     assert check(torch.tensor(2.5, dtype=torch.float32), ref, FP32_ELEMENTWISE, dtype="float32")[0]
     ok, why, _ = check(torch.tensor(float("nan")), ref, FP32_ELEMENTWISE, dtype="float32")
     assert not ok and "non-finite" in why
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_export_of_a_user_task_run_loads_its_task_file_and_keeps_integer_outputs(tmp_path):
+    """`evo export` of a run of user tasks finds the tasks through the run's stored config
+    (no --task-file), and an integer output stays int64 in the exported op and its check."""
+    from evo.export import export
+    from evo.records import Candidate, Evaluation, Operator, StageResult
+    from evo.store import Store
+
+    src = (EXAMPLES / "my_argmax_seed.cu").read_text()
+    cand = Candidate.create("rowargmax", src, {"BLOCK": "256"}, operator=Operator.SEED)
+    ev = Evaluation(cand.id, (StageResult("correctness", Status.OK),
+                              StageResult("timing", Status.OK, metrics={"fitness": 1.1})), 1.1, gpu="NVIDIA H200")
+    db = tmp_path / "evo.db"
+    with Store(db) as store:
+        rid = store.create_run("u", {"tasks": {"files": [str(ARGMAX_TASK)], "include": ["rowargmax"]}},
+                               seed=0, config_hash="h")
+        store.add_candidate(rid, cand)
+        store.add_evaluation(rid, ev)
+        store.set_champion(rid, "rowargmax", cand.id, 1.1, {"confirmed": True})
+    # a fresh process: nothing registered rowargmax before the export
+    code = textwrap.dedent(f"""
+        from evo.export import export
+        from evo.store import Store
+        with Store.open_reader({str(db)!r}) as s:
+            res = export(s, {rid!r}, {str(tmp_path / 'out')!r}, build=False)
+        print(res.exported[0].directory)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = Path(out.stdout.strip().splitlines()[-1])
+    assert "OUTPUT_DTYPES = ['int64']" in (d / "op.py").read_text()
+    check = textwrap.dedent(f"""
+        import importlib.util, torch
+        spec = importlib.util.spec_from_file_location("ref", {str(d / 'reference.py')!r})
+        ref = importlib.util.module_from_spec(spec); spec.loader.exec_module(ref)
+        x = torch.randn(5, 7)
+        want = ref.reference(x.double())
+        assert ref.check(torch.argmax(x, dim=1), want) == (True, "ok")
+        assert not ref.check(torch.argmin(x, dim=1), want)[0]
+        assert not ref.check(torch.argmax(x, dim=1).float(), want)[0]
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-I", "-c", check], capture_output=True, text=True, cwd="/", timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

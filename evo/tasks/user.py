@@ -34,7 +34,8 @@ from typing import Any
 from evo.tasks.base import Task
 from evo.tasks.registry import DuplicateTaskError, InvalidTaskError, register_task, validate_task
 
-__all__ = ["USER_FAMILY", "TaskFileError", "load_task_file", "module_name_for", "seed_path"]
+__all__ = ["USER_FAMILY", "TaskFileError", "load_task_file", "load_run_task_files", "module_name_for",
+           "seed_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -235,3 +236,19 @@ def load_task_file(path: str | os.PathLike[str], *, register: bool = True) -> li
                 raise TaskFileError(f"{p}: {exc}") from exc
     logger.info("loaded %d user task(s) from %s", len(tasks), p)
     return tasks
+
+
+def load_run_task_files(config: Any, run_id: str = "") -> tuple[str, ...]:
+    """Load the user task files a stored run was searched with (its config's ``tasks.files``,
+    absolute since config load) and return their paths, so ``evo bench --run``, ``evo tune``
+    and ``evo export`` know the run's user tasks and hand the files to every child they
+    start. A file that is gone raises :class:`TaskFileError` naming the run and the fix."""
+    tasks = (config or {}).get("tasks") if isinstance(config, dict) else None
+    files = tuple(str(f) for f in ((tasks or {}).get("files") or ()))
+    for f in files:
+        if not Path(f).is_file():
+            who = f"run {run_id}" if run_id else "the run"
+            raise TaskFileError(f"{f}: {who} was searched with this user task file, which is gone; restore "
+                                f"it (same path) to inspect, bench, tune or export the run's user tasks")
+        load_task_file(f)
+    return files
