@@ -14,6 +14,9 @@ as a Markdown table and (``--json``) a JSON line.
 
     python benchmarks/soak.py --evals 10000            # ~2-4 minutes on 2 cores
     python benchmarks/soak.py --evals 500 --json       # what tests/test_faults.py runs
+
+Its working folder (fault markers, the default DB) is a temporary folder removed at the end,
+also after an error or Ctrl-C (``--keep`` keeps it and prints where it is).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -61,9 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--db", default="", help="lineage DB path (default: a temporary file)")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary working folder (printed at the end)")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="evo-soak-"))
+    try:
+        return _soak(args, argv, work)
+    finally:
+        if args.keep:
+            print(f"kept the working folder {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
     fault_dir = work / "faults"
     fault_dir.mkdir()
     os.environ.update(EVO_FAULT_DIR=str(fault_dir), EVO_FAULT_RATE=str(args.fault_rate),
@@ -153,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "integrity": integrity, "rss_samples": samples,
         "rss_growth_after_first_sample_mb": round(growth_after_warmup, 1),
         "marker_kinds": sorted(markers),
+        "work_dir": str(work),  # removed when main() returns, unless --keep
     }
     print("| metric | value |\n|---|---|")
     for k in ("date", "machine", "command", "evaluations", "candidates", "rows_lost", "wall_s", "evals_per_s",

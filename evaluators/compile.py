@@ -26,12 +26,24 @@ canonical params, flags, the ABI header, nvcc version, host compiler version, CU
 version and arch. Writes go to a temporary file then ``os.replace`` (the JSON last, as the
 commit marker), and an ``flock`` per key makes concurrent compiles of the same key from
 several processes wait for one nvcc run instead of repeating it. Successful builds and
-deterministic compile errors are cached; timeouts and resource kills are not.
+deterministic compile errors are cached; timeouts and builds a limit stopped (memory, disk)
+are not (``metrics["resource_failure"]``), and a cached failure written under older
+verdict rules (:data:`VERDICT_RULES`) is rebuilt.
+
+Our failures are raised, never returned as the candidate's verdict (and never cached):
+settings out of range (:func:`check_settings`: ``memory_mb`` 0 or 256..1048576 MB,
+``timeout_s`` in (0, 86400]), a temp directory without room (:data:`DISK_MIN_FREE_MB`,
+checked before and after a failed build), the limit wrapper failing to set its limits or
+to start nvcc (its own tagged line and exit code), and a failure that a limit or the
+toolchain could have caused (out of memory, killed, a loader error, no output) when a
+trivial canary kernel fails to build under the same limits too
+(:class:`CompileInfrastructureError`, :class:`NvccNotFound`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -50,11 +62,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from evaluators.base import CompileSettings
+from evaluators.base import CompileSettings, InfrastructureError
 from evo.records import Candidate, Status, StageResult, canonical_params
 
 __all__ = [
+    "CompileInfrastructureError",
     "CompileOutcome",
+    "CompileSettingsError",
     "CompileStage",
     "CutlassNotFound",
     "NvccNotFound",
@@ -64,6 +78,7 @@ __all__ = [
     "build_command",
     "build_flags",
     "cache_key",
+    "check_settings",
     "compile_candidate",
     "compile_to_file",
     "cutlass_include_dir",
@@ -80,6 +95,22 @@ logger = logging.getLogger(__name__)
 
 #: Bumped when the cache layout or the meaning of cached results changes.
 CACHE_SCHEMA = 1
+#: Version of the rules that decide which failures are the candidate's (and so cacheable).
+#: A cached non-ok entry written under older rules is ignored and rebuilt: before version 2 a
+#: full disk or a too-small memory limit could be cached as a candidate's compile error.
+VERDICT_RULES = 2
+#: ``compile.memory_mb``: 0 (no limit) or within this range (MB). Below ~256 MB nvcc cannot
+#: start at all; far above it the byte count overflows the limit wrapper's C long.
+MEMORY_MB_RANGE = (256, 1 << 20)
+#: ``compile.timeout_s`` upper bound (s).
+TIMEOUT_S_MAX = 24 * 3600.0
+#: Below this much free space in the temp directory a build is not attempted (and a failed
+#: build is our failure, not the candidate's).
+DISK_MIN_FREE_MB = 64
+#: Environment variables nvcc or the host compiler read that change what gets built: part of
+#: the cache key when set (they reach nvcc through the scrubbed environment).
+BUILD_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
+             "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 ERRORS_MAX_LINES = 40
 ERRORS_MAX_BYTES = 4 * 1024
 LOG_MAX_BYTES = 16 * 1024
@@ -88,12 +119,24 @@ _SOURCE_NAME = "candidate.cu"
 _OUTPUT_NAME = "candidate.so"
 
 
-class NvccNotFound(RuntimeError):
+class NvccNotFound(InfrastructureError):
     """nvcc could not be located or run. The message lists where we looked and the fix."""
 
 
-class CutlassNotFound(RuntimeError):
+class CutlassNotFound(InfrastructureError):
     """The nvidia-cutlass wheel (CuTe/CUTLASS headers) is not installed or is incomplete."""
+
+
+class CompileInfrastructureError(InfrastructureError):
+    """The build failed for a reason that is ours, not the candidate's: the temp directory's
+    disk is full, ``compile.memory_mb`` is too small for nvcc to build even a trivial kernel,
+    the limit wrapper could not set its limits or start nvcc. Never cached, never charged to
+    the candidate: the run stops with the message and ``fix``."""
+
+
+class CompileSettingsError(InfrastructureError, ValueError):
+    """A ``[compile]`` setting is out of its allowed range (the message names field, value
+    and range)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,12 +351,36 @@ def _abi_header_sha() -> str:
     return hashlib.sha256((abi_include_dir() / "evo_abi.h").read_bytes()).hexdigest()
 
 
+def _build_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in BUILD_ENV if os.environ.get(k)}
+
+
+def check_settings(settings: CompileSettings) -> None:
+    """Raise :class:`CompileSettingsError` naming every numeric setting out of range
+    (``memory_mb``, ``timeout_s``) and any flag that is not a plain string."""
+    problems = []
+    m = settings.memory_mb
+    lo, hi = MEMORY_MB_RANGE
+    if isinstance(m, bool) or not isinstance(m, int) or not (m == 0 or lo <= m <= hi):
+        problems.append(f"compile.memory_mb = {m!r}: allowed 0 (no limit) or an integer from {lo} to {hi} (MB)")
+    t = settings.timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (0 < t <= TIMEOUT_S_MAX):
+        problems.append(f"compile.timeout_s = {t!r}: allowed a number of seconds > 0 and <= {TIMEOUT_S_MAX:g}")
+    bad_flags = [f for f in settings.extra_flags if not isinstance(f, str) or "\0" in f or "\n" in f]
+    if bad_flags:
+        problems.append(f"compile.extra_flags: {bad_flags!r} are not single-line strings")
+    if problems:
+        raise CompileSettingsError("; ".join(problems), fix="fix the [compile] section of the config")
+
+
 def cache_key(
     source: str, params: Mapping[str, Any] | tuple[tuple[str, str], ...] | None, settings: CompileSettings,
     nvcc_ver: str, cutlass_ver: str, host_cc: str = "",
 ) -> str:
     """sha256 over everything that determines the .so: source, canonical params, flags, the
-    ABI header, nvcc / host compiler / CUTLASS versions and arch."""
+    ABI header, nvcc / host compiler / CUTLASS versions, arch, and the :data:`BUILD_ENV`
+    variables that are set. Not ``memory_mb`` or ``timeout_s``: they do not change a build
+    that succeeds, and a build they stop is never cached."""
     pairs = params if isinstance(params, tuple) else canonical_params(params)
     blob = json.dumps(
         {
@@ -326,6 +393,8 @@ def cache_key(
             "host_cc": host_cc,
             "cutlass": cutlass_ver,
             "arch": settings.arch,
+            # only when set, so keys of the common case did not change when this was added
+            **({"env": env} if (env := _build_env()) else {}),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -515,23 +584,43 @@ def _sanitize(log: str, workdir: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Running nvcc
 
-_LIMIT_WRAPPER = (
-    "import os, resource, sys\n"
-    "lim = int(sys.argv[1])\n"
-    "if lim > 0:\n"
-    "    soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
-    "    if hard != resource.RLIM_INFINITY:\n"
-    "        lim = min(lim, hard)\n"
-    "    resource.setrlimit(resource.RLIMIT_AS, (lim, hard))\n"
-    "try:\n"
-    "    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "except (ValueError, OSError):\n"
-    "    pass\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
+#: First words of every line the limit wrapper itself prints (its own failures, before nvcc).
+_WRAPPER_TAG = "evo-compile-wrapper:"
+#: Exit codes of the limit wrapper's own failures: it could not set its limits / start nvcc.
+_WRAPPER_SETUP_EXIT, _WRAPPER_EXEC_EXIT = 71, 72
+
+# ``python -I -S -c _LIMIT_WRAPPER CONFIG_JSON cmd...``: limits, then exec cmd. Its own
+# failures are tagged and get exit codes of their own, so they are never read as nvcc's.
+_LIMIT_WRAPPER = r'''
+import json, os, resource, sys
+cfg = json.loads(sys.argv[1])
+def die(code, what, e):
+    sys.stdout.write("%s %s: %s\n" % (cfg["tag"], what, e))
+    sys.stdout.flush()
+    os._exit(code)
+try:
+    lim = int(cfg.get("as_bytes", 0))
+    if lim > 0:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            lim = min(lim, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ValueError, OSError):
+        pass
+except BaseException as e:
+    die(cfg["setup_exit"], "setting the limits failed", repr(e))
+try:
+    os.execv(sys.argv[2], sys.argv[2:])
+except BaseException as e:
+    die(cfg["exec_exit"], "cannot start %s" % sys.argv[2], repr(e))
+'''
 
 _OOM_MARKERS = ("out of memory", "bad_alloc", "cannot allocate memory", "memory exhausted",
-                "virtual memory exhausted", "insufficient memory")
+                "virtual memory exhausted", "insufficient memory", "memoryerror", "died due to signal",
+                "failed to map segment")
+_DISK_MARKERS = ("no space left on device", "disk quota exceeded", "file too large")
 
 
 @dataclass(frozen=True)
@@ -548,7 +637,9 @@ def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int) -> 
 
     # nvcc reads machine-written source: it gets no secrets (the LLM key stays in the driver).
     env = dict(scrub_env(os.environ), TMPDIR=cwd, TMP=cwd, TEMP=cwd)
-    argv = [sys.executable, "-I", "-S", "-c", _LIMIT_WRAPPER, str(max(0, int(memory_mb)) * 1024 * 1024), *cmd]
+    cfg = {"as_bytes": max(0, int(memory_mb)) * 1024 * 1024, "tag": _WRAPPER_TAG,
+           "setup_exit": _WRAPPER_SETUP_EXIT, "exec_exit": _WRAPPER_EXEC_EXIT}
+    argv = [sys.executable, "-I", "-S", "-c", _LIMIT_WRAPPER, json.dumps(cfg), *cmd]
     t0 = time.perf_counter()
     with open(log_path, "wb") as log_f:
         proc = subprocess.Popen(
@@ -642,6 +733,8 @@ def _cache_load(cache_dir: str, key: str) -> tuple[StageResult, bytes | None] | 
         if meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key:
             return None
         status = Status(meta["status"])
+        if status is not Status.OK and int(meta.get("verdict_rules", 1)) < VERDICT_RULES:
+            return None  # a failure cached under older rules may have been ours: rebuild
         so = None
         if status is Status.OK:
             so = so_path.read_bytes()
@@ -668,6 +761,7 @@ def _cache_store(cache_dir: str, key: str, result: StageResult, so: bytes | None
         "metrics": result.metrics,
         "artifacts": result.artifacts,
         "so_sha256": hashlib.sha256(so).hexdigest() if so is not None else None,
+        "verdict_rules": VERDICT_RULES,
         "created": time.time(),
     }
     if so is not None:
@@ -702,6 +796,7 @@ def _fail(status: Status, reason: str, key: str, seconds: float, **artifacts: st
 def compile_candidate(candidate: Candidate, settings: CompileSettings) -> CompileOutcome:
     """Build ``candidate`` into a shared object (see the module docstring for the contract)."""
     t0 = time.perf_counter()
+    check_settings(settings)
     params = candidate.params if isinstance(candidate.params, tuple) else canonical_params(candidate.params)
     nvcc = find_nvcc(settings)
     nv_ver = nvcc_version(nvcc)
@@ -726,6 +821,7 @@ def compile_candidate(candidate: Candidate, settings: CompileSettings) -> Compil
             logger.debug("compile cache hit %s (built concurrently) for %s", key[:12], candidate.short_id)
             res, so = hit
             return CompileOutcome(dataclasses.replace(res, seconds=time.perf_counter() - t0), so, key, True)
+        _check_disk(tempfile.gettempdir())
         outcome = _build(candidate, params, settings, nvcc, key, t0)
         if _cacheable(outcome):
             try:
@@ -764,22 +860,27 @@ def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: 
             "compile", Status.TIMEOUT, f"nvcc timed out after {settings.timeout_s:g}s (compile.timeout_s)",
             metrics=metrics, artifacts={**artifacts, "errors": extract_errors(log)}, seconds=seconds), None, key)
     if so is None:
+        _raise_if_ours(run, log, settings, nvcc)
         low = log.lower()
         out_of_memory = any(mk in low for mk in _OOM_MARKERS)
+        out_of_disk = any(mk in low for mk in _DISK_MARKERS)
         killed = run.returncode < 0 or run.returncode in (134, 137, 139)
         errors = extract_errors(log)
         first = next((ln.strip() for ln in errors.splitlines() if "error" in ln.lower()), "")
         limit = f"compile.memory_mb = {settings.memory_mb} MB"
         if out_of_memory:
             reason = f"nvcc ran out of memory under {limit}" + (f": {first[:200]}" if first else "")
+        elif out_of_disk:
+            reason = ("nvcc ran out of disk space for its temporary files while the disk itself has room: "
+                      "the candidate's build output is too large" + (f": {first[:200]}" if first else ""))
         elif killed:
             reason = f"nvcc was killed (exit {run.returncode}); the memory limit ({limit}) is the likely cause"
         elif run.returncode == 0:
             reason = "nvcc exited 0 but produced no shared object"
         else:
             reason = f"nvcc failed (exit {run.returncode}): {first[:300] or 'no error text; see the log'}"
-        oom = out_of_memory or killed
-        metrics["resource_failure"] = bool(oom)
+        # a limit stopped it: the verdict depends on the limit, not only on the source: not cached
+        metrics["resource_failure"] = bool(out_of_memory or out_of_disk or killed)
         return CompileOutcome(StageResult("compile", Status.COMPILE_ERROR, reason, metrics=metrics,
                                           artifacts={**artifacts, "errors": errors}, seconds=seconds), None, key)
     report = parse_ptxas(log)
@@ -794,6 +895,106 @@ def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: 
         artifacts["ptxas_advisories"] = trim_log("\n".join(report.advisories), 4 * 1024)
     return CompileOutcome(StageResult("compile", Status.OK, "", metrics=metrics, artifacts=artifacts,
                                       seconds=seconds), so, key)
+
+
+def _check_disk(directory: str, min_free_mb: int | None = None) -> None:
+    """Raise :class:`CompileInfrastructureError` when ``directory``'s file system has less
+    than ``min_free_mb`` free (or cannot take a file of that size): nvcc's temporary files
+    go there, and a build that fails for lack of space says nothing about the candidate."""
+    min_free_mb = DISK_MIN_FREE_MB if min_free_mb is None else min_free_mb
+    need = min_free_mb * 1024 * 1024
+    try:
+        st = os.statvfs(directory)
+        free = st.f_bavail * st.f_frsize
+    except OSError as exc:
+        raise CompileInfrastructureError(
+            f"the compile temp directory {directory} is not usable: {exc}",
+            fix="point TMPDIR at a writable directory") from exc
+    ok = free >= need
+    if ok:
+        # free blocks are not always this user's (quotas): reserve a little for real
+        try:
+            with tempfile.TemporaryFile(dir=directory) as f:
+                os.posix_fallocate(f.fileno(), 0, min(need, 1 << 20))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                ok = False
+            # EOPNOTSUPP / EINVAL: a file system without fallocate; statvfs has to do
+    if not ok:
+        raise CompileInfrastructureError(
+            f"the compile temp directory {directory} has {free / 2**20:.0f} MB free, less than the "
+            f"{min_free_mb} MB nvcc needs: a build there fails whatever the candidate",
+            fix="free space there, or point TMPDIR at a disk with room")
+
+
+#: A kernel any working toolchain builds under any sane limit (the canary of _raise_if_ours).
+_CANARY_SOURCE = (
+    "// evo canary: a build that fails on this says the toolchain or its limits are broken\n"
+    '#include "evo_abi.h"\n'
+    "__global__ void evo_canary_kernel(float* p) { if (p) p[threadIdx.x] = 0.f; }\n"
+    "EVO_EXPORT int evo_launch(const EvoTensor* in, int n_in, EvoTensor* out, int n_out,\n"
+    "                          const double* scalars, int n_scalars, cudaStream_t stream) {\n"
+    "  evo_canary_kernel<<<1, 32, 0, stream>>>(nullptr);\n"
+    "  return 0;\n"
+    "}\n"
+)
+#: (nvcc, flags, memory_mb) whose canary built in this process: asked once.
+_canary_ok: set[tuple[str, tuple[str, ...], int]] = set()
+
+
+def _canary_failure(settings: CompileSettings, nvcc: str) -> str | None:
+    """Build the canary under ``settings``'s limits; None when it builds, else why not."""
+    key = (nvcc, tuple(build_flags(settings)), int(settings.memory_mb))
+    if key in _canary_ok:
+        return None
+    with tempfile.TemporaryDirectory(prefix="evo-nvcc-canary-") as work:
+        with open(os.path.join(work, _SOURCE_NAME), "w", encoding="utf-8") as f:
+            f.write(_CANARY_SOURCE)
+        cmd = build_command(nvcc, _SOURCE_NAME, _OUTPUT_NAME, settings)
+        run = _run_limited(cmd, work, min(float(settings.timeout_s), 300.0), settings.memory_mb)
+        built = run.returncode == 0 and os.path.isfile(os.path.join(work, _OUTPUT_NAME))
+        log = _sanitize(run.log, work)
+    if built:
+        _canary_ok.add(key)
+        return None
+    if run.returncode is None:
+        return f"it timed out after {min(float(settings.timeout_s), 300.0):g} s"
+    first = next((ln.strip() for ln in log.splitlines() if ln.strip()), "no output")
+    return f"exit {run.returncode}: {first[:300]}"
+
+
+def _raise_if_ours(run: _Run, log: str, settings: CompileSettings, nvcc: str) -> None:
+    """Raise :class:`CompileInfrastructureError` when a failed build is our failure.
+
+    In order: the limit wrapper's own failure (its tagged line and exit code: no candidate
+    output can produce both); a temp disk without room now; then, for a failure that a limit
+    or the toolchain could have caused (out of memory, killed, the loader failing, no output
+    at all), a trivial kernel built under the same limits: if that fails too, the limits or
+    the toolchain are broken (e.g. ``compile.memory_mb`` below what nvcc needs to start) and
+    no candidate could have built. Otherwise the failure is the candidate's.
+    """
+    rc = run.returncode
+    first = log.lstrip().splitlines()[0] if log.strip() else ""
+    if rc in (_WRAPPER_SETUP_EXIT, _WRAPPER_EXEC_EXIT) and first.startswith(_WRAPPER_TAG):
+        what = first[len(_WRAPPER_TAG):].strip()
+        if rc == _WRAPPER_EXEC_EXIT:
+            raise NvccNotFound(f"the compile limit wrapper could not run nvcc: {what}",
+                               fix="check compile.nvcc / CUDA_HOME (is nvcc still installed?)")
+        raise CompileInfrastructureError(f"the compile limit wrapper failed before nvcc ran: {what}",
+                                         fix=f"check compile.memory_mb (now {settings.memory_mb})")
+    _check_disk(tempfile.gettempdir())
+    low = log.lower()
+    suspect = (any(mk in low for mk in _OOM_MARKERS) or rc is None or rc < 0 or rc in (127, 134, 137, 139)
+               or "error while loading shared libraries" in low or not log.strip())
+    if not suspect:
+        return
+    why = _canary_failure(settings, nvcc)
+    if why is not None:
+        raise CompileInfrastructureError(
+            f"nvcc cannot build even a trivial kernel under compile.memory_mb = {settings.memory_mb} MB "
+            f"({why}): the failure of this candidate's build is not its own",
+            fix="raise compile.memory_mb (nvcc with CuTe needs several GB of address space) or check the "
+                "CUDA toolkit with `nvcc --version`")
 
 
 def compile_to_file(

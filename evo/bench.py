@@ -1,7 +1,7 @@
 """Re-measure kernels against their references in one run and write a results table.
 
 Used by ``evo bench`` (champions of a run, or the seeds of chosen tasks) and by
-``benchmarks/seeds.py``. Each kernel is compiled (in parallel, cached) and then checked and
+``benchmarks/lab/seeds.py``. Each kernel is compiled (in parallel, cached) and then checked and
 timed in its own isolated process (``evaluators.isolation.run_isolated``, mode
 ``check+time``), one after another so timings never overlap; the reference is timed by the
 same protocol in the same process. The markdown table names GPU, driver, CUDA, torch, date
@@ -303,8 +303,13 @@ def bench(
     log_dir: Path | None = None,
     targets: Targets | None = None,
     profile_settings: Any = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> list[BenchRow]:
     """Compile all (parallel), then check + time each in a fresh process (sequential).
+
+    ``on_progress(step, done, total)`` reports both phases for a progress bar: ``step`` is
+    ``"compile"`` while compiles finish (``done`` of ``total`` built), then the task being
+    measured (``done`` kernels measured before it), and ``"done"`` at the end.
 
     With ``targets`` the table gets target and gap columns; with ``profile_settings``
     (:class:`evaluators.profile.ProfileSettings`) too, every task that misses its target is
@@ -317,12 +322,23 @@ def bench(
     from evaluators.compile import compile_candidate
     from evaluators.isolation import HarnessJob, run_isolated
 
+    total = len(candidates)
+
+    def note(step: str, done: int) -> None:
+        if on_progress is not None:
+            on_progress(step, done, total)
+
+    note("compile", 0)
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        built = list(pool.map(lambda c: (c, compile_candidate(c, compile_settings)), candidates))
+        futures = [pool.submit(compile_candidate, c, compile_settings) for c in candidates]
+        for n, _ in enumerate(cf.as_completed(futures), 1):
+            note("compile", n)
+        built = [(c, f.result()) for c, f in zip(candidates, futures)]
     rows: list[BenchRow] = []
     env: dict[str, str] = {}
     sos: dict[str, bytes] = {}
-    for cand, outcome in built:
+    for i, (cand, outcome) in enumerate(built):
+        note(cand.task, i)
         if not outcome.result.passed or not outcome.so_bytes:
             r = outcome.result
             new = [BenchRow(cand.task, "", "", None, None, None, "-", None, f"compile: {r.status.value}",
@@ -344,6 +360,7 @@ def bench(
             if on_row is not None:
                 on_row(r)
         write_results(table, rows, env, command, harness_settings, title, targets)
+    note("done", total)
     if targets is not None and profile_settings is not None:
         why = _profile_misses(rows, {c.id: c for c, _ in built}, sos, targets, profile_settings)
         write_results(table, rows, env, command, harness_settings, title, targets, why)

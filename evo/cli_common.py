@@ -1,27 +1,43 @@
-"""Helpers shared by the CLI modules (evo.cli, evo.cli_inspect): output, errors, the DB path.
+"""Helpers shared by the CLI modules (evo.cli, evo.cli_inspect): output, errors, the DB path,
+logging, id resolution and tables.
 
 Errors print as one red ``error:`` line on stderr and exit with code 2; JSON goes to stdout.
+
+Logging (:func:`setup_logging`): the terminal shows one line per record (``warning: ...``)
+from cute-evo's own packages, and errors from anyone; every record, third-party start-up
+notices included (Ray's token-authentication notice, "Started a local Ray instance"), goes
+to the log file :func:`log_path` (``$EVO_LOG``, default ``.evo/evo.log``), created on the
+first record.
+
+Tables (:func:`table`): id columns never wrap or shrink (a user types those ids next);
+the other columns wrap (fold) instead of being cut with an ellipsis.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
-from typing import Any, NoReturn, Optional
+from pathlib import Path
+from typing import Any, Iterable, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 __all__ = ["DEFAULT_DB", "DbOpt", "JsonOpt", "console", "err_console", "fail", "db_path", "open_reader",
-           "emit_json", "fmt"]
+           "emit_json", "fmt", "setup_logging", "log_path", "OWN_PACKAGES", "store_error_text",
+           "distinguishable_ids", "resolve_run", "resolve_candidate", "table", "short_time", "ProgressOpt"]
 
 DEFAULT_DB = "runs/evo.db"
 DbOpt = typer.Option(
     None, "--db", help="Lineage database (default: $EVO_DB or runs/evo.db).", show_default=False
 )
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table.")
+ProgressOpt = typer.Option(True, "--progress/--no-progress",
+                           help="Show a progress bar (never when stdout is not a terminal).")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -56,3 +72,199 @@ def fmt(x: Any, nd: int = 3) -> str:
     if isinstance(x, float):
         return f"{x:.{nd}f}"
     return str(x)
+
+
+# --------------------------------------------------------------------------- logging
+
+#: Top-level packages whose log records reach the terminal (others only the log file).
+OWN_PACKAGES = ("evo", "evaluators", "mutators", "populations")
+
+
+def log_path() -> Path:
+    """The CLI's log file: ``$EVO_LOG``, else ``.evo/evo.log`` under the working directory."""
+    return Path(os.environ.get("EVO_LOG") or ".evo/evo.log")
+
+
+class _OwnOrError(logging.Filter):
+    """Lets through cute-evo's own records and anyone's errors: third-party start-up notices
+    (Ray, Optuna, ...) stay out of the user's terminal and go to the log file only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".", 1)[0] in OWN_PACKAGES or record.levelno >= logging.ERROR
+
+
+class _OneLineHandler(logging.Handler):
+    """``warning: message`` as one line on stderr (no time/level columns that make a long
+    message wrap into a block); tracebacks only at ``-vv``."""
+
+    _STYLE = {"WARNING": "yellow", "ERROR": "bold red", "CRITICAL": "bold red"}
+
+    def __init__(self, tracebacks: bool) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if self.tracebacks and record.exc_info:
+                msg += "\n" + logging.Formatter().formatException(record.exc_info)
+            level = record.levelname.lower()
+            style = self._STYLE.get(record.levelname, "dim")
+            err_console.print(f"[{style}]{level}:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+class _LazyFileHandler(logging.FileHandler):
+    """A FileHandler that creates its directory on the first record and, when it cannot
+    write, stays silent (a log file must never break a command)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True, encoding="utf-8")
+        self._broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._broken:
+            return
+        try:
+            if self.stream is None:
+                Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            super().emit(record)
+        except OSError:
+            self._broken = True
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._broken = True
+
+
+def setup_logging(verbose: int = 0) -> None:
+    """Configure the root logger for a CLI command (replacing earlier handlers).
+
+    Terminal: WARNING and up (INFO with ``-v``, DEBUG with ``-vv``) from :data:`OWN_PACKAGES`,
+    ERROR and up from anyone. Log file (:func:`log_path`): INFO and up (DEBUG with ``-vv``)
+    from everyone.
+    """
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    term = _OneLineHandler(tracebacks=verbose >= 2)
+    term.setLevel(max(logging.WARNING - 10 * verbose, logging.DEBUG))
+    term.addFilter(_OwnOrError())
+    file = _LazyFileHandler(log_path())
+    file.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(term)
+    root.addHandler(file)
+    root.setLevel(min(term.level, file.level))
+    # Ray, once imported, prints through its own stderr handler and does not propagate;
+    # evo.runtime.route_ray_logs() undoes that before Ray starts, and this does it for a Ray
+    # imported earlier in the process (without importing it here: the CLI stays fast).
+    ray_logger = logging.getLogger("ray")
+    for h in list(ray_logger.handlers):
+        if type(h).__name__ == "PlainRayHandler":
+            ray_logger.removeHandler(h)
+            ray_logger.propagate = True
+
+
+# --------------------------------------------------------------------------- ids
+
+
+def distinguishable_ids(ids: Sequence[str], min_len: int = 12) -> list[str]:
+    """The ids cut to the shortest common length (at least ``min_len``) at which no two are
+    equal: what an ambiguity message shows so the user can pick one and type it."""
+    ids = list(ids)
+    n = min(min_len, max((len(i) for i in ids), default=0))
+    longest = max((len(i) for i in ids), default=0)
+    while n < longest and len({i[:n] for i in ids}) < len(set(ids)):
+        n += 1
+    return [i[:n] for i in ids]
+
+
+def store_error_text(e: Exception) -> str:
+    """The line to print for a store error; an ambiguous id prefix lists the matches at a
+    length that tells them apart (full run ids; candidate ids cut to a distinguishing length)."""
+    from evo.store import AmbiguousIdError
+
+    if isinstance(e, AmbiguousIdError) and e.near:
+        shown = e.near if e.kind == "run" else distinguishable_ids(e.near)
+        more = " and more" if "and more" in str(e) else ""
+        return (f"{e.kind} id prefix {e.query!r} is ambiguous: it matches {', '.join(shown)}{more}; "
+                "type more characters")
+    return str(e)
+
+
+def resolve_run(store: Any, text: str) -> str:
+    """The full id of the run ``text`` names (id or unique prefix), else :func:`fail`."""
+    from evo.status import resolve_run as _resolve
+    from evo.store import StoreError
+
+    try:
+        return _resolve(store, text)
+    except StoreError as e:
+        fail(store_error_text(e))
+
+
+def resolve_candidate(store: Any, text: str) -> str:
+    """The full id of the candidate ``text`` names (id or unique prefix), else :func:`fail`."""
+    from evo.store import StoreError
+
+    try:
+        return store.resolve_id(text)
+    except StoreError as e:
+        fail(store_error_text(e))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+class _IdTable(Table):
+    """A Table whose id columns' minimum width follows their longest value, so that even
+    the last-resort even shrinking of an over-wide table leaves every id whole."""
+
+    id_columns: tuple[int, ...] = ()
+
+    def add_row(self, *renderables: Any, **kw: Any) -> None:
+        from rich.text import Text
+
+        for i in self.id_columns:
+            if i < len(renderables) and renderables[i] is not None:
+                cell = renderables[i]
+                width = (Text.from_markup(cell) if isinstance(cell, str) else Text(str(cell))).cell_len
+                col = self.columns[i]
+                col.min_width = max(col.min_width or 0, width)
+        super().add_row(*renderables, **kw)
+
+
+def table(title: str, columns: Iterable[str | tuple[str, str]], **kw: Any) -> Table:
+    """A rich table whose columns are ``name`` (text: wraps, folds long words, never cut)
+    or ``(name, kind)`` with kind ``"id"`` (never wraps or shrinks: the value is typed next),
+    ``"num"`` (right-aligned, no wrap), ``"word"`` (a short word: no wrap) or ``"text"``."""
+    from rich import box
+
+    # A header rule and single spaces between columns (no vertical borders): 80 columns fit
+    # six or seven columns with every id whole.
+    style: dict[str, Any] = {"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False}
+    t = _IdTable(title=title, **{**style, **kw})
+    ids = []
+    for col in columns:
+        name, kind = (col, "text") if isinstance(col, str) else col
+        if kind == "id":
+            ids.append(len(t.columns))
+            t.add_column(name, no_wrap=True, overflow="fold", min_width=len(name))
+        elif kind == "num":
+            t.add_column(name, no_wrap=True, justify="right")
+        elif kind == "word":
+            t.add_column(name, no_wrap=True, overflow="fold")
+        elif kind == "text":
+            t.add_column(name, overflow="fold")
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"column kind {kind!r}: use 'id', 'num', 'word' or 'text'")
+    t.id_columns = tuple(ids)
+    return t
+
+
+def short_time(iso: Any) -> str:
+    """``2026-12-03T07:30:12.345+00:00`` -> ``2026-12-03 07:30`` (tables; JSON keeps the full value)."""
+    text = "" if iso is None else str(iso)
+    return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text

@@ -30,6 +30,12 @@ from rich.tree import Tree
 
 __all__ = [
     "register",
+    "render_runs",
+    "top_data",
+    "render_top",
+    "tasks_json",
+    "render_tasks",
+    "check_family",
     "render_status",
     "render_lineage",
     "render_show",
@@ -37,17 +43,22 @@ __all__ = [
     "print_show",
 ]
 
-from evo.cli_common import DbOpt, JsonOpt  # noqa: E402
+from evo.cli_common import DbOpt, JsonOpt, ProgressOpt  # noqa: E402
 from evo.cli_common import db_path as _db_path  # noqa: E402,F401
 from evo.cli_common import emit_json as _emit_json  # noqa: E402
 from evo.cli_common import fail as _fail  # noqa: E402
 from evo.cli_common import fmt as _fmt  # noqa: E402
 from evo.cli_common import open_reader as _open_reader  # noqa: E402
+from evo.cli_common import resolve_run as _resolve_run  # noqa: E402
+from evo.cli_common import short_time as _short_time  # noqa: E402
+from evo.cli_common import store_error_text as _store_error_text  # noqa: E402
+from evo.cli_common import table as _table  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 _DbOpt = DbOpt
 _JsonOpt = JsonOpt
+_ProgressOpt = ProgressOpt
 
 
 def _console() -> Console:
@@ -64,6 +75,95 @@ def _verdict(status: Optional[str]) -> str:
     return f"[red]{escape(status)}[/]"
 
 
+# --------------------------------------------------------------------------- runs / top / tasks
+
+
+def render_runs(rows: list[dict[str, Any]], title: str) -> RenderableType:
+    """``evo runs``: one row per run, the full run id always visible."""
+    if not rows:
+        return Text(f"{title}: no runs yet (start one with `evo search CONFIG`)")
+    t = _table(title, [("run", "id"), "name", ("created", "word"), ("status", "word"), ("evals", "num"),
+                       ("correct", "num")])
+    for r in rows:  # candidates proposed but not yet evaluated: `evo status RUN`, and --json
+        t.add_row(str(r["id"]), escape(str(r.get("name", ""))), _short_time(r.get("created")),
+                  escape(str(r.get("status", ""))), _fmt(r.get("n_evaluated")), _fmt(r.get("n_correct")))
+    return t
+
+
+def top_data(store: Any, run: str, task: Optional[str], k: int) -> tuple[str, list[dict[str, Any]]]:
+    """``(full run id, rows)`` for ``evo top``: ``run`` may be a unique prefix; ``k`` must be
+    >= 1 and ``task`` one of the run's tasks, else one error line (exit 2)."""
+    from evo.store import StoreError
+
+    if k < 1:
+        _fail(f"-k {k}: must be at least 1 (how many kernels to show per task)")
+    rid = _resolve_run(store, run)
+    try:
+        if task is not None:
+            run_tasks = sorted({c.task for c in store.candidates(rid)})
+            if task not in run_tasks:
+                _fail(f"--task {task!r}: run {rid} has no such task; its tasks: {', '.join(run_tasks) or 'none'}")
+        rows = store.top_k(rid, task=task, k=k)
+    except StoreError as e:
+        _fail(_store_error_text(e))
+    return rid, [
+        {"id": c.id, "task": c.task, "fitness": f, "operator": c.operator, "island": c.island,
+         "generation": c.generation, "params": dict(c.params)}
+        for c, f in rows
+    ]
+
+
+def render_top(run_id: str, data: list[dict[str, Any]]) -> RenderableType:
+    """``evo top``: task and the 12-character candidate id (what ``evo show`` takes) always whole."""
+    if not data:
+        return Text(f"run {run_id} has no correct kernel yet (see `evo status {run_id}`)")
+    t = _table(f"top kernels of {run_id}", [("task", "id"), ("candidate", "id"), ("speedup", "num"),
+                                             "operator", ("island", "num"), ("gen", "num"), "params"])
+    for d in data:
+        t.add_row(d["task"], d["id"][:12], _fmt(d["fitness"]), escape(str(d["operator"])), str(d["island"]),
+                  str(d["generation"]), escape(" ".join(f"{k}={v}" for k, v in d["params"].items())))
+    return t
+
+
+def check_family(family: str, families: list[str], task_files: list[Path]) -> None:
+    """One error line for an unknown ``--family``; ``user`` without ``--task-file`` says how."""
+    if family in families:
+        return
+    if family == "user" and not task_files:
+        _fail("--family user: user tasks come from task files; name one with --task-file FILE.py "
+              "(e.g. evo tasks --family user --task-file my_tasks.py; docs/tasks.md)")
+    if family == "user":
+        _fail(f"--family user: the task files given ({', '.join(map(str, task_files))}) define no task of "
+              "family 'user'")
+    _fail(f"unknown family {family!r}; known: {', '.join(families)}"
+          + ("" if "user" in families else ", user (with --task-file)"))
+
+
+def tasks_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``evo tasks --json`` rows: :func:`evo.tasks.task_table`'s, with ``shapes`` and
+    ``bench_shapes`` as lists of ``{dim: int}`` objects instead of printed strings."""
+    import evo.tasks as T
+
+    out = []
+    for r in rows:
+        task = T.get_task(r["name"])
+        d = {k: v for k, v in r.items() if k not in ("shapes", "bench_shape")}
+        d["shapes"] = [dict(s) for s in task.shapes]
+        d["bench_shapes"] = [dict(s) for s in task.benchmark_shapes]
+        out.append(d)
+    return out
+
+
+def render_tasks(rows: list[dict[str, Any]], gpu_name: str) -> RenderableType:
+    """``evo tasks``: the task name (what --task and configs take) always whole."""
+    t = _table(f"tasks (speed-of-light on {gpu_name})", [("task", "id"), "family", ("dtype", "word"),
+                                                          "benchmark shape", ("shapes", "num"), ("SOL ms", "num")])
+    for r in rows:
+        t.add_row(r["name"], r["family"], r["dtype"], escape(str(r["bench_shape"])), str(r["n_shapes"]),
+                  _fmt(r["sol_ms"], 4))
+    return t
+
+
 # --------------------------------------------------------------------------- status
 
 
@@ -71,14 +171,14 @@ def render_status(data: dict[str, Any]) -> RenderableType:
     """Tables of :func:`evo.status.run_status`'s dict."""
     run = data["run"]
     prog = data["progress"]
-    head = Table(title=f"run {run['id']} ({run['name']})", show_header=False)
+    head = Table(title=f"run {run['id']} ({escape(str(run['name']))})", show_header=False)
     head.add_column("key", style="bold")
     head.add_column("value")
     status = run["status"] + ("  [red](stale: no event for a while; did the driver die?)[/]" if data["stale"] else "")
     head.add_row("status", status)
     if data.get("stop_reason"):
         head.add_row("stop reason", escape(str(data["stop_reason"])))
-    head.add_row("created / updated", f"{run['created']} / {run['updated']}")
+    head.add_row("created / updated", f"{_short_time(run['created'])} / {_short_time(run['updated'])} UTC")
     head.add_row("evaluations", f"{data['evaluations']} ({data['correct']} correct, {data['pending']} pending, "
                                 f"{data['candidates']} candidates)")
     if prog:
@@ -86,32 +186,28 @@ def render_status(data: dict[str, Any]) -> RenderableType:
         head.add_row("rate", f"{_fmt(prog.get('evals_per_min'), 2)} evals/min, GPU busy {busy}, "
                              f"in flight {_fmt(prog.get('in_flight'))}, compile queue "
                              f"{_fmt(prog.get('compile_queue'))}, GPU queue {_fmt(prog.get('gpu_queue'))}")
-        head.add_row("last progress", f"{prog.get('at')} ({_fmt(prog.get('age_s'), 0)} s ago)")
+        head.add_row("last progress", f"{_short_time(prog.get('at'))} UTC ({_fmt(prog.get('age_s'), 0)} s ago)")
     sp = data["spend"]
     head.add_row("LLM spend", f"${sp['cost']:.4f} over {sp['n_calls']} calls ({sp['n_errors']} errors), "
                               f"{sp['tokens_in']} tokens in, {sp['tokens_out']} out")
     parts: list[RenderableType] = [head]
 
     if data["best"]:
-        t = Table(title="best per task")
-        for col in ("task", "candidate", "speedup", "operator", "island", "gen", "champion"):
-            t.add_column(col)
+        t = _table("best per task", [("task", "id"), ("candidate", "id"), ("speedup", "num"), "operator",
+                                     ("island", "num"), ("gen", "num"), ("champion", "word")])
         for task, b in data["best"].items():
             champ = ("[green]confirmed[/]" if b["confirmed"] else "yes") if b["champion"] else "-"
             t.add_row(task, b["id"][:12], _fmt(b["fitness"]), escape(str(b["operator"])), _fmt(b["island"]),
                       _fmt(b["generation"]), champ)
         parts.append(t)
     if data["by_task"]:
-        t = Table(title="per task")
-        for col in ("task", "evaluations", "correct", "pending"):
-            t.add_column(col)
+        t = _table("per task", [("task", "id"), ("evaluations", "num"), ("correct", "num"), ("pending", "num")])
         for task, r in data["by_task"].items():
             t.add_row(task, str(r["evaluations"]), str(r["correct"]), str(r["pending"]))
         parts.append(t)
     if data["funnel"]:
-        t = Table(title="funnel: evaluations per stage")
-        for col in ("stage", "reached", "passed", "failed by verdict"):
-            t.add_column(col)
+        t = _table("funnel: evaluations per stage", [("stage", "word"), ("reached", "num"), ("passed", "num"),
+                                                     "failed by verdict"])
         for r in data["funnel"]:
             failed = ", ".join(f"{k} {v}" for k, v in r["failed"].items()) or "-"
             t.add_row(r["stage"], str(r["entered"]), str(r["passed"]), failed)
@@ -325,7 +421,7 @@ def register(app: typer.Typer) -> None:
             try:
                 data = run_status(store, run)
             except StoreError as e:
-                _fail(str(e))
+                _fail(_store_error_text(e))
         if as_json:
             _emit_json(data)
         else:
@@ -353,7 +449,7 @@ def register(app: typer.Typer) -> None:
             try:
                 res = build_report(store, run, out, gpu=gpu)
             except (StoreError, ReportError) as e:
-                _fail(str(e))
+                _fail(_store_error_text(e))
             except KeyError as e:  # an unknown --gpu
                 _fail(str(e.args[0] if e.args else e))
         if as_json:
@@ -375,6 +471,7 @@ def register(app: typer.Typer) -> None:
         task_file: list[Path] = typer.Option([], "--task-file", help="Load user tasks from this .py file."),
         db: Optional[str] = _DbOpt,
         as_json: bool = _JsonOpt,
+        progress: bool = _ProgressOpt,
     ) -> None:
         """Export champions as standalone PyTorch ops: per task the .cu with tunables baked in,
         the ABI header, a prebuilt .so, build.sh for other archs, op.py registering
@@ -386,19 +483,23 @@ def register(app: typer.Typer) -> None:
         from evo.export import export as do_export
         from evo.store import StoreError
 
+        from evo.progress import StepProgress, progress_enabled
+
         _load_task_files(task_file)
         with _open_reader(db) as store:
             try:
-                res = do_export(store, target, out, tasks=task or None, arch=arch, build=build)
+                with StepProgress("exporting" + (" (nvcc builds)" if build else ""), 1,
+                                  enabled=progress_enabled(progress) and not as_json) as bar:
+                    res = do_export(store, target, out, tasks=task or None, arch=arch, build=build,
+                                    on_task=lambda t, i, n: bar.update(t, i, n))
             except (StoreError, ExportError, ValueError) as e:
-                _fail(str(e))
+                _fail(_store_error_text(e))
         if as_json:
             _emit_json(res.as_dict())
         else:
             c = _console()
-            t = Table(title=f"exported from run {res.run_id} into {res.out_dir}")
-            for col in ("task", "candidate", "speedup", "chosen as", ".so"):
-                t.add_column(col)
+            t = _table(f"exported from run {res.run_id} into {res.out_dir}",
+                       [("task", "id"), ("candidate", "id"), ("speedup", "num"), "chosen as", ".so"])
             for e in res.exported:
                 t.add_row(e.task, e.candidate_id[:12], _fmt(e.fitness), e.selection,
                           e.so_path.name if e.so_path else f"[yellow]none[/]: {escape(e.so_note)}")

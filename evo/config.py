@@ -307,9 +307,9 @@ class CompileConfig(_Section):
     """``[compile]``: nvcc settings; becomes :class:`evaluators.base.CompileSettings`."""
 
     arch: str = Field("sm_90a", pattern=r"^sm_\d+a?$")
-    timeout_s: float = Field(300.0, gt=0)
-    memory_mb: int = Field(8192, ge=512)
-    workers: int = Field(0, ge=0)
+    timeout_s: float = Field(300.0, gt=0, le=86400)
+    memory_mb: int = Field(8192, ge=512, le=1048576)  # the byte count must fit the limit wrapper
+    workers: int = Field(0, ge=0, le=4096)
     cache_dir: PathField = Path(".evo/cache")
 
 

@@ -1,19 +1,79 @@
-"""Live progress of a search in the terminal (rich).
+"""Progress in the terminal (rich): the live search view and step bars for the rest.
 
-Shows per island best speedup and fix mode, evaluations/min, GPU busy %, compile queue,
-GPU queue and failures by stage. The engine logs the same numbers as ``progress`` events
-in the store, so `evo status` shows them for finished runs too.
+:class:`LiveProgress` shows per island best speedup and fix mode, evaluations/min, GPU
+busy %, compile queue, GPU queue and failures by stage. The engine logs the same numbers as
+``progress`` events in the store, so `evo status` shows them for finished runs too.
+
+:class:`StepProgress` is the bar of the commands that otherwise sit silent for a minute:
+the dry run's seed compiles, ``evo bench`` (compiles, then one measurement per kernel),
+``evo tune`` (trials) and ``evo export`` (builds). It draws on stderr and only when
+:func:`progress_enabled` says so: asked for (``--progress``, the default) and both stdout
+and stderr are terminals. Piped or redirected output never gets control sequences.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["LiveProgress", "render"]
+__all__ = ["LiveProgress", "render", "StepProgress", "progress_enabled"]
+
+
+def progress_enabled(asked: bool = True) -> bool:
+    """True when a progress bar should be drawn: ``asked`` and stdout and stderr are TTYs."""
+    try:
+        return bool(asked) and sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
+
+
+class StepProgress:
+    """A bar over ``total`` steps (``label  3/8  0:00:41``); a no-op when not ``enabled``.
+
+    Use as a context manager; call :meth:`update` with the step being worked on and how
+    many are done. ``transient``: the bar disappears when done (the command's table is the
+    record); messages printed meanwhile go through :attr:`console` above the bar.
+    """
+
+    def __init__(self, description: str, total: int, *, enabled: bool, console: Console | None = None) -> None:
+        self.description = description
+        self.enabled = enabled and total > 0
+        self.console = console or Console(stderr=True)
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._total = total
+
+    def __enter__(self) -> "StepProgress":
+        if self.enabled:
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
+                                      transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self._total)
+        return self
+
+    def update(self, label: str, done: int, total: int | None = None) -> None:
+        """Step ``label`` is under way with ``done`` steps finished (``label`` may be empty)."""
+        if self._progress is None:
+            return
+        desc = f"{self.description} {label}".rstrip()
+        self._progress.update(self._task, completed=done, description=desc,
+                              **({"total": total} if total is not None else {}))
+
+    def print(self, *args: Any, **kw: Any) -> None:
+        """Print above the bar (or plainly when there is none)."""
+        (self._progress.console if self._progress is not None else self.console).print(*args, **kw)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
 
 def render(run_id: str, p) -> Group:

@@ -152,16 +152,49 @@ def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[
     return seeds
 
 
-def dry_run(cfg) -> dict:
-    """Everything a search does before the GPU: config, tasks, seeds, policy, compile."""
+def dry_run(cfg, *, resume: str | None = None, on_progress=None) -> dict:
+    """Everything a search does before the GPU: config, tasks, seeds, policy, compile.
+
+    Checks first, before any compile, and raises :class:`SearchError` with one line when
+    the database location cannot be used (:func:`evo.paths.check_db_location`) or
+    ``resume`` names no run of that database. ``on_progress(task, done, total)`` is called
+    before each seed's policy check and compile and once with ``done == total`` at the end
+    (the CLI draws a progress bar from it; the compiles take most of a dry run's time).
+    """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
+    from evo.paths import LocationError, check_db_location
 
+    try:
+        check_db_location(cfg.run.db)
+    except LocationError as e:
+        raise SearchError(f"run.db: {e}") from None
+    resumed = ""
+    if resume:
+        from pathlib import Path
+
+        from evo.status import resolve_run
+        from evo.store import Store, StoreError
+
+        if not Path(cfg.run.db).is_file():
+            raise SearchError(f"--resume {resume}: the database {cfg.run.db} does not exist yet, so it has no "
+                              "run to resume; drop --resume to start a new run (or pass the right --db)")
+        try:
+            with Store.open_reader(cfg.run.db) as store:
+                rid = resolve_run(store, resume)
+                n_done = len(store.evaluated_ids(rid))
+                same = store.get_run(rid).get("config_hash") in (None, "", cfg.hash())
+        except StoreError as e:
+            raise SearchError(f"--resume {resume}: {e}") from None
+        resumed = (f" Resumes run {rid} ({n_done} evaluations done"
+                   + ("" if same else "; its config differs from this one, the new one is used") + ").")
     rows, ok = [], True
     names = _task_names(cfg)
     cs = cfg.compile_settings()
     seeds = seeds_for(names, cfg.mutator.kind)
-    for name in names:
+    for i, name in enumerate(names):
+        if on_progress is not None:
+            on_progress(name, i, len(names))
         if name not in seeds:
             rows.append({"task": name, "policy": "-", "compile": "-",
                          "note": "genesis: the first kernel will be written by the model"})
@@ -178,10 +211,12 @@ def dry_run(cfg) -> dict:
         else:
             ok = False
         rows.append(row)
+    if on_progress is not None:
+        on_progress("", len(names), len(names))
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
             f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
-            f"{cfg.mutator.kind}, db {cfg.run.db}. No GPU was used; run without --dry-run on a "
+            f"{cfg.mutator.kind}, db {cfg.run.db}.{resumed} No GPU was used; run without --dry-run on a "
             "machine with an NVIDIA GPU to search.")
     return {"ok": ok, "seeds": rows, "plan": plan}
 

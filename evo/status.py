@@ -96,14 +96,18 @@ def resolve_run(store: "Store", text: str) -> str:
     """The full id of the run ``text`` names (an id or unique prefix).
 
     Like :meth:`Store.resolve_run`, but an unknown id's :class:`~evo.store.UnknownIdError`
-    also lists the most recent runs (a mistyped id rarely shares a prefix with the right one).
+    also lists the most recent runs (a mistyped id rarely shares a prefix with the right one),
+    and an ambiguous prefix's :class:`~evo.store.AmbiguousIdError` lists the matching runs'
+    full ids (run ids of one minute share their first 16 characters).
     """
     from evo.store import AmbiguousIdError, UnknownIdError
 
     try:
         return store.resolve_run(text)
-    except AmbiguousIdError:
-        raise
+    except AmbiguousIdError as e:
+        more = " and more" if "and more" in str(e) else ""
+        raise AmbiguousIdError(f"run id prefix {e.query!r} is ambiguous: it matches {', '.join(e.near)}{more}; "
+                               "type more characters", query=e.query, near=e.near, kind="run") from None
     except UnknownIdError as e:
         recent = [r["id"] for r in store.list_runs()[:5]]
         hint = f"; recent runs: {', '.join(recent)}" if recent else "; the database has no runs yet"

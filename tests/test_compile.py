@@ -199,9 +199,46 @@ def test_cache_key_covers_every_input():
         cache_key("src", {"A": 1, "B": 2}, s, "13.0.88", "4.2.0", "g++ 13"),
     ]
     assert len({base, *variants}) == len(variants) + 1
-    # the cache directory and timeouts do not change what gets built
-    assert base == cache_key("src", {"A": 1, "B": 2}, CompileSettings(cache_dir="/x", timeout_s=1), "13.0.88",
-                             "4.2.0", "g++ 12")
+    # the cache directory, timeouts and the memory limit do not change what gets built (a build
+    # a limit stops is never cached)
+    assert base == cache_key("src", {"A": 1, "B": 2}, CompileSettings(cache_dir="/x", timeout_s=1, memory_mb=300),
+                             "13.0.88", "4.2.0", "g++ 12")
+
+
+def test_cache_key_covers_environment_that_changes_the_build(monkeypatch):
+    for k in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    s = CompileSettings()
+    base = cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12")
+    keys = set()
+    for k, v in (("NVCC_APPEND_FLAGS", "-DFAST=1"), ("NVCC_PREPEND_FLAGS", "-G"), ("CPATH", "/opt/inc")):
+        monkeypatch.setenv(k, v)
+        keys.add(cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12"))
+        monkeypatch.delenv(k)
+    assert len(keys) == 3 and base not in keys
+    assert cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12") == base
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("memory_mb", 10**13, "0 (no limit) or an integer from 256 to 1048576"),
+    ("memory_mb", 64, "from 256"),
+    ("memory_mb", -1, "from 256"),
+    ("memory_mb", True, "an integer"),
+    ("timeout_s", 0.0, "> 0"),
+    ("timeout_s", float("inf"), "<= 86400"),
+    ("timeout_s", float("nan"), "> 0"),
+])
+def test_numeric_settings_are_bounded(field, value, allowed, tmp_path):
+    from evaluators.compile import CompileSettingsError, check_settings
+
+    settings = CompileSettings(cache_dir=str(tmp_path), **{field: value})
+    with pytest.raises(CompileSettingsError, match=f"compile.{field} = ") as ei:
+        check_settings(settings)
+    assert allowed in str(ei.value) and "[compile]" in ei.value.fix
+    with pytest.raises(CompileSettingsError):
+        compile_candidate(Candidate.create("t", "int x;"), settings)
+    assert not list(tmp_path.rglob("*.json")), "nothing was cached"
+    check_settings(CompileSettings(memory_mb=0))  # 0 = no limit
 
 
 def _write_exe(path: Path, text: str) -> Path:
@@ -342,6 +379,83 @@ def test_fake_memory_limit(fake, tmp_path):
     assert compile_candidate(Candidate.create("t", src), roomy).ok
 
 
+def _cached_entries(settings: CompileSettings) -> list[Path]:
+    return list(Path(settings.cache_dir).rglob("*.json"))
+
+
+def test_an_absurd_limit_that_slips_past_validation_is_our_failure_not_cached(fake, tmp_path, monkeypatch):
+    """The issue's case: a memory_mb whose byte count overflows setrlimit. The wrapper tags its
+    own failure; it used to be cached as the candidate's compile error."""
+    from evaluators import compile as comp
+
+    monkeypatch.setattr(comp, "check_settings", lambda s: None)
+    src, count = _fake_source(tmp_path)
+    huge = CompileSettings(nvcc=fake.nvcc, cache_dir=fake.cache_dir, memory_mb=2**60)
+    with pytest.raises(comp.CompileInfrastructureError, match="limit wrapper failed before nvcc ran") as ei:
+        compile_candidate(Candidate.create("t", src), huge)
+    assert "compile.memory_mb" in ei.value.fix
+    assert _builds(count) == 0 and not _cached_entries(huge)
+
+
+def test_nvcc_that_cannot_be_started_is_our_failure_not_cached(tmp_path, monkeypatch):
+    from evaluators import compile as comp
+
+    broken = _write_exe(tmp_path / "nvcc", "#!/nonexistent/interpreter\n")
+    monkeypatch.setattr(comp, "nvcc_version", lambda nvcc: "99.0.1")  # the version query would fail first
+    settings = CompileSettings(nvcc=str(broken), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(NvccNotFound, match="could not run nvcc"):
+        compile_candidate(Candidate.create("t", "int x;"), settings)
+    assert not _cached_entries(settings)
+
+
+def test_a_full_temp_disk_is_our_failure_and_nvcc_is_not_run(fake, tmp_path, monkeypatch):
+    from evaluators import compile as comp
+
+    monkeypatch.setattr(comp, "DISK_MIN_FREE_MB", 1 << 40)   # more than any disk has free
+    src, count = _fake_source(tmp_path)
+    with pytest.raises(comp.CompileInfrastructureError, match="compile temp directory .* MB free") as ei:
+        compile_candidate(Candidate.create("t", src), fake)
+    assert "TMPDIR" in ei.value.fix
+    assert _builds(count) == 0 and not _cached_entries(fake)
+
+
+def test_out_of_disk_while_the_disk_has_room_is_the_candidates_but_not_cached(fake, tmp_path):
+    src, count = _fake_source(tmp_path, "enospc")
+    r = compile_candidate(Candidate.create("t", src), fake).result
+    assert r.status is Status.COMPILE_ERROR and "disk space" in r.reason and r.metrics["resource_failure"]
+    assert not compile_candidate(Candidate.create("t", src), fake).cached and _builds(count) == 2
+
+
+def test_a_broken_toolchain_is_our_failure_not_the_candidates(fake, tmp_path, monkeypatch):
+    """Every build fails before reading the source (a loader error): the canary fails too,
+    so the candidate is not charged and nothing is cached."""
+    from evaluators import compile as comp
+
+    monkeypatch.setenv("FAKE_NVCC_BROKEN", "1")
+    comp._canary_ok.clear()
+    with pytest.raises(comp.CompileInfrastructureError, match="cannot build even a trivial kernel") as ei:
+        compile_candidate(Candidate.create("t", "int x;"), fake)
+    assert "error while loading shared libraries" in str(ei.value) and "compile.memory_mb" in ei.value.fix
+    assert not _cached_entries(fake)
+
+
+def test_failures_cached_under_older_rules_are_rebuilt(fake, tmp_path):
+    import json as _json
+
+    src, count = _fake_source(tmp_path, "fail")
+    cand = Candidate.create("t", src)
+    first = compile_candidate(cand, fake)
+    assert first.result.status is Status.COMPILE_ERROR and _builds(count) == 1
+    (entry,) = _cached_entries(fake)
+    meta = _json.loads(entry.read_text())
+    assert meta["verdict_rules"] >= 2
+    del meta["verdict_rules"]                  # as written before the rules changed
+    entry.write_text(_json.dumps(meta))
+    again = compile_candidate(cand, fake)
+    assert not again.cached and _builds(count) == 2
+    assert compile_candidate(cand, fake).cached, "re-cached under the current rules"
+
+
 def test_bad_params_are_rejected_before_nvcc(fake, tmp_path):
     src, count = _fake_source(tmp_path)
     out = compile_candidate(Candidate.create("t", src, {"BLOCK": '1);system("id"'}), fake)
@@ -454,7 +568,14 @@ def test_real_timeout(real):
 
 
 def test_real_memory_limit(real):
-    tight = CompileSettings(nvcc=real.nvcc, cache_dir=real.cache_dir, memory_mb=64)
+    """256 MB (the lowest allowed) stops the CuTe kernel; the canary (a trivial kernel) still
+    builds under it, so the failure is the candidate's (measured with nvcc 13.0: CuTe needs
+    ~1 GB), and it is not cached."""
+    from evaluators import compile as comp
+
+    comp._canary_ok.clear()
+    tight = CompileSettings(nvcc=real.nvcc, cache_dir=real.cache_dir, memory_mb=256)
     out = compile_candidate(Candidate.create("t", TINY, {"BLOCK": 64}), tight)
     assert out.result.status is Status.COMPILE_ERROR
     assert "memory" in out.result.reason and out.result.metrics["resource_failure"] is True
+    assert not compile_candidate(Candidate.create("t", TINY, {"BLOCK": 64}), tight).cached

@@ -234,8 +234,10 @@ def test_unknown_target_names_near_runs_and_candidates(tmp_path):
         assert "neither a run nor a candidate" in msg and built.seed.id[:16] in msg and built.run_id in msg
         with pytest.raises(ExportError, match="has no task 'nope'"):
             export(store, built.run_id, tmp_path / "o", tasks=["nope"], build=False)
-        only_bad = export(store, built.run_id, tmp_path / "o", tasks=[BAD_TASK], build=False)
-        assert only_bad.exported == () and BAD_TASK in only_bad.skipped
+        # nothing to export: says why per task and writes nothing (issue 34)
+        with pytest.raises(ExportError, match=f"nothing to export.*no correct candidate for {BAD_TASK}"):
+            export(store, built.run_id, tmp_path / "empty", tasks=[BAD_TASK], build=False)
+        assert not (tmp_path / "empty").exists()
 
 
 def test_cli_export(tmp_path):
@@ -253,9 +255,10 @@ def test_cli_export(tmp_path):
     assert res.exit_code == 0, res.output
     flat = " ".join(res.output.split())
     assert TASK in flat and "confirmed champion" in flat and f"skipped {BAD_TASK}" in flat
-    res = runner.invoke(app, ["export", built.run_id, "--out", str(tmp_path / "o"), "--no-build", "--json",
+    res = runner.invoke(app, ["export", built.run_id, "--out", str(tmp_path / "none"), "--no-build", "--json",
                               "--task", BAD_TASK, "--db", str(built.db)])
-    assert res.exit_code == 1 and json.loads(res.output)["skipped"][BAD_TASK]
+    assert res.exit_code == 2 and "nothing to export" in res.output and "no correct candidate" in res.output
+    assert not (tmp_path / "none").exists()
     res = runner.invoke(app, ["export", "qqq", "--out", str(tmp_path / "o"), "--db", str(built.db)])
     assert res.exit_code == 2 and "neither a run nor a candidate" in res.output
 

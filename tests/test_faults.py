@@ -340,6 +340,7 @@ def test_small_soak_loses_nothing(tmp_path):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["evaluations"] == 500 == out["candidates"] and out["rows_lost"] == 0
     assert out["integrity"] == ["ok"]
+    assert out["work_dir"] and not Path(out["work_dir"]).exists(), "soak.py must remove its temporary folder"
     assert sum(out["faults_injected"].values()) >= 10, out["faults_injected"]
     assert out["compile_worker_deaths"] >= 1 and out["gpu_actor_deaths"] >= 1
     assert not out["recorded_as_died_twice"], "a candidate that dies once must be evaluated on its retry"
