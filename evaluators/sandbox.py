@@ -463,9 +463,10 @@ def probe() -> Capabilities:
             notes.append(f"Landlock ABI {abi} < 6: no signal scoping")
         if is_root:
             notes.append("running as root: RLIMIT_NPROC is not enforced")
-            log.warning("SANDBOX: running as root: RLIMIT_NPROC is not enforced for root, so a fork "
-                        "bomb is bounded only by the wall-clock timeout; run the search as a dedicated "
-                        "non-root user")
+            # Short enough for one line of an 80-column terminal; the detail goes to the log file.
+            log.warning("sandbox: as root, RLIMIT_NPROC is not enforced; run as a non-root user")
+            log.info("sandbox: RLIMIT_NPROC is not enforced for root, so a fork bomb is bounded only "
+                     "by the wall-clock timeout; run the search as a dedicated non-root user")
         _probed = Capabilities(netns=netns, landlock_abi=abi, is_root=is_root, notes=tuple(notes))
         log.info("sandbox probe (%.2fs): netns=%s landlock_abi=%d root=%s", time.monotonic() - t0,
                  netns or "unavailable", abi, is_root)

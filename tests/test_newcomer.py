@@ -307,3 +307,23 @@ def test_demo_config_header_agrees_with_its_body():
     assert words[m.group(1)] == len(cfg.tasks.include)
     assert words[m.group(2)] == cfg.search.islands_per_task
     assert int(m.group(3)) == cfg.search.max_evaluations
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root warning is only given to root")
+def test_sandbox_root_warning_is_one_terminal_line(tmp_path, monkeypatch, capsys):
+    from evaluators import sandbox
+
+    monkeypatch.setenv("EVO_LOG", str(tmp_path / "evo.log"))
+    setup_logging(0)
+    sandbox.reset_probe()
+    try:
+        sandbox.probe()
+        err = capsys.readouterr().err
+    finally:
+        sandbox.reset_probe()
+        for h in list(logging.getLogger().handlers):
+            h.close()
+            logging.getLogger().removeHandler(h)
+    root_lines = [ln for ln in err.splitlines() if "root" in ln]
+    assert len(root_lines) == 1 and len(root_lines[0]) <= 80, err
+    assert "fork bomb" in (tmp_path / "evo.log").read_text()  # the detail is in the log file
