@@ -257,7 +257,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             harness_settings=cfg.harness_settings(), address=address,
             num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
             num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
-            secret_env=tuple(m.key_env for m in cfg.llm.models if m.key_env),  # kept out of Ray
+            # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
+            secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env),
         )
         try:
             rt.start()
