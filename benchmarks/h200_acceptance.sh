@@ -6,6 +6,7 @@
 #   tests  the gpu-marked tests, one bounded pytest per file (harness, export, profile, tasks, row stream,
 #          exploits), then the self-test as the selftest step runs it -> $OUT/gpu_tests.txt (a line per
 #          file and shard), $OUT/gpu_<file>.txt
+#   files  only the gpu test files in EVO_GPU_TEST_FILES (e.g. "test_user_task_search_gpu"), bounded
 #   selftest  the self-test alone (every task's null / zero / copy / constant / half kernels must fail),
 #          split over EVO_SELFTEST_SHARDS (default 3) pytest processes on disjoint task lists at once
 #          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
@@ -36,6 +37,20 @@ selftest_shards() {
   wait
   grep '^selftest shard' "$out/gpu_tests.txt"
   echo "kernel verdicts: $(cat "$out"/gpu_selftest_*.txt | grep -c '^\[selftest\]'); naming out-of-memory: $(cat "$out"/gpu_selftest_*.txt | grep '^\[selftest\]' | grep -ci 'out of memory')"
+}
+
+# One bounded pytest per gpu test file (a hang or a slow file cannot eat the call, and every
+# file gets a verdict line in $out/gpu_tests.txt; its log in $out/gpu_<file>.txt).
+gpu_files() {
+  local per=${EVO_GPU_TEST_TIMEOUT:-300} f t1 rc
+  for f in "$@"; do
+    t1=$(date +%s)
+    timeout "$per" python -m pytest -m gpu -q -s -rs -p no:cacheprovider -o log_cli=true --log-cli-level=INFO \
+      "tests/gpu/$f.py" > "$out/gpu_$f.txt" 2>&1
+    rc=$?
+    echo "$f rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)') in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$out/gpu_$f.txt")" \
+      | tee -a "$out/gpu_tests.txt"
+  done
 }
 
 for step in $steps; do
@@ -76,24 +91,20 @@ PY
       # gets a verdict line); the self-test (41 tasks x 5 kernels, long builds) goes last, in
       # shards (selftest_shards). EVO_GPU_TEST_TIMEOUT (s, per file or shard) and
       # EVO_SELFTEST_TASKS narrow it.
-      per=${EVO_GPU_TEST_TIMEOUT:-300}
       : > "$out/gpu_tests.txt"
-      for f in test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu test_adversarial_gpu; do
-        t1=$(date +%s)
-        timeout "$per" python -m pytest -m gpu -q -rs -p no:cacheprovider -o log_cli=true --log-cli-level=INFO \
-          "tests/gpu/$f.py" > "$out/gpu_$f.txt" 2>&1
-        rc=$?
-        echo "$f rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)') in $(( $(date +%s) - t1 )) s: $(tail -n 1 "$out/gpu_$f.txt")" \
-          | tee -a "$out/gpu_tests.txt"
-      done
+      gpu_files test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu \
+        test_adversarial_gpu test_user_task_search_gpu
       selftest_shards ;;
+    files)
+      # Only the gpu test files named in EVO_GPU_TEST_FILES (space-separated, without .py).
+      gpu_files ${EVO_GPU_TEST_FILES:?set EVO_GPU_TEST_FILES} ;;
     selftest)
       selftest_shards ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
       sed -n '/## Families/,/^$/p' "$out/RESULTS.md" ;;
-    *) echo "unknown step $step (seeds demo gemm tests selftest bench)"; exit 2 ;;
+    *) echo "unknown step $step (seeds demo gemm tests files selftest bench)"; exit 2 ;;
   esac
   echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
 done

@@ -431,3 +431,18 @@ def test_export_of_a_user_task_run_loads_its_task_file_and_keeps_integer_outputs
     """)
     out = subprocess.run([sys.executable, "-I", "-c", check], capture_output=True, text=True, cwd="/", timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_dry_run_of_user_tasks_in_another_directory_works_from_anywhere(tmp_path):
+    """`evo search CONFIG --dry-run` with the task files next to the config, run from an
+    unrelated working directory: both seeds go through policy and nvcc."""
+    import shutil
+
+    if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("needs nvcc")
+    out = _cli("search", str(EXAMPLES / "user_tasks.toml"), "--dry-run", "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for task in ("rownorm_l2", "rowargmax"):
+        row = next(line for line in out.stdout.splitlines() if f" {task} " in line)
+        assert row.count(" ok ") >= 2, row  # policy ok, compile ok
+    assert "Traceback" not in out.stderr
