@@ -213,7 +213,7 @@ def test_abi_struct_matches_header():
     assert int(re.search(r"#define EVO_ABI_VERSION (\d+)", hdr).group(1)) == abi.ABI_VERSION
     enum = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"EVO_(\w+) = (\d+)", hdr))
     names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
-             "I32": "int32", "I64": "int64", "U8": "uint8"}
+             "I32": "int32", "I64": "int64", "U8": "uint8", "BOOL": "bool"}
     assert {names[k]: v for k, v in enum.items()} == abi.EVO_DTYPES
     assert ctypes.sizeof(abi.EvoTensor) == 8 + 4 + 4 + 8 * 8 * 2
     assert abi.EvoTensor.shape.offset == 16 and abi.EvoTensor.strides.offset == 80

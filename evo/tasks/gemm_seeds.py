@@ -23,14 +23,14 @@ Templates (``evo/tasks/kernels/``):
   ``WGMMA = 1`` adds a Hopper kernel (TMA, warp-specialised, RS tf32 wgmma) that the host picks
   for TMA-eligible calls, the ``mma.sync.m16n8k8`` kernel taking the rest. Its seeds
   :data:`F32_3XTF32_SEEDS` are the strict-fp32 seeds (validated on an H200 with
-  ``benchmarks/probes/f32_3xtf32.json``, ``f32_3xtf32_sm90*.json`` and
+  ``benchmarks/lab/probes/f32_3xtf32.json``, ``f32_3xtf32_sm90*.json`` and
   ``f32_3xtf32_producer_split.json``); the FFMA ones stay
   available as :data:`F32_FFMA_SEEDS`.
 
 All read every shape from the tensor descriptors at run time (batch from a 3-D B, leading
 dims of A folded into M when B is 2-D) and return ``cudaErrorInvalidValue`` for inputs
 outside their contract. ``docs/kernels.md`` ("GEMM seed templates") is the user-facing
-description; ``benchmarks/probe.py`` and ``evo bench`` check and time them on a GPU.
+description; ``benchmarks/lab/probe.py`` and ``evo bench`` check and time them on a GPU.
 """
 
 from __future__ import annotations
@@ -84,13 +84,12 @@ def _bf16(description: str, *, epilogue: str = "none", tunables: tuple[tuple[str
     return SeedSpec(GEMM_BF16_TEMPLATE, defines, description, tunable_defaults=tunables)
 
 
-#: Small-M/N, huge-K: 64x64 tiles and an 8-CTA split-K cluster give 16 x 8 = 128 CTAs
-#: for 256 x 524288 x 256, instead of 4 CTAs with 128x128 tiles; an 8x16 thread grid (8x4
-#: outputs per thread) measured 17.6 TFLOP/s on an H200 against 15.0 for 16x16.
+#: kb06_large_k's FFMA tiling: 64x64 tiles, an 8-CTA split-K cluster, an 8x16 thread grid
+#: (docs/kernels.md, "Seed defaults").
 _LARGE_K = (("BM", "64"), ("BN", "64"), ("BK", "16"), ("SPLIT_K", "8"), ("THR_M", "8"), ("THR_N", "16"))
 
-#: The plain-FFMA strict-fp32 seeds (the seeds until 2026-11-30; 0.35-0.91x cuBLAS on an H200,
-#: superseded by F32_3XTF32_SEEDS). Kept as a template the search and tests can still use.
+#: The plain-FFMA strict-fp32 seeds, superseded by F32_3XTF32_SEEDS on 2026-11-30 (docs/kernels.md,
+#: "Seed defaults"). Kept as a template the search and tests can still use.
 F32_FFMA_SEEDS: dict[str, SeedSpec] = {
     "kb01_square": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
     "kb02_standard": _f32("C = A @ B, fp32 FFMA, cp.async pipeline"),
@@ -109,48 +108,20 @@ F32_FFMA_SEEDS: dict[str, SeedSpec] = {
     "kb18_trans_both": _f32("C = A.T @ B.T with A [K, M], B [N, K]", trans_a=True, trans_b=True),
 }
 
-#: PERSIST: one CTA per SM loops over the tiles, so the producer refills the ring for the next
-#: tile while the consumers run this one's epilogue. On an H200 (benchmarks/probes/bf16_persist.json,
-#: 2026-12-01): SwiGLU 1.078x -> 1.124x torch, gemm_bf16 8192^3 0.960x -> 0.969x, 4096^3 0.881x ->
-#: 0.898x cuBLAS; the irregular shape gained nothing (3.61x), so it stays one tile per CTA.
-#: bmm_bf16 (128 batches of 512 x 2048, K = 1024: 16 k-steps a tile, so the epilogue is a large
-#: share) gained little from PERSIST alone (0.73x -> 0.76x / 0.81x) but with EPI_DEFER below
-#: 0.733x / 0.734x / 0.734x -> 0.951x / 0.952x / 0.954x torch (benchmarks/probes/bmm_persist.json,
-#: 2026-12-02, alternating, every check passed).
+#: PERSIST: one CTA per SM loops over the tiles (docs/kernels.md, "Seed defaults").
 _BF16_PERSIST = (("PERSIST", "1"),)
-#: EPI_DEFER: a tile's activation and stores run in slices under the next tile's wgmmas (its
-#: accumulators packed to bf16 first), so the tensor pipe no longer idles through each epilogue.
-#: On an H200 (benchmarks/probes/bf16_defer.json and bf16_defer2.json, 2026-12-02; every check
-#: passed, including the irregular shape's edge tiles and bmm's batches with PERSIST): SwiGLU
-#: 1.159x / 1.160x -> 1.201x / 1.201x torch, bias+GELU 1.013x / 1.015x / 1.016x / 1.019x ->
-#: 1.044x / 1.034x / 1.021x, gemm_bf16 0.978x -> 1.024x / 1.028x (8192^3) and 0.906x -> 0.927x
-#: / 0.962x (4096^3).
+#: EPI_DEFER: each tile's epilogue runs in slices under the next tile's wgmmas (docs/kernels.md,
+#: "Seed defaults").
 _BF16_DEFER = (("EPI_DEFER", "1"),)
-#: bmm_bf16: 2-CTA clusters along M (B tiles multicast) on top of PERSIST + EPI_DEFER: 0.961x,
-#: 0.973x, 0.975x against 0.951-0.959x in the same runs (benchmarks/probes/bmm_persist.json and
-#: row_block128.json, 2026-12-02, every check passed).
+#: bmm_bf16: 2-CTA clusters along M multicasting the B tiles (docs/kernels.md, "Seed defaults").
 _BMM_CLUSTER = (("CLUSTER_M", "2"),)
-#: SwiGLU: 2-CTA clusters along M share (multicast) the W1 / W3 tiles. On an H200
-#: (benchmarks/probes/bf16_release.json, 2026-12-01, with the straight-line epilogue and the
-#: tanh SiLU): 1.147x / 1.146x torch against 1.128x / 1.138x without; clusters came out ahead
-#: in every pair measured that day (bf16_epilogue.json: 1.146x against 1.123x;
-#: bf16_cluster_ab.json: 1.137x against 1.130x), by less than the run-to-run spread each time.
+#: SwiGLU: 2-CTA clusters along M multicasting the W1 / W3 tiles (docs/kernels.md, "Seed defaults").
 _SWIGLU_CLUSTER = (("CLUSTER_M", "2"),)
-#: bias+GELU: EPI_BF16X2, the bias added to the packed A @ B pair by one bf16x2 FMA that also
-#: halves it (one more bf16 rounding, as torch's addmm output has), GELU from x / 2 in 4 FP32
-#: instructions + the tanh; without clusters. On an H200 (benchmarks/probes/bf16_bias_gelu_x2.json
-#: and bf16_bias_gelu_cluster.json, 2026-12-02, every check passed): 1.064x / 1.058x / 1.062x
-#: torch, against 1.028-1.045x for the previous seed (CLUSTER_M = 2, FP32 bias add) in the same
-#: runs, 1.030-1.044x for EPI_BF16X2 with CLUSTER_M = 2 and 0.999-1.033x for CLUSTER_M = 1 alone.
-#: (The 2-CTA clusters it ran since 2026-12-01 had measured 1.016x / 1.022x against 1.008x /
-#: 1.018x without, before EPI_DEFER.)
+#: bias+GELU: EPI_BF16X2 (bias added by one packed bf16x2 FMA), without clusters (docs/kernels.md,
+#: "Seed defaults").
 _BIAS_GELU_X2 = (("EPI_BF16X2", "1"),)
-#: SwiGLU: DUAL_MMA, W1's and W3's tiles side by side in each stage and one 64 x 256 wgmma per
-#: k-step for both accumulators (A read from shared memory once per k-step, not twice). On an
-#: H200 (benchmarks/probes/bf16_kfirst.json and bf16_dual.json, 2026-12-01): 1.159x / 1.157x /
-#: 1.160x / 1.159x torch against 1.147x / 1.151x / 1.150x for the seed without it, in the same
-#: runs; at its power limit the board spends the saving on clock (benchmarks/power.py: tensor
-#: pipe 84.4% of the peak at the measured 1455 MHz, against 83.6%).
+#: SwiGLU: DUAL_MMA, one 64 x 256 wgmma per k-step for both accumulators
+#: (docs/kernels.md, "Seed defaults").
 _SWIGLU_DUAL = (("DUAL_MMA", "1"),)
 
 BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
@@ -180,38 +151,24 @@ BF16_GEMM_SEEDS: dict[str, SeedSpec] = {
 # ---- 3xTF32 seeds of the strict-fp32 tasks (issue 8) ---------------------------------------
 # Same task-config defines and host-side tensor handling as gemm_f32 (TRANS_A, TRANS_B,
 # EPILOGUE; batch from a 3-D B, leading dims of A folded into M), but error-compensated TF32
-# tensor-core maths (mma.sync m16n8k8, three MMAs per k-block, per-k-tile promotion). On an
-# H200 (benchmarks/probes/f32_3xtf32.json, 2026-11-30) every one passed the strict fp32 checks
-# on every shape and ran 0.50-2.36x torch fp32 (the FFMA seeds: 0.35-1.48x).
+# tensor-core maths (mma.sync m16n8k8, three MMAs per k-block, per-k-tile promotion). Why they
+# replaced the FFMA seeds, and each tunable default below: docs/kernels.md, "Seed defaults".
 
 _f32_3xtf32 = functools.partial(_f32, template=GEMM_F32_3XTF32_TEMPLATE)
 
 
-#: 256 x 524288 x 256 on the Hopper kernel: 128 x 128 tiles, K split through the workspace
-#: (SPLIT_WS: floor(132 SMs / 4 tiles) = 33 CTAs per tile, one wave of 132 independent CTAs each
-#: writing a partial tile, then a reduction kernel sums them in slice order): 2.11x torch fp32 on
-#: an H200 (benchmarks/probes/f32_3xtf32_split_ws.json, 2026-12-01) against 1.09x for the
-#: 16-CTA cluster split (4 x 16 = 64 CTAs: half the SMs idle; cluster sizes cap it) and 1.43x
-#: for 128 x 64 tiles (BN = 64 wgmmas run below rate).
-#: WARPS 4 x 4 keep its mma.sync fallback (unaligned calls) free of spills.
+#: kb06_large_k on the Hopper kernel: 128 x 128 tiles, K split over one wave of CTAs through the
+#: workspace (SPLIT_WS); WARPS 4 x 4 keep its mma.sync fallback free of spills (docs/kernels.md,
+#: "Seed defaults").
 _3X_LARGE_K = (("BM", "128"), ("BN", "128"), ("WARPS_M", "4"), ("WARPS_N", "4"), ("STAGES", "4"),
                ("SPLIT_WS", "1"), ("WGMMA", "1"))
-#: K = 64 / 32 with a 32768 x 32768 output: store-bound. The Hopper kernel runs persistent
-#: (PERSIST: one CTA per SM looping over tiles, so the producer loads and splits the next tile
-#: while the consumers store this one) and stores each tile by TMA from its own shared-memory
-#: buffer (TMA_STORE: the consumers go on to the next tile while the TMA engine drains this one;
-#: the 64 KB buffer leaves room for 3 stages): kb07 2.23x, kb09 1.94x torch fp32 on an H200
-#: (benchmarks/probes/f32_3xtf32_tma_store.json, 2026-12-01) against 1.69x / 1.63x with
-#: register stores (PERSIST alone) and 1.36x / 1.02x one tile per CTA.
-#: EPI_SMEM stages the mma.sync fallback's tile for full 128-byte row stores.
+#: K = 64 / 32 (store-bound): the persistent Hopper kernel with TMA stores (PERSIST, TMA_STORE);
+#: EPI_SMEM stages the mma.sync fallback's tile for full 128-byte row stores
+#: (docs/kernels.md, "Seed defaults").
 _3X_SMALL_K = (("STAGES", "3"), ("EPI_SMEM", "1"), ("WGMMA", "1"), ("PERSIST", "1"), ("TMA_STORE", "1"))
-#: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised),
-#: 128 x 128 x 32, 4 stages: 2.07-2.35x torch fp32 on the dense shapes on an H200
-#: (benchmarks/probes/f32_3xtf32_producer_split.json, 2026-12-01; 4 stages were also the
-#: mma.sync kernel's best: 1.215x torch on kb01 against 1.163x for 3). Operands TMA cannot read in
-#: place (kb08: K = 2949, N = 5921, rows only 4-byte aligned) get a row-padded copy in the
-#: workspace first (PAD = 1, the template's default): kb08 runs the Hopper kernel too, 2.31x
-#: torch fp32 on an H200 (benchmarks/probes/f32_3xtf32_pad.json; its mma.sync seed ran 1.17x).
+#: The Hopper kernel (TMA + producer-side B split + RS tf32 wgmma, warp-specialised), 4 stages;
+#: operands TMA cannot read in place get row-padded workspace copies (PAD = 1, the default)
+#: (docs/kernels.md, "Seed defaults").
 _3X_WG = (("STAGES", "4"), ("WGMMA", "1"))
 
 F32_3XTF32_SEEDS: dict[str, SeedSpec] = {

@@ -41,8 +41,7 @@ _F32 = (("EVO_DTYPE", "float"), ("EVO_ELEM_BYTES", "4"), ("EVO_DTYPE_CODE", "EVO
 _BF16 = (("EVO_DTYPE", "__nv_bfloat16"), ("EVO_ELEM_BYTES", "2"), ("EVO_DTYPE_CODE", "EVO_BF16"))
 _BF16_VEC = (("VEC", "8"),)
 #: Ops costing more than a few instructions per element keep two 16-byte loads in flight per
-#: thread: measured on an H200 (4096 x 393216), ITEMS 2 brought GELU, SELU, ELU, tanh, softplus
-#: from 0.92-0.95x torch to 1.00-1.09x (ITEMS 4 was slower again: 0.96-0.99x).
+#: thread (why: docs/kernels.md, "Seed defaults").
 _ITEMS2 = (("ITEMS", "2"),)
 
 
@@ -82,13 +81,9 @@ ELEMENTWISE_SEEDS: dict[str, SeedSpec] = {
     ),
 }
 
-#: FAST_MATH 1 (hardware exp in both passes), measured on an H200: kb23 1.39x -> 1.43x torch,
-#: kb24 1.39x -> 1.44x, softmax_bf16 1.74x -> 2.14x. STREAM 1 at BLOCK 512 (persistent clusters
-#: streaming rows through shared memory by bulk copies; benchmarks/probes/row_stream*.json,
-#: 2026-12-02): kb23 1.42x -> 1.79-1.80x, kb24 1.43x -> 1.75x (STREAM 1 at BLOCK 1024: 1.72x,
-#: 1.55x; with CLUSTER 16: 0.92-1.49x). softmax_bf16 (benchmarks/probes/softmax_keep_exp.json,
-#: 2026-12-02): KEEP_EXP 1 (one exp per element) 2.15x -> 2.19x torch, with BLOCK 128 and
-#: REG_VECS 4 (a 4096-wide row in one 128-thread CTA) 2.82x.
+#: Row reductions: hardware exp (FAST_MATH); kb23 / kb24 stream rows through persistent clusters
+#: (STREAM); softmax_bf16 keeps a row in one 128-thread CTA, one exp per element
+#: (why: docs/kernels.md, "Seed defaults").
 ROWREDUCE_SEEDS: dict[str, SeedSpec] = {
     "kb23_softmax": SeedSpec(
         "rowreduce", _F32 + (("EVO_OP_SOFTMAX", "1"),),

@@ -43,7 +43,7 @@
 // own A and one slice of B multicast into both CTAs' stages; every stage's empty barrier counts
 // the consumer warpgroups of both CTAs (one local and one remote arrive per warpgroup). H200:
 // validated on every check shape of gemm_bf16 / bias+GELU / SwiGLU / irregular / bmm; +1-3% on
-// the fused GEMMs (inside the run-to-run spread); the SwiGLU and bias+GELU seeds use it (docs/kernels.md).
+// the fused GEMMs (inside the run-to-run spread); which seeds use it: evo/tasks/gemm_seeds.py.
 // CLUSTER_N = 2 (TMA kernel): the same along N for the A tile; with CLUSTER_M = 2, 2 x 2 clusters
 // in which each CTA loads half its A and half its B tile(s), multicast, and each empty barrier
 // counts the consumers of the CTA and of its peers along M and N. Validated on an H200 (every
@@ -67,7 +67,7 @@
 // pairs when its main loop ends and stored in slices between the next tile's first wgmma
 // issues and waits (activation included), so the tensor pipe keeps working through every
 // epilogue; H200: SwiGLU 1.16x -> 1.20x torch, bias+GELU ~1.02x -> ~1.04x, gemm_bf16 4096^3
-// 0.91x -> 0.96x cuBLAS; the gemm_bf16, bias+GELU and SwiGLU seeds use it (docs/kernels.md).
+// 0.91x -> 0.96x cuBLAS; which seeds use it: evo/tasks/gemm_seeds.py (docs/kernels.md).
 // EPI_BF16X2 = 1 (bias+GELU with EPI_DEFER): each deferred value pair gets its bias from one
 // packed bf16x2 FMA that also halves it, and GELU runs from x / 2 (4 FP32 instructions + the
 // tanh); H200: 1.058-1.064x torch without clusters, against 1.028-1.055x for the previous seed
