@@ -39,11 +39,19 @@ VICTIM_DB = Path("/tmp/evo-attack-victim.db")
 KEY = "sk-attack-test-0123456789abcdefghij"
 
 
+def source(path: Path) -> str:
+    """A fixture's exact text: no newline translation (a lone CR is part of an attack)."""
+    return path.read_bytes().decode("utf-8")
+
+
 def header(path: Path) -> dict[str, str]:
-    """``key: value`` lines of the leading comment block (continuation lines appended)."""
+    """``key: value`` lines of the first comment block (continuation lines appended); lines
+    before it (a directive that must come first, after a BOM) are skipped."""
     out: dict[str, str] = {}
     last = None
-    for line in path.read_text().splitlines():
+    lines = source(path).split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("//"))
+    for line in lines[start:]:
         if not line.startswith("//"):
             break
         body = line[2:].strip()
@@ -53,19 +61,24 @@ def header(path: Path) -> dict[str, str]:
             out[last] = m.group(2).strip()
         elif last and line.startswith("//  "):
             out[last] += " " + body
-    out["attack"] = next((l[len("// ATTACK:"):].strip() for l in path.read_text().splitlines()
-                          if l.startswith("// ATTACK:")), "")
+    out["attack"] = next((l[len("// ATTACK:"):].strip() for l in lines if l.startswith("// ATTACK:")), "")
     return out
 
 
 FIXTURES = sorted(ATTACKS.glob("*.cu"))
 NAMES = [p.stem for p in FIXTURES]
+#: Desyncs of the policy's C++ reader and other policy bypasses found on the CPU machine: each
+#: ran its payload (a connection to the host's loopback, through a shell or raw syscalls)
+#: past the policy of 2c48e1c. With the sandbox off they still do (the control test below),
+#: which shows the text the policy once skipped is code to the compiler.
+BYPASSES = ["ns_alias_system", "asm_label_macro", "weakref_system", "pragma_redefine_extname", "hd_raw_syscall",
+            "digraph_braces", "formfeed_paste", "bom_paste", "lone_cr_comment", "dollar_raw_string", "python_capi"]
 
 
 def test_corpus_is_complete_and_well_formed():
     wanted = {"system_shell", "popen_env", "fopen_db", "socket_connect", "getenv_key", "proc_environ",
               "fork_bomb", "sleep_forever", "dlopen_cublas", "host_spin", "asm_syscall", "include_file",
-              "template_bomb"}
+              "template_bomb", *BYPASSES, "vtab_include"}
     assert wanted <= set(NAMES)
     rules = {r.name for r in POLICY_RULES} | {"none"}
     for p in FIXTURES:
@@ -78,7 +91,7 @@ def test_corpus_is_complete_and_well_formed():
 @pytest.mark.parametrize("name", NAMES)
 def test_policy_rejects_with_the_right_rule(name):
     h = header(ATTACKS / f"{name}.cu")
-    res = check_policy((ATTACKS / f"{name}.cu").read_text())
+    res = check_policy(source(ATTACKS / f"{name}.cu"))
     if h["expect-rule"] == "none":
         assert res.status is Status.OK, "a fixture documented as invisible to policy must pass it"
         return
@@ -108,7 +121,7 @@ def built(tmp_path_factory):
                          timeout_s=60, memory_mb=2048)
 
     def build(p: Path):
-        return p.stem, compile_candidate(Candidate.create("kb19_relu", p.read_text(), {}), cs)
+        return p.stem, compile_candidate(Candidate.create("kb19_relu", source(p), {}), cs)
 
     with cf.ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(build, FIXTURES))
@@ -122,10 +135,12 @@ def test_compiles_claims_hold(built):
 
 
 @needs_nvcc
-def test_include_of_a_file_leaks_it_into_the_compile_log(built):
+@pytest.mark.parametrize("name", ["include_file", "vtab_include"])
+def test_include_of_a_file_leaks_it_into_the_compile_log(built, name):
     """Why include-allowlist matters: nvcc quotes an included file in its errors, and errors
-    go back to the LLM in repair prompts. Policy is the only layer for this one."""
-    out = built["include_file"]
+    go back to the LLM in repair prompts. (vtab_include: the include the policy's lexer once
+    misread as code is a real directive to nvcc.)"""
+    out = built[name]
     assert out.result.status is Status.COMPILE_ERROR
     assert "root:" in out.result.artifacts.get("log", "") + out.result.artifacts.get("errors", "")
 
@@ -214,3 +229,25 @@ def test_attacks_get_through_without_the_sandbox(built, listener, tmp_path, monk
                            sandbox=sb.SandboxSettings(enabled=False))
         assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
     assert listener.accepted >= 2
+
+
+@needs_nvcc
+def test_bypass_payloads_run_without_the_sandbox(built, listener, tmp_path):
+    """Control for the reader's desyncs: with the sandbox off, every bypass fixture's payload
+    really runs (each reaches the host's loopback), so what the policy now
+    rejects is code the compiler built, not text it skipped."""
+    if not shutil.which("python3"):
+        pytest.skip("the shell payloads dial out through python3")
+    x86 = os.uname().machine == "x86_64"
+    for name in BYPASSES:
+        if "(x86-64 host code)" in source(ATTACKS / f"{name}.cu") and not x86:
+            continue
+        before = listener.accepted
+        rep = run_isolated(HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
+                           HarnessSettings(timeout_s=10.0), entry=CPU_CHILD, workdir=tmp_path,
+                           sandbox=sb.SandboxSettings(enabled=False))
+        assert rep.stage("correctness").status is Status.OK, (name, rep.stage("correctness").reason)
+        deadline = time.monotonic() + 3.0  # the listener counts on its own thread
+        while listener.accepted == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert listener.accepted > before, f"{name}: its payload did not reach the listener"
