@@ -56,6 +56,10 @@ class GpuEvaluator:
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
         self._settings = settings
+        from evaluators.timeouts import TimeoutBudget
+
+        #: per-task timeouts from this GPU's passing evaluations: a hang costs seconds
+        self._timeouts = TimeoutBudget()
         if settings.task_files and profile_fn is None:
             # The profiler looks the task up in this process (the harness child loads the
             # files itself from the job); a file that fails here fails the same way there.
@@ -67,7 +71,9 @@ class GpuEvaluator:
 
     def evaluate(self, candidate: Candidate, so_bytes: bytes) -> GpuResult:
         t0 = time.time()
-        ev = self._evaluate(candidate, so_bytes, self._settings)
+        settings = self._timeouts.settings_for(candidate.task, self._settings)
+        ev = self._evaluate(candidate, so_bytes, settings)
+        self._timeouts.record(candidate.task, ev.env or {}, passed=ev.correct)
         t1 = time.time()
         log.debug("%s evaluated %s in %.2fs: %s", self._worker, candidate.short_id, t1 - t0, ev.status.value)
         return GpuResult(evaluation=ev, started=t0, finished=t1, worker=self._worker)

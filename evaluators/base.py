@@ -84,6 +84,13 @@ class HarnessSettings:
     device: int = 0
     fresh_timing_process: bool = True
     task_files: tuple[str, ...] = ()
+    #: Per-child timeouts (s) for the correctness (``check``) and the timing process, set by
+    #: the GPU actor from this task's own history (:mod:`evaluators.timeouts`); None: use
+    #: ``timeout_s``, which stays the upper bound of both.
+    timeout_check_s: float | None = None
+    timeout_time_s: float | None = None
+    #: Why the per-child timeouts have their values (quoted in a timeout's reason).
+    timeout_note: str = ""
 
 
 @runtime_checkable

@@ -376,7 +376,10 @@ def run_isolated(
     seed = job.seed if job.seed is not None else secrets.randbits(62)
     kw = dict(entry=entry, python=python, keep_dir=keep_dir, workdir=workdir, sandbox=sandbox)
     if mode != "check+time" or not settings.fresh_timing_process:
-        return _Child(job, settings, mode, seed, **kw).finish()
+        rep = _Child(job, settings, mode, seed, **kw).finish()
+        # one process doing both stages counts as the correctness process (its timeout too)
+        wall = "wall_time_s" if mode == "time-only" else "wall_check_s"
+        return replace(rep, env={**rep.env, wall: f"{rep.seconds:.3f}"})
     # Correctness and timing in two fresh processes (same seed). Timed in the process that
     # had just run the correctness trials, memory-bound kernels measured up to 11% slower
     # (gelu_bf16 1.686 ms against 1.511 ms in a fresh process; torch's own silu 7% slower)
@@ -397,7 +400,7 @@ def run_isolated(
         why = c.status.value if c is not None else "missing from the child's result"
         skipped = StageResult("timing", Status.SKIPPED, f"not run: correctness {why}")
         return replace(first, stages=tuple(x for x in (c, skipped) if x is not None),
-                       env={**first.env, "mode": "check+time"})
+                       env={**first.env, "mode": "check+time", "wall_check_s": f"{first.seconds:.3f}"})
     timer.open_gate()
     second = timer.finish()
     t = second.stage("timing") or StageResult("timing", Status.CRASH, "the timing process reported no timing stage")
@@ -405,7 +408,8 @@ def run_isolated(
         stages=(c, t),
         fitness=second.fitness,
         timings=second.timings,
-        env={**second.env, "mode": "check+time", "timing_process": "fresh"},
+        env={**second.env, "mode": "check+time", "timing_process": "fresh",
+             "wall_check_s": f"{first.seconds:.3f}", "wall_time_s": f"{second.seconds:.3f}"},
         seconds=first.seconds + second.seconds,
         returncode=second.returncode,
     )
@@ -438,6 +442,9 @@ class _Child:
         from evaluators.sandbox import SandboxSettings, sandbox_launch
 
         self.job, self.settings, self.mode, self.keep_dir = job, settings, mode, keep_dir
+        per_child = settings.timeout_time_s if mode == "time-only" else settings.timeout_check_s
+        #: this child's wall-clock limit: its task's adaptive value, never above timeout_s
+        self.timeout_s = float(min(per_child, settings.timeout_s) if per_child else settings.timeout_s)
         self.jobdir = Path(tempfile.mkdtemp(prefix="evo-harness-", dir=workdir))
         self.t0 = time.monotonic()
         self._files: list[Any] = []
@@ -453,8 +460,11 @@ class _Child:
             exe = python or sys.executable
             argv = ([exe, entry, str(self.jobdir)] if entry.endswith(".py")
                     else [exe, "-m", entry, str(self.jobdir)])
-            self.launch = sandbox_launch(argv, env, self.jobdir, settings.timeout_s,
-                                         sandbox if sandbox is not None else SandboxSettings.from_env())
+            # user task files import siblings: their directories stay readable under Landlock
+            task_dirs = sorted({str(Path(f).parent) for f in payload["task_files"]})
+            self.launch = sandbox_launch(argv, env, self.jobdir, self.timeout_s,
+                                         sandbox if sandbox is not None else SandboxSettings.from_env(),
+                                         readable=task_dirs)
             self._files = [open(self.jobdir / "stdout.log", "wb"), open(self.jobdir / "stderr.log", "wb")]
             self.proc = subprocess.Popen(
                 self.launch.argv,
@@ -503,7 +513,7 @@ class _Child:
         job, settings, mode, jobdir, proc = self.job, self.settings, self.mode, self.jobdir, self.proc
         timed_out = False
         try:
-            rc = proc.wait(timeout=settings.timeout_s)
+            rc = proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(self.pgid)
@@ -517,7 +527,9 @@ class _Child:
         where = _progress(jobdir)
         log.debug("harness %s rc=%s in %.1fs", job.candidate_id[:12], rc, seconds)
         if timed_out:
-            reason = f"timed out after {settings.timeout_s:g}s (process group killed)"
+            reason = f"timed out after {self.timeout_s:.3g}s (process group killed)"
+            if self.timeout_s < settings.timeout_s and settings.timeout_note:
+                reason += f" [{settings.timeout_note}]"
             if where:
                 reason += f"; last step: {where}"
             return _failure_report(Status.TIMEOUT, reason, mode, arts, seconds, None)

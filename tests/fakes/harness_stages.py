@@ -25,3 +25,15 @@ def isolated_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSe
 def raising_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
     """A GPU stage whose own code is broken (not a harness child failure): raises every time."""
     raise ValueError("simulated bug in the GPU stage")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "isolation"
+
+
+def fixture_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
+    """The real isolation path with the fixture child named by the candidate's notes
+    (``ok``, ``hang``, ...: tests/fixtures/isolation/<notes>.py)."""
+    rep = run_isolated(HarnessJob(task=candidate.task, candidate_id=candidate.id, so_bytes=so_bytes,
+                                  params=candidate.params), settings, entry=str(FIXTURES / f"{candidate.notes}.py"))
+    ok = all(s.status in (Status.OK, Status.SKIPPED) for s in rep.stages)
+    return Evaluation(candidate.id, rep.stages, rep.fitness if ok else None, gpu="fake", env=dict(rep.env))
