@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from _inspect_run import BAD_TASK, TASK, build_run
 from evo.cli import app
 from evo.cli_common import distinguishable_ids, setup_logging
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.records import Candidate, StageResult, Status
 from evo.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
