@@ -406,6 +406,8 @@ class LLMConfig(_Section):
     breaker_failures: int = Field(5, ge=1, le=1000)
     breaker_cooldown_s: float = Field(30.0, ge=0)
     breaker_trips: int = Field(3, ge=1, le=100)
+    repair_rounds: int = Field(3, ge=0, le=20)
+    repair_per_lineage: int = Field(12, ge=0)
     cassette: PathField | None = None
     replay_run: str = ""
     models: tuple[LLMModelConfig, ...] = Field(

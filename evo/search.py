@@ -89,7 +89,8 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
                                     gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
     mut = LLMMutator(client, models, provider, health=health,
-                     attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations)
+                     attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
+                     repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage)
     mut.max_failed_attempts = L.max_failed_attempts
     return mut
 

@@ -18,8 +18,11 @@ Contracts:
   it stands after the previous blocks. Matching is line-based and tries, in order: exact
   lines; lines equal after stripping indentation and trailing whitespace (the replacement is
   re-indented by the difference); lines equal after collapsing all internal whitespace; the
-  same ignoring blank lines. Every block that matches nowhere is an :class:`UnmatchedBlock`
-  carrying the closest source snippet, for the next repair prompt.
+  same ignoring blank lines; and, when every SEARCH line carries a line-number prefix copied
+  from a numbered excerpt (``  16 | code``, ``>>   16 | code``, ``16: code``), all of these
+  again without the prefixes. Every block that matches nowhere is an :class:`UnmatchedBlock`
+  carrying the closest source snippet, for the next prompt.
+- :func:`parse_unified_diff` turns a unified diff's hunks into blocks (matched by content).
 - :func:`validate_child` lists what makes a child unfit to compile: no-op, missing or changed
   ``evo_launch``, removed ``#include "evo_abi.h"``, leftover conflict markers, and a whole-file
   rewrite where only patches were asked for.
@@ -38,6 +41,7 @@ __all__ = [
     "UnmatchedBlock",
     "PatchResult",
     "parse_blocks",
+    "parse_unified_diff",
     "render_blocks",
     "apply_blocks",
     "extract_whole_file",
@@ -303,7 +307,15 @@ def _reindent(replace: list[str], search: list[str], matched: list[str]) -> list
             lead = len(_indent(r))
             out.append(r[min(drop, lead):] if _content(r).strip() else r)
         return out
-    return replace  # tabs vs spaces mixed: leave the model's indentation alone
+    if s_ind and set(s_ind) == {"\t"} and m_ind and set(m_ind) == {" "} and len(m_ind) % len(s_ind) == 0:
+        # SEARCH indented with tabs where the source has spaces: one tab = the source's step
+        step = " " * (len(m_ind) // len(s_ind))
+        for r in replace:
+            c = _content(r)
+            tabs = len(c) - len(c.lstrip("\t"))
+            out.append(step * tabs + r[tabs:] if c.strip() else r)
+        return out
+    return replace  # other mixes of tabs and spaces: leave the model's indentation alone
 
 
 def _closest(src: list[str], search: list[str]) -> tuple[str, int]:
@@ -326,6 +338,66 @@ def _closest(src: list[str], search: list[str]) -> tuple[str, int]:
     return snippet, best_i + 1
 
 
+_LINE_NO_RE = re.compile(r"^(?:\s*>>)?\s*\d{1,6}\s*(?:\||:(?=\s))\s?")
+_ELISION_RE = re.compile(r"^\s*(?://|/\*|#)?\s*(?:\.\.\.|…)|\.\.\.\s*(?:rest|existing|unchanged|same)", re.IGNORECASE)
+
+
+def _strip_line_numbers(lines: list[str], partial: bool = False) -> list[str] | None:
+    """``lines`` without copied line-number prefixes, or None when not every non-blank line
+    has one (``partial``: strip the prefixed lines, keep the others)."""
+    body = [ln for ln in lines if _content(ln).strip()]
+    if not body:
+        return None
+    has = [bool(_LINE_NO_RE.match(_content(ln))) for ln in body]
+    if not any(has) or (not partial and not all(has)):
+        return None
+    return [_LINE_NO_RE.sub("", ln, count=1) if _LINE_NO_RE.match(_content(ln)) else ln for ln in lines]
+
+
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
+
+
+def parse_unified_diff(text: str) -> tuple[Block, ...]:
+    """Blocks from a unified diff's hunks (``@@ -a,b +c,d @@`` then `` ``/``-``/``+`` lines).
+
+    Each hunk becomes one block: SEARCH = its context and removed lines, REPLACE = its
+    context and added lines (applied by content, so wrong hunk line numbers do not matter).
+    An empty line inside a hunk counts as an empty context line (models often drop its
+    leading space). Returns () when ``text`` has no hunk.
+    """
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    blocks: list[Block] = []
+    i, n = 0, len(lines)
+    while i < n:
+        if not _HUNK_RE.match(lines[i]):
+            i += 1
+            continue
+        start = i + 1
+        search: list[str] = []
+        replace: list[str] = []
+        i += 1
+        while i < n and not _HUNK_RE.match(lines[i]) and not lines[i].startswith(("--- ", "+++ ", "diff ", "```")):
+            ln = lines[i]
+            if ln.startswith("\\"):  # "\ No newline at end of file"
+                pass
+            elif ln.startswith("-"):
+                search.append(ln[1:])
+            elif ln.startswith("+"):
+                replace.append(ln[1:])
+            elif ln.startswith(" ") or ln == "":
+                search.append(ln[1:])
+                replace.append(ln[1:])
+            else:
+                break
+            i += 1
+        while search and replace and search[-1] == "" and replace[-1] == "":
+            search.pop()
+            replace.pop()
+        if search or replace:
+            blocks.append(Block(_join(search), _join(replace), start))
+    return tuple(blocks)
+
+
 def apply_blocks(source: str, blocks: list[Block] | tuple[Block, ...]) -> PatchResult:
     """Apply ``blocks`` in order (see module docstring); never raises for a bad block."""
     src = _lines(source)
@@ -345,9 +417,22 @@ def apply_blocks(source: str, blocks: list[Block] | tuple[Block, ...]) -> PatchR
             if span is not None:
                 tier_used = tier
                 break
+        numbered = _strip_line_numbers(search)
+        if span is None and numbered is not None:
+            # line numbers copied from a prompt's numbered excerpt ("  16 | code", ">>   16 | code", "16: code")
+            search = numbered
+            replace = _strip_line_numbers(replace, partial=True) or replace
+            for tier in range(4):
+                span = _find(src, search, tier)
+                if span is not None:
+                    tier_used = max(tier, 1)
+                    break
         if span is None:
             snippet, line = _closest(src, search)
-            unmatched.append(UnmatchedBlock(idx, b.search, snippet, line))
+            reason = "SEARCH text not found in the source"
+            if any(_ELISION_RE.match(_content(s)) for s in search):
+                reason += " (it elides lines with '...'; quote every line of the span exactly)"
+            unmatched.append(UnmatchedBlock(idx, b.search, snippet, line, reason))
             continue
         a, z = span
         matched = src[a:z]

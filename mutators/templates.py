@@ -25,7 +25,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "PromptError", "render_prompt", "template_fields", "PROMPTS_DIR"]
+__all__ = ["KINDS", "PromptError", "render_prompt", "template_fields", "estimate_prompt_tokens", "PROMPTS_DIR",
+           "BUDGET_CHARS_PER_TOKEN"]
+
+#: Characters per token assumed when fitting a prompt to a model's window: conservative on
+#: purpose (CUDA source tokenizes at ~3-3.5 characters a token), so an estimate that fits
+#: leaves room; cost estimates use mutators.client.estimate_tokens (~4) instead.
+BUDGET_CHARS_PER_TOKEN = 3.0
 
 PROMPTS_DIR = Path(__file__).with_name("prompts")
 KINDS = ("genesis", "repair", "optimize")
@@ -76,6 +82,11 @@ def _template(kind: str) -> str:
 
 def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
+
+
+def estimate_prompt_tokens(messages: list[dict[str, str]]) -> int:
+    """A conservative token count of a message list for budgeting (see BUDGET_CHARS_PER_TOKEN)."""
+    return sum(int(len(m.get("content", "")) / BUDGET_CHARS_PER_TOKEN) + 8 for m in messages)
 
 
 def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:

@@ -136,12 +136,12 @@ def test_explicit_token_param_wins():
 def test_per_model_timeout_overrides_the_client_timeout():
     import time
 
-    with FakeLLMServer(Cassette([{"response": "late", "delay_s": 1.0, "repeat": True}])) as srv:
+    with FakeLLMServer(Cassette([{"response": "late", "delay_s": 3.0, "repeat": True}])) as srv:
         fast = ModelSpec(name="fast", base_url=srv.base_url, model="x", key_env="EVO_TEST_UNSET_KEY", timeout_s=0.2)
         client = LLMClient(timeout_s=5, max_attempts=1)
         t = time.monotonic()
         call = client.complete(MSGS, model=fast)
-        assert time.monotonic() - t < 0.9 and "timeout after 0.2s" in call.error
+        assert time.monotonic() - t < 2.0 and "timeout after 0.2s" in call.error
         slow = ModelSpec(name="slow", base_url=srv.base_url, model="x", key_env="EVO_TEST_UNSET_KEY")
         assert client.complete(MSGS, model=slow).ok
 
@@ -175,3 +175,22 @@ def test_zero_prices_with_a_budget_warn_once_per_model(caplog):
     with caplog.at_level("WARNING", logger="mutators.client"):
         LLMClient([free])  # no budget: nothing to warn about
     assert not caplog.records
+
+
+def test_make_mutator_wires_the_llm_section(tmp_path):
+    from evo.search import make_mutator
+    from evo.store import Store
+
+    cfg = parse_config({**MINIMAL, "llm": {
+        "models": [{**MODEL, "context_tokens": 32768, "stream": True}], "repair_rounds": 2, "repair_per_lineage": 5,
+        "breaker_failures": 4, "breaker_cooldown_s": 9.0, "breaker_trips": 2}}, source="x.toml")
+    with Store(tmp_path / "e.db") as store:
+        run = store.create_run("w", {}, seed=0, config_hash="x")
+        mut = make_mutator(cfg, store=store, run_id=run)
+        (spec,) = mut.models
+        assert (spec.context_tokens, spec.stream, spec.token_field) == (32768, True, "max_tokens")
+        assert (mut.repair_rounds, mut.repair_per_lineage) == (2, 5)
+        assert (mut.health.failures, mut.health.cooldown_s, mut.health.trips) == (4, 9.0, 2)
+        # a stop is recorded as an event of the run
+        mut.health.on_stop("m", "model 'm' stopped: test")
+        assert any(e["kind"] == "llm_model_stopped" for e in store.events(run))

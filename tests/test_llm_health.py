@@ -140,7 +140,7 @@ def test_replayed_fatal_errors_stop_the_model_the_same_way():
     from mutators.client import prompt_hash
 
     mut, stops, _ = _mutator("http://127.0.0.1:9/v1")
-    msgs = mut._messages("optimize", PARENT, MutationContext(TASK, 0, 1))
+    msgs = mut.render("optimize", PARENT, MutationContext(TASK, 0, 1), mut.models[0], chain=PARENT.id).messages
     rows = [{"prompt_hash": prompt_hash(msgs, "model-a"), "response": "",
              "error": "HTTP 404 [fatal:model_not_found] (not retried): The model `model-a` does not exist."}]
     mut.client = ReplayClient(rows)

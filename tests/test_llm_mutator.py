@@ -167,9 +167,10 @@ def test_429_with_retry_after_waits_and_succeeds(rig_factory):
         ([{"response": "You should use vectorized loads and more threads per block."}], FIXED, "prose only"),
         ([{"response": "<<<<<<< SEARCH\n  if (i < n) d(i) = s(i);\n=======\n  x\n"}], FIXED, "broken SEARCH/REPLACE block"),
         ([{"response": ""}], FIXED, "empty answer"),
-        ([{"response": "Here is a better file:\n```cuda\n" + GOOD.replace("s(i);", "s(i) * 1.0f;") + "```\n"}], FIXED,
+        ([{"response": "Here is a better file:\n```cuda\n" + GOOD + "// notes\n" * 45 + "```\n"}], FIXED,
+         "lines (at most 40 are accepted as a patch)"),
+        ([{"response": "```cuda\n" + BAD.replace("#endif\n", "#endif\n" + "// padding\n" * 41) + "```"}], BROKEN,
          "whole-file rewrite"),
-        ([{"response": "```cuda\n" + GOOD + "```"}], BROKEN, "whole-file rewrite"),
         ([{"response": "no code for you"}], None, "no ```cuda file"),
         ([{"response": render_blocks([Block("  if (i < n) d(i) = s(i);\n", "    if (i < n) d(i) = s(i);\n")])}], FIXED,
          "no-op"),
@@ -217,11 +218,12 @@ def test_unmatched_blocks_are_reported_in_the_next_prompt_for_that_parent(rig_fa
 
     assert rig.propose([FIXED]) is not None
     p = rig.prompt()
-    assert "Your previous SEARCH blocks that did not match" in p and "if (j < n) d(j) = s(j);" in p
+    assert "## Your previous answer was not used" in p and "if (j < n) d(j) = s(j);" in p
     assert "closest lines in the source (from line 17)" in p
     assert not rig.mut.unmatched_for(FIXED.id)  # cleared once a patch from that parent applied
     assert rig.propose([FIXED]) is not None
-    assert "did not match" not in rig.prompt()
+    assert "## Your previous answer was not used" not in rig.prompt()
+    assert "attempt 1 (fake): rejected before compiling: 1 of 1 SEARCH blocks matched nowhere" in rig.prompt()
 
 
 def test_duplicate_child_is_rejected(rig_factory):
@@ -330,7 +332,8 @@ def test_render_prompt_errors_name_the_problem():
 def test_template_fields():
     req, opt = template_fields("optimize")
     assert {"parent_source", "history_text", "parent_fitness"} <= req
-    assert {"profile", "inspirations", "unmatched", "sol_text"} <= opt
+    assert {"profile", "inspirations", "attempts", "feedback", "sol_text", "tunables", "timings", "ptxas",
+            "omitted", "description", "tensors_text"} <= opt
     req, opt = template_fields("repair")
     assert {"stage", "status", "error_text"} <= req and "failing_lines" in opt
 
