@@ -231,14 +231,22 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     from evo.runtime import Runtime, RuntimeError_, real_stages
     from evo.store import Store, StoreError
 
+    from evo.paths import LocationError, check_db_location
+    from evo.status import resolve_run
+
     names = _task_names(cfg)
+    seeds = seeds_for(names, cfg.mutator.kind)  # before any run exists: a seedless task fails here
+    try:
+        check_db_location(cfg.run.db)
+    except LocationError as e:
+        raise SearchError(f"run.db: {e}") from None
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
     run_id = None
     try:
         if resume:
             try:
-                run = store.get_run(resume)
+                run = store.get_run(resolve_run(store, resume))  # an id or a unique prefix
                 store.acquire_lease(run["id"])  # one writer per run: RunLeasedError names the live one
             except StoreError as e:
                 raise SearchError(str(e)) from e
@@ -252,7 +260,6 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             seed = cfg.run.seed  # create_run took the new run's writer lease
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
-        seeds = seeds_for(names, cfg.mutator.kind)
         rt = Runtime(
             stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
             harness_settings=cfg.harness_settings(), address=address,
