@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 #: How long an acquirer retries a lock that is busy before it calls it held. Readers hold
 #: their probe lock for microseconds; a real writer holds it for the whole run.
-ACQUIRE_WAIT_S = 2.0
+ACQUIRE_WAIT_S = 1.0
 _POLL_S = 0.02
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP))
 

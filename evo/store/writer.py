@@ -177,10 +177,11 @@ class Store(StoreReader):
                 [rid, name, now, now, int(seed), config_hash, config_json],
             )
             self._event(rid, "run_created", {"name": name, "seed": int(seed), "config_hash": config_hash})
+            # Inside the transaction: a lease that cannot be taken leaves no run behind.
+            got = _lease.RunLease.acquire(self.path, rid) if lease else None
         assert rid is not None
-        if lease:
-            with self._lock:
-                self._leases[rid] = _lease.RunLease.acquire(self.path, rid)
+        if got is not None:
+            self._leases[rid] = got
         return rid
 
     def set_run_status(self, run_id: str, status: str, *, reason: str = "") -> None:
@@ -260,6 +261,7 @@ class Store(StoreReader):
             held.release()
 
     def holds_lease(self, run_id: str) -> bool:
+        """Whether this store holds the run's writer lease now."""
         held = self._leases.get(run_id)
         return held is not None and held.held
 
