@@ -351,6 +351,18 @@ def _abi_header_sha() -> str:
     return hashlib.sha256((abi_include_dir() / "evo_abi.h").read_bytes()).hexdigest()
 
 
+def _reads_key() -> dict[str, Any]:
+    """What nvcc may read, when it differs from the default (Landlock reads on, no extra
+    paths): whether an #include outside the include path builds depends on it."""
+    from evaluators.sandbox import SandboxSettings, _landlock_abi
+
+    s = SandboxSettings.from_env()
+    restricted = s.enabled and s.landlock and s.landlock_reads and _landlock_abi() > 0
+    if restricted and not s.extra_readable:
+        return {}
+    return {"restricted": restricted, "extra": list(s.extra_readable)}
+
+
 def _build_env() -> dict[str, str]:
     return {k: os.environ[k] for k in BUILD_ENV if os.environ.get(k)}
 
@@ -378,8 +390,8 @@ def cache_key(
     nvcc_ver: str, cutlass_ver: str, host_cc: str = "",
 ) -> str:
     """sha256 over everything that determines the .so: source, canonical params, flags, the
-    ABI header, nvcc / host compiler / CUTLASS versions, arch, and the :data:`BUILD_ENV`
-    variables that are set. Not ``memory_mb`` or ``timeout_s``: they do not change a build
+    ABI header, nvcc / host compiler / CUTLASS versions, arch, the :data:`BUILD_ENV`
+    variables that are set, and nvcc's read restriction when it is not the default. Not ``memory_mb`` or ``timeout_s``: they do not change a build
     that succeeds, and a build they stop is never cached."""
     pairs = params if isinstance(params, tuple) else canonical_params(params)
     blob = json.dumps(
@@ -395,6 +407,7 @@ def cache_key(
             "arch": settings.arch,
             # only when set, so keys of the common case did not change when this was added
             **({"env": env} if (env := _build_env()) else {}),
+            **({"reads": reads} if (reads := _reads_key()) else {}),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -611,6 +624,19 @@ try:
         pass
 except BaseException as e:
     die(cfg["setup_exit"], "setting the limits failed", repr(e))
+if cfg.get("landlock"):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    def check(r, what):
+        if r < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+        return r
+    try:
+        landlock_apply(libc, cfg["landlock"], check)
+    except BaseException as e:
+        die(cfg["setup_exit"], "Landlock failed", repr(e))
 try:
     os.execv(sys.argv[2], sys.argv[2:])
 except BaseException as e:
@@ -630,16 +656,19 @@ class _Run:
     seconds: float
 
 
-def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int) -> _Run:
-    """Run ``cmd`` in its own process group under an address-space limit; kill the group on timeout."""
+def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int,
+                 landlock: dict[str, Any] | None = None) -> _Run:
+    """Run ``cmd`` in its own process group under an address-space limit (and, given
+    ``landlock``, :data:`evaluators.sandbox.LANDLOCK_CODE`'s file rules); kill the group on
+    timeout."""
     log_path = os.path.join(cwd, "nvcc.log")
-    from evaluators.sandbox import scrub_env
+    from evaluators.sandbox import LANDLOCK_CODE, scrub_env
 
     # nvcc reads machine-written source: it gets no secrets (the LLM key stays in the driver).
     env = dict(scrub_env(os.environ), TMPDIR=cwd, TMP=cwd, TEMP=cwd)
     cfg = {"as_bytes": max(0, int(memory_mb)) * 1024 * 1024, "tag": _WRAPPER_TAG,
-           "setup_exit": _WRAPPER_SETUP_EXIT, "exec_exit": _WRAPPER_EXEC_EXIT}
-    argv = [sys.executable, "-I", "-S", "-c", _LIMIT_WRAPPER, json.dumps(cfg), *cmd]
+           "setup_exit": _WRAPPER_SETUP_EXIT, "exec_exit": _WRAPPER_EXEC_EXIT, "landlock": landlock}
+    argv = [sys.executable, "-I", "-S", "-c", LANDLOCK_CODE + _LIMIT_WRAPPER, json.dumps(cfg), *cmd]
     t0 = time.perf_counter()
     with open(log_path, "wb") as log_f:
         proc = subprocess.Popen(
@@ -668,6 +697,112 @@ def _run_limited(cmd: list[str], cwd: str, timeout_s: float, memory_mb: int) -> 
     with open(log_path, "rb") as f:
         data = f.read(_LOG_READ_MAX)
     return _Run(rc, data.decode("utf-8", "replace"), seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# What nvcc may read and write
+
+
+def _host_compiler(settings: CompileSettings) -> str:
+    flags = list(settings.extra_flags)
+    cc = "g++"
+    for i, f in enumerate(flags):
+        if f in ("-ccbin", "--compiler-bindir") and i + 1 < len(flags):
+            cc = flags[i + 1]
+        elif f.startswith(("-ccbin=", "--compiler-bindir=")):
+            cc = f.split("=", 1)[1]
+    if os.path.isdir(cc):
+        cc = os.path.join(cc, "g++")
+    return cc
+
+
+@functools.lru_cache(maxsize=8)
+def _toolchain_dirs(nvcc: str, host_cc: str) -> tuple[str, ...]:
+    """Directories the toolchain reads: the CUDA toolkit of ``nvcc`` (``<root>/bin/nvcc``:
+    the whole root), the host compiler's programs, libraries and system include directories
+    (asked from the compiler: ``-print-search-dirs`` and ``-E -v``), the programs nvcc and
+    gcc start (sh, as, ld), and the dynamic loader's library directories."""
+    out: list[str] = []
+    real = Path(os.path.realpath(nvcc))
+    root = real.parent.parent if real.parent.name == "bin" and (real.parent.parent / "include").is_dir() else real.parent
+    out.append(str(root))
+    for prog in (host_cc, "g++", "gcc", "cc", "c++", "sh", "as", "ld"):
+        found = prog if os.sep in prog else shutil.which(prog)
+        if found and os.path.exists(found):
+            out += [os.path.dirname(found), os.path.dirname(os.path.realpath(found))]
+    cc = host_cc if os.sep in host_cc else shutil.which(host_cc)
+    if cc:
+        try:
+            dirs = subprocess.run([cc, "-print-search-dirs"], capture_output=True, text=True, timeout=60).stdout
+            for line in dirs.splitlines():
+                key, _, val = line.partition(": ")
+                if key in ("install", "programs", "libraries"):
+                    out += [p for p in val.lstrip("=").split(os.pathsep) if p.startswith("/")]
+            inc = subprocess.run([cc, "-xc++", "-E", "-v", "/dev/null"], capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL).stderr
+            inside = False
+            for line in inc.splitlines():
+                if line.startswith("#include <...> search starts here"):
+                    inside = True
+                elif line.startswith("End of search list"):
+                    inside = False
+                elif inside and line.strip().startswith("/"):
+                    out.append(line.strip())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    from evaluators.sandbox import _ld_conf_dirs
+
+    out += ["/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local/lib"]
+    out += _ld_conf_dirs()
+    existing = []
+    for p in out:
+        try:
+            rp = os.path.realpath(os.path.normpath(p))
+        except OSError:
+            continue
+        if os.path.exists(rp) and rp not in existing:
+            existing.append(rp)
+    return tuple(existing)
+
+
+#: Files nvcc, cicc, ptxas and gcc read outside the directories above (seen with strace on
+#: nvcc 13.0 / gcc 12): the loader cache, the time zone, random bytes, the overcommit mode.
+_TOOLCHAIN_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/zero", "/dev/urandom",
+                    "/dev/random", "/proc/self", "/proc/sys/vm/overcommit_memory", "/proc/cpuinfo",
+                    "/proc/meminfo", "/sys/devices/system/cpu")
+
+
+def nvcc_landlock(nvcc: str, settings: CompileSettings, workdir: str) -> dict[str, Any] | None:
+    """The Landlock rules nvcc runs under, or None where Landlock is off or missing.
+
+    Reads only beneath the include path (the ABI header's and CUTLASS's directories, the
+    host compiler's system include directories), the toolchain (:func:`_toolchain_dirs`,
+    :data:`_TOOLCHAIN_FILES`), ``$LD_LIBRARY_PATH`` and the private work directory, so
+    ``#include "/etc/passwd"`` (or the lineage DB, a key file) fails to open and its content
+    cannot reach the compile log, the DB or a repair prompt. Writes only in the work
+    directory (and /dev/null). Extra paths: ``EVO_SANDBOX_READABLE`` / ``EVO_SANDBOX_WRITABLE``;
+    off with ``EVO_SANDBOX_READS=0`` (reads) / ``EVO_SANDBOX_LANDLOCK_FS=0`` (writes) /
+    ``EVO_SANDBOX_LANDLOCK=0`` (both).
+    """
+    from evaluators.sandbox import SandboxSettings, _landlock_abi
+
+    s = SandboxSettings.from_env()
+    if not (s.enabled and s.landlock) or not (s.landlock_reads or s.landlock_fs):
+        return None
+    if _landlock_abi() < 1:
+        _warn_no_landlock()
+        return None
+    read = [str(abi_include_dir()), str(cutlass_include_dir()), *_toolchain_dirs(nvcc, _host_compiler(settings)),
+            *_TOOLCHAIN_FILES, *[p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.startswith("/")],
+            *s.extra_readable]
+    return {"fs_read": bool(s.landlock_reads), "fs_write": bool(s.landlock_fs), "read": read, "list": [],
+            "write": [workdir, "/dev/null", *s.extra_writable]}
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_no_landlock() -> None:
+    logger.warning("SANDBOX: Landlock is not available in this kernel: nvcc can read any file this user can "
+                   "(an #include of a host file would reach the compile log)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -845,7 +980,7 @@ def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: 
             f.write(candidate.source)
         cmd = build_command(nvcc, _SOURCE_NAME, _OUTPUT_NAME, settings, params)
         logger.debug("nvcc for %s in %s: %s", candidate.short_id, work, " ".join(cmd))
-        run = _run_limited(cmd, work, settings.timeout_s, settings.memory_mb)
+        run = _run_limited(cmd, work, settings.timeout_s, settings.memory_mb, nvcc_landlock(nvcc, settings, work))
         log = _sanitize(run.log, work)
         so_file = os.path.join(work, _OUTPUT_NAME)
         so = None
@@ -951,7 +1086,8 @@ def _canary_failure(settings: CompileSettings, nvcc: str) -> str | None:
         with open(os.path.join(work, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(_CANARY_SOURCE)
         cmd = build_command(nvcc, _SOURCE_NAME, _OUTPUT_NAME, settings)
-        run = _run_limited(cmd, work, min(float(settings.timeout_s), 300.0), settings.memory_mb)
+        run = _run_limited(cmd, work, min(float(settings.timeout_s), 300.0), settings.memory_mb,
+                           nvcc_landlock(nvcc, settings, work))
         built = run.returncode == 0 and os.path.isfile(os.path.join(work, _OUTPUT_NAME))
         log = _sanitize(run.log, work)
     if built:
@@ -1015,7 +1151,7 @@ def compile_to_file(
 
 @dataclass(frozen=True)
 class CompileStage:
-    """The compile step as a cascade :class:`~evaluators.base.Stage` (picklable; its only state
+    """The compile step as an object with ``name`` and ``run(candidate)`` (picklable; its only state
     is the on-disk cache). ``build`` returns the full outcome including the .so bytes."""
 
     settings: CompileSettings = CompileSettings()

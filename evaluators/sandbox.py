@@ -26,13 +26,15 @@ and logs one WARNING for what is missing):
   user's current count plus ``nproc_margin``; root ignores it, so it is skipped with a
   WARNING), file size (``fsize_mb``: a candidate cannot fill the disk through its logs),
   core dumps off. Never the address space: CUDA reserves far more than it uses.
-- **filesystem writes** (opt-in, ``landlock_fs`` / ``EVO_SANDBOX_LANDLOCK_FS=1``): Landlock
-  allows writes only below the job directory, ``/dev`` (GPU device files), the child's own
-  ``/proc/self`` (the CUDA driver writes there in ``cuInit``) and any ``extra_writable`` path.
-  Off by default: reads are never restricted, and it is the layer
-  most likely to meet site specifics (MPS pipes, shared caches). Without it the candidate
-  can write wherever its user can; see docs/SECURITY.md.
-
+- **files** (Landlock, default on): the child reads only beneath :func:`harness_paths`'s set,
+  derived per launch (its Python's prefixes and ``sys.path``, the project's packages but not
+  the rest of the project, system libraries and programs, CUDA, what CUDA reads in /proc and
+  /sys, the job directory, user task files' directories, ``EVO_SANDBOX_READABLE``) and writes
+  only below the job directory, ``/dev``, its own ``/proc/self`` (the CUDA driver writes there
+  in ``cuInit``), the MPS pipe directory and ``EVO_SANDBOX_WRITABLE``: not /etc/passwd, other
+  processes' /proc entries, the lineage DB, the user's files. ``EVO_SANDBOX_READS=0`` /
+  ``EVO_SANDBOX_LANDLOCK_FS=0`` switch reads / writes off (docs/SECURITY.md). nvcc runs under
+  the same kind of rules (``evaluators.compile.nvcc_landlock``).
 - **system calls** (in the harness itself, :func:`install_seccomp`, right before it loads the
   candidate: after torch and CUDA are initialised, so nothing they need at start-up is
   blocked, while the wrapper can still ``exec`` the harness): a seccomp-bpf filter, synced
@@ -55,7 +57,8 @@ runaway candidate before anything else.
 Switches (environment, read by :meth:`SandboxSettings.from_env`, inherited by Ray workers
 started from the driver): ``EVO_SANDBOX=0`` (no wrapper at all: environment scrub only),
 ``EVO_SANDBOX_NET=0``, ``EVO_SANDBOX_SECCOMP=0``, ``EVO_SANDBOX_LANDLOCK=0`` (no Landlock at all),
-``EVO_SANDBOX_LANDLOCK_FS=1``, ``EVO_SANDBOX_WRITABLE=/a:/b``, ``EVO_SECRET_ENV=NAME,NAME``.
+``EVO_SANDBOX_LANDLOCK_FS=0``, ``EVO_SANDBOX_READS=0``, ``EVO_SANDBOX_WRITABLE=/a:/b``,
+``EVO_SANDBOX_READABLE=/a:/b``, ``EVO_SECRET_ENV=NAME,NAME``.
 
 Failure policy: the probe runs the very same wrapper once per process, so a layer that is
 used is known to work. If the wrapper still fails to confine itself, it writes
@@ -83,6 +86,7 @@ __all__ = [
     "SECCOMP_ENV",
     "SandboxError",
     "SandboxSettings",
+    "harness_paths",
     "install_seccomp",
     "make_undumpable",
     "seccomp_program",
@@ -125,13 +129,16 @@ class SandboxSettings:
     RLIMIT_NOFILE. ``nproc_margin``: RLIMIT_NPROC = the user's task count now + margin
     (0 = do not set). ``fsize_mb``: RLIMIT_FSIZE (0 = do not set). ``secret_env``: extra
     variable names never passed to a candidate. ``extra_writable``: more paths writable under
-    ``landlock_fs``.
+    ``landlock_fs``. ``landlock_reads``: file reads only beneath :func:`harness_paths`'s set
+    (Python, the project's packages, system libraries, CUDA, the job directory, task files'
+    directories, ``extra_readable``).
     """
 
     enabled: bool = True
     network: bool = True
     landlock: bool = True
-    landlock_fs: bool = False
+    landlock_fs: bool = True
+    landlock_reads: bool = True
     seccomp: bool = True
     cpu_factor: float = 2.0
     cpu_min_s: float = 60.0
@@ -140,6 +147,7 @@ class SandboxSettings:
     fsize_mb: int = 1024
     secret_env: tuple[str, ...] = ()
     extra_writable: tuple[str, ...] = ()
+    extra_readable: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SandboxSettings":
@@ -150,7 +158,9 @@ class SandboxSettings:
             enabled=_flag(e, "EVO_SANDBOX", True),
             network=_flag(e, "EVO_SANDBOX_NET", True),
             landlock=_flag(e, "EVO_SANDBOX_LANDLOCK", True),
-            landlock_fs=_flag(e, "EVO_SANDBOX_LANDLOCK_FS", False),
+            landlock_fs=_flag(e, "EVO_SANDBOX_LANDLOCK_FS", True),
+            landlock_reads=_flag(e, "EVO_SANDBOX_READS", True),
+            extra_readable=tuple(x for x in e.get("EVO_SANDBOX_READABLE", "").split(os.pathsep) if x),
             seccomp=_flag(e, SECCOMP_ENV, True),
             secret_env=secrets_,
             extra_writable=writable,
@@ -283,8 +293,8 @@ _SETUP_FAILED_EXIT = 70
 
 # Runs as ``python -I -S -c _WRAPPER CONFIG_JSON argv...``: confine, then exec argv.
 # Standard library only; Python 3.8+; syscall numbers 444-446 are the same on every arch.
-_WRAPPER = r'''
-import ctypes, json, os, resource, struct, sys, traceback
+_WRAPPER_HEAD = r'''
+import ctypes, json, os, resource, stat, struct, sys, traceback
 cfg = json.loads(sys.argv[1])
 argv = sys.argv[2:]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -305,6 +315,72 @@ def check(r, what):
         e = ctypes.get_errno()
         raise OSError(e, "%s: %s" % (what, os.strerror(e)))
     return r
+'''
+
+#: Landlock in stdlib-only Python, shared by this module's exec wrapper and the compile
+#: stage's (``evaluators.compile``): ``landlock_apply(libc, ll, check)`` with ``ll`` =
+#: ``{"fs_read": bool, "fs_write": bool, "net": bool, "signal": bool, "read": [paths],
+#: "list": [paths], "write": [paths]}``. ``fs_read``: reading files and listing directories
+#: is allowed only beneath ``read`` (and ``write``) paths, listing also beneath ``list``;
+#: ``fs_write``: every kind of write only beneath ``write``. Missing paths are skipped; rights
+#: that do not apply to a file (directory ones) are dropped for file rules. Execution is not
+#: restricted by Landlock (seccomp forbids it to candidates; nvcc must run its tools).
+LANDLOCK_CODE = r'''
+def landlock_apply(libc, ll, check):
+    import os, stat, struct, ctypes
+    abi = check(libc.syscall(444, None, 0, 1), "landlock ABI")
+    READ, LIST = 1 << 2, 1 << 3
+    wr = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10) \
+        | (1 << 11) | (1 << 12)
+    if abi >= 2:
+        wr |= 1 << 13
+    if abi >= 3:
+        wr |= 1 << 14
+    file_rights = (1 << 0) | (1 << 1) | READ | (1 << 14) | (1 << 15)
+    fs = (wr if ll.get("fs_write") else 0) | ((READ | LIST) if ll.get("fs_read") else 0)
+    net = 3 if (ll.get("net") and abi >= 4) else 0
+    scoped = 2 if (ll.get("signal") and abi >= 6) else 0
+    if not (fs or net or scoped):
+        return
+    if abi >= 6:
+        attr = struct.pack("<QQQ", fs, net, scoped)
+    elif abi >= 4:
+        attr = struct.pack("<QQ", fs, net)
+    else:
+        attr = struct.pack("<Q", fs)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    rfd = check(libc.syscall(444, buf, ctypes.c_size_t(len(attr)), 0), "landlock_create_ruleset")
+
+    def add(path, rights):
+        rights &= fs
+        if not rights:
+            return
+        try:
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if not stat.S_ISDIR(os.fstat(pfd).st_mode):
+                rights &= file_rights
+            if rights:
+                rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, pfd), 12)
+                check(libc.syscall(445, rfd, 1, rule, 0), "landlock_add_rule(%s)" % path)
+        finally:
+            os.close(pfd)
+
+    for path in ll.get("read", []):
+        add(path, READ | LIST)
+    for path in ll.get("list", []):
+        add(path, LIST)
+    for path in ll.get("write", []):
+        add(path, wr | READ | LIST)
+    check(libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+          "prctl(PR_SET_NO_NEW_PRIVS)")
+    check(libc.syscall(446, rfd, 0), "landlock_restrict_self")
+    os.close(rfd)
+'''
+
+_WRAPPER_BODY = r'''
 step = "rlimits"
 try:
     for name, soft, hard in cfg.get("rlimits", []):
@@ -340,37 +416,7 @@ try:
     ll = cfg.get("landlock")
     if ll:
         step = "landlock"
-        abi = check(libc.syscall(444, None, 0, 1), "landlock ABI")
-        fs = 0
-        if ll.get("fs"):
-            fs = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) \
-                | (1 << 10) | (1 << 11) | (1 << 12)
-            if abi >= 2:
-                fs |= 1 << 13
-            if abi >= 3:
-                fs |= 1 << 14
-        net = 3 if (ll.get("net") and abi >= 4) else 0
-        scoped = 2 if (ll.get("signal") and abi >= 6) else 0
-        if fs or net or scoped:
-            if abi >= 6:
-                attr = struct.pack("<QQQ", fs, net, scoped)
-            elif abi >= 4:
-                attr = struct.pack("<QQ", fs, net)
-            else:
-                attr = struct.pack("<Q", fs)
-            buf = ctypes.create_string_buffer(attr, len(attr))
-            rfd = check(libc.syscall(444, buf, ctypes.c_size_t(len(attr)), 0), "landlock_create_ruleset")
-            for path in ll.get("writable", []) if fs else []:
-                try:
-                    pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                rule = ctypes.create_string_buffer(struct.pack("<Qi", fs, pfd), 12)
-                check(libc.syscall(445, rfd, 1, rule, 0), "landlock_add_rule(%s)" % path)
-                os.close(pfd)
-            check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-            check(libc.syscall(446, rfd, 0), "landlock_restrict_self")
-            os.close(rfd)
+        landlock_apply(libc, ll, check)
 except BaseException:
     fail(step)
 try:
@@ -378,6 +424,8 @@ try:
 except BaseException:
     fail("exec %r" % (argv[:1],))
 '''
+
+_WRAPPER = _WRAPPER_HEAD + LANDLOCK_CODE + _WRAPPER_BODY
 
 # A child used by the probe: exits 0 inside an isolated network namespace.
 _NETNS_CHECK = (
@@ -458,7 +506,7 @@ def probe() -> Capabilities:
         if abi == 0:
             notes.append("no Landlock")
             log.warning("SANDBOX: Landlock is not available in this kernel: no signal scoping, no TCP "
-                        "fallback, no write protection outside the job directory")
+                        "fallback, no read or write protection outside the job directory")
         elif abi < 6:
             notes.append(f"Landlock ABI {abi} < 6: no signal scoping")
         if is_root:
@@ -746,6 +794,133 @@ def seccomp_wanted(environ: Mapping[str, str] | None = None) -> bool:
     return _flag(os.environ if environ is None else environ, SECCOMP_ENV, True)
 
 
+
+# ----------------------------------------------------------------------------- file access
+
+#: Read-only system locations the harness child needs (each only if it exists): shared
+#: libraries (the CUDA driver's among them), system programs, locale and time zone data, the loader's cache,
+#: what the CUDA driver and torch read from /proc and /sys. Not /etc as a whole (passwd,
+#: ssh, tokens), not /home, /root, /var, /tmp, /opt, other processes' /proc entries.
+SYSTEM_READABLE = (
+    "/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/usr/share",
+    "/bin", "/usr/bin",  # exec needs read access under Landlock: nvidia-smi (before seccomp)
+    "/usr/local/nvidia", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+    "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys", "/proc/driver", "/proc/devices",
+    "/proc/filesystems", "/proc/version", "/proc/modules", "/proc/uptime", "/proc/loadavg", "/sys",
+)
+#: Written by the CUDA driver: /dev (device files, /dev/shm), the process's own /proc entry
+#: (cuInit writes below /proc/self: CUDA_ERROR_OPERATING_SYSTEM (304) on an H200 without it;
+#: the wrapper resolves /proc/self to the child itself, which it becomes by exec).
+SYSTEM_WRITABLE = ("/dev", "/proc/self")
+
+
+def _ld_conf_dirs() -> list[str]:
+    """Library directories the dynamic loader is configured with (/etc/ld.so.conf.d)."""
+    out: list[str] = []
+    d = Path("/etc/ld.so.conf.d")
+    try:
+        files = sorted(d.glob("*.conf"))
+    except OSError:
+        return out
+    for f in files:
+        try:
+            for line in f.read_text().splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("/"):
+                    out.append(line)
+        except OSError:
+            continue
+    return out
+
+
+_layout_cache: dict[tuple[str, str], dict] = {}
+_LAYOUT = ("import json, sys; print(json.dumps({'prefixes': [sys.prefix, sys.base_prefix, sys.exec_prefix, "
+           "sys.base_exec_prefix], 'path': [p for p in sys.path if p]}))")
+
+
+def _python_layout(python: str, pythonpath: str) -> dict:
+    """Prefixes and ``sys.path`` of ``python`` run with ``pythonpath`` (asked once per pair;
+    this process's own when ``python`` cannot be asked)."""
+    key = (python, pythonpath)
+    if key not in _layout_cache:
+        own = {"prefixes": [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix],
+               "path": [p for p in sys.path if p]}
+        try:
+            p = subprocess.run([python, "-c", _LAYOUT], capture_output=True, text=True, timeout=60,
+                               env={"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": pythonpath},
+                               stdin=subprocess.DEVNULL, cwd="/")
+            layout = json.loads(p.stdout) if p.returncode == 0 else own
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            layout = own
+        _layout_cache[key] = layout
+    return _layout_cache[key]
+
+
+def _project_entries(root: Path) -> tuple[list[str], list[str]]:
+    """The project root on ``sys.path``: its Python packages and package metadata are
+    readable, the root itself only listable (Python's import system lists it), so the rest
+    of it (the lineage DB under .evo/, configs, a .env file) is not."""
+    read: list[str] = []
+    try:
+        for c in sorted(root.iterdir()):
+            if (c.is_dir() and (c / "__init__.py").is_file()) or c.name.endswith((".egg-info", ".dist-info")):
+                read.append(str(c))
+    except OSError:
+        pass
+    return read, [str(root)]
+
+
+def harness_paths(argv: Sequence[str], env: Mapping[str, str], jobdir: str | os.PathLike[str], *,
+                  readable: Sequence[str] = (), writable: Sequence[str] = ()) -> dict[str, list[str]]:
+    """What the harness child may read, list and write under Landlock, derived from this
+    machine and the launch, never a fixed list of its paths: ``{"read", "list", "write"}``.
+
+    read: the child's Python (its prefixes and every ``sys.path`` entry it will have, asked
+    from the interpreter with the child's ``PYTHONPATH``; the project root only through
+    :func:`_project_entries`), :data:`SYSTEM_READABLE`, the loader's configured library
+    directories and ``LD_LIBRARY_PATH``, the CUDA toolkit (``CUDA_HOME``, ``CUDA_PATH``,
+    /usr/local/cuda), files named in ``argv`` (the entry script), and ``readable``.
+    write (and read): the job directory, :data:`SYSTEM_WRITABLE`, the MPS pipe and log
+    directories when set or present, and ``writable``.
+    """
+    project = Path(__file__).resolve().parent.parent
+    read: list[str] = []
+    listed: list[str] = []
+    python = argv[0] if argv else sys.executable
+    layout = _python_layout(python, env.get("PYTHONPATH", ""))
+    read += [p for p in layout["prefixes"] if p]
+    for entry in layout["path"]:
+        try:
+            real = Path(entry).resolve()
+        except (OSError, RuntimeError):
+            continue
+        if real == project:
+            r, l = _project_entries(real)
+            read += r
+            listed += l
+        elif real.is_dir() or real.is_file():  # zip files on sys.path are files
+            read.append(str(real))
+    read += list(SYSTEM_READABLE) + _ld_conf_dirs()
+    read += [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.startswith("/")]
+    for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            read.append(os.path.realpath(root))
+    read += [a for a in argv[1:] if a.startswith("/") and os.path.isfile(a)]
+    read += [str(p) for p in readable]
+    write = [str(jobdir), *SYSTEM_WRITABLE]
+    for var, default in (("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), ("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")):
+        d = env.get(var) or default
+        if os.path.isdir(d):
+            write.append(d)
+    write += [str(p) for p in writable]
+
+    def uniq(xs: list[str]) -> list[str]:
+        seen: set[str] = set()
+        return [x for x in xs if not (x in seen or seen.add(x))]
+
+    return {"read": uniq(read), "list": uniq(listed), "write": uniq(write)}
+
+
 # ----------------------------------------------------------------------------- launch
 
 
@@ -769,12 +944,14 @@ def sandbox_launch(
     jobdir: str | os.PathLike[str],
     timeout_s: float,
     settings: SandboxSettings | None = None,
+    readable: Sequence[str] = (),
 ) -> Launch:
     """The sandboxed form of launching ``argv`` with ``env`` for the job in ``jobdir``.
 
     Always: the environment is scrubbed (:func:`scrub_env`) and ``HOME``/``TMPDIR``/
     ``XDG_CACHE_HOME`` point into ``jobdir``. With ``settings.enabled`` (default), ``argv``
     is wrapped so the child confines itself before ``exec`` (see the module docstring).
+    ``readable``: more paths the child may read under Landlock (user task files' directories).
     """
     s = settings or SandboxSettings.from_env()
     jd = Path(jobdir)
@@ -799,16 +976,13 @@ def sandbox_launch(
         cfg["netns"] = caps.netns
         layers.append(f"netns({caps.netns})")
     if s.landlock and caps.landlock_abi > 0:
-        ll = {"fs": bool(s.landlock_fs), "net": s.network and caps.landlock_abi >= 4,
-              "signal": caps.landlock_abi >= 6,
-              # /proc/self resolves (in the wrapper, which execs the child in place) to the
-              # child's own /proc entry: the CUDA driver writes there during cuInit, which
-              # otherwise fails with CUDA_ERROR_OPERATING_SYSTEM (304; seen on an H200 host)
-              "writable": [str(jd), "/dev", "/proc/self", *s.extra_writable]}
-        if ll["fs"] or ll["net"] or ll["signal"]:
+        paths = harness_paths(argv, e, jd, readable=(*readable, *s.extra_readable), writable=s.extra_writable)
+        ll = {"fs_read": bool(s.landlock_reads), "fs_write": bool(s.landlock_fs),
+              "net": s.network and caps.landlock_abi >= 4, "signal": caps.landlock_abi >= 6, **paths}
+        if ll["fs_read"] or ll["fs_write"] or ll["net"] or ll["signal"]:
             cfg["landlock"] = ll
-            parts = [n for n, on in (("fs-writes", ll["fs"]), ("tcp-deny", ll["net"]), ("signal-scope", ll["signal"]))
-                     if on]
+            parts = [n for n, on in (("fs-reads", ll["fs_read"]), ("fs-writes", ll["fs_write"]),
+                                     ("tcp-deny", ll["net"]), ("signal-scope", ll["signal"])) if on]
             layers.append(f"landlock{caps.landlock_abi}(" + ",".join(parts) + ")")
     if s.seccomp:
         layers.append("seccomp-required")
@@ -830,6 +1004,7 @@ def describe(settings: SandboxSettings | None = None) -> str:
     if s.landlock and caps.landlock_abi:
         parts.append(f"Landlock ABI {caps.landlock_abi}"
                      + (" signal scoping" if caps.landlock_abi >= 6 else "")
+                     + (" + read protection" if s.landlock_reads else "")
                      + (" + write protection" if s.landlock_fs else ""))
     parts.append("seccomp in the harness" if s.seccomp else "NO seccomp (EVO_SANDBOX_SECCOMP=0)")
     return "sandbox: " + ", ".join(parts) + (f" [{'; '.join(caps.notes)}]" if caps.notes else "")

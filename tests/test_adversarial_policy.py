@@ -6,7 +6,8 @@ lines, ``expect-rule`` (the first policy violation, or ``none``), ``compiles`` (
 would build it if policy were bypassed), ``runtime-layer`` and ``runtime-expect`` (the
 harness verdict with policy bypassed: ``crash`` = the attack was stopped and the candidate
 reported an error, ``ok`` = the attack got through, a documented gap, ``timeout``,
-``compile_error``), with ``-root`` / ``-landlock-fs`` variants where they differ.
+``compile_error``), with ``-root`` / ``-files-open`` (Landlock file rules off) variants where
+they differ.
 
 The runtime half runs on the CPU: the attack's .so is loaded by a CPU stand-in of the
 harness child (fixtures/attacks/cpu_child.py) inside the very sandbox ``run_isolated``
@@ -136,13 +137,20 @@ def test_compiles_claims_hold(built):
 
 @needs_nvcc
 @pytest.mark.parametrize("name", ["include_file", "vtab_include"])
-def test_include_of_a_file_leaks_it_into_the_compile_log(built, name):
-    """Why include-allowlist matters: nvcc quotes an included file in its errors, and errors
-    go back to the LLM in repair prompts. (vtab_include: the include the policy's lexer once
-    misread as code is a real directive to nvcc.)"""
+def test_include_of_a_host_file_never_reaches_the_compile_log(built, name):
+    """nvcc would quote an included file in its errors, and errors go back to the LLM in
+    repair prompts; nvcc runs under Landlock (evaluators.compile.nvcc_landlock), so a file
+    outside the include path, the toolchain and the work directory does not open at all.
+    (vtab_include: the include the policy's lexer once misread as code is a real directive to
+    nvcc.) Without Landlock in the kernel the include allowlist is the only layer."""
     out = built[name]
+    text = out.result.artifacts.get("log", "") + out.result.artifacts.get("errors", "")
     assert out.result.status is Status.COMPILE_ERROR
-    assert "root:" in out.result.artifacts.get("log", "") + out.result.artifacts.get("errors", "")
+    if sb._landlock_abi() < 1:
+        assert "root:" in text, "documented gap without Landlock"
+        return
+    assert "root:" not in text, text[:1500]
+    assert "/etc/passwd: Permission denied" in text or "cannot open source file" in text, text[:1500]
 
 
 @needs_nvcc
@@ -173,9 +181,9 @@ def listener():
     lst.close()
 
 
-def _expected(h: dict[str, str], *, landlock_fs: bool) -> str:
-    if landlock_fs and "runtime-expect-landlock-fs" in h:
-        return h["runtime-expect-landlock-fs"]
+def _expected(h: dict[str, str], *, files_open: bool) -> str:
+    if files_open and "runtime-expect-files-open" in h:
+        return h["runtime-expect-files-open"]
     if os.geteuid() == 0 and "runtime-expect-root" in h:
         return h["runtime-expect-root"]
     return h["runtime-expect"]
@@ -199,20 +207,22 @@ def test_runtime_layer_stops_the_attack_when_policy_is_bypassed(name, built, lis
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     VICTIM_DB.write_bytes(b"SQLite format 3\x00")
     try:
-        for landlock_fs in ((False, True) if "runtime-expect-landlock-fs" in h else (False,)):
-            expect = _expected(h, landlock_fs=landlock_fs)
+        # files_open: Landlock's file rules switched off (EVO_SANDBOX_READS=0, _LANDLOCK_FS=0)
+        for files_open in ((False, True) if "runtime-expect-files-open" in h else (False,)):
+            expect = _expected(h, files_open=files_open)
             rep = run_isolated(
                 HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
                 HarnessSettings(timeout_s=4.0), entry=CPU_CHILD, workdir=tmp_path,
-                sandbox=sb.SandboxSettings(landlock_fs=landlock_fs))
+                sandbox=sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
             c = rep.stage("correctness")
-            assert c.status.value == expect, f"{name} (landlock_fs={landlock_fs}): {c.status.value}: {c.reason}"
+            assert c.status.value == expect, f"{name} (files_open={files_open}): {c.status.value}: {c.reason}"
             if expect == "crash":
                 assert "evo_launch returned" in c.reason, c.reason
+            if name == "fopen_db":
+                pwned = VICTIM_DB.read_bytes().startswith(b"pwned")
+                assert pwned == files_open, "the DB is written exactly when the file rules are off"
         if name in ("system_shell", "socket_connect"):
             assert listener.accepted == 0, "nothing inside the sandbox reached the host's loopback"
-        if name == "fopen_db":
-            assert VICTIM_DB.read_bytes().startswith(b"pwned"), "default sandbox: documented gap"
     finally:
         VICTIM_DB.unlink(missing_ok=True)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluators.base import CompileSettings, Stage
+from evaluators.base import CompileSettings
 from evaluators.compile import (
     CompileOutcome,
     CompileStage,
@@ -206,7 +206,8 @@ def test_cache_key_covers_every_input():
 
 
 def test_cache_key_covers_environment_that_changes_the_build(monkeypatch):
-    for k in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH"):
+    for k in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH", "EVO_SANDBOX_READS",
+              "EVO_SANDBOX_READABLE", "EVO_SANDBOX_LANDLOCK", "EVO_SANDBOX"):
         monkeypatch.delenv(k, raising=False)
     s = CompileSettings()
     base = cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12")
@@ -217,6 +218,12 @@ def test_cache_key_covers_environment_that_changes_the_build(monkeypatch):
         monkeypatch.delenv(k)
     assert len(keys) == 3 and base not in keys
     assert cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12") == base
+    # what nvcc may read decides whether an #include outside the include path builds
+    monkeypatch.setenv("EVO_SANDBOX_READS", "0")
+    unrestricted = cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12")
+    monkeypatch.setenv("EVO_SANDBOX_READS", "1")
+    monkeypatch.setenv("EVO_SANDBOX_READABLE", "/opt/more")
+    assert len({base, unrestricted, cache_key("src", {}, s, "13.0.88", "4.2.0", "g++ 12")}) == 3
 
 
 @pytest.mark.parametrize("field,value,allowed", [
@@ -279,7 +286,11 @@ def test_find_nvcc_reports_where_it_looked(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def fake(tmp_path) -> CompileSettings:
+def fake(tmp_path, monkeypatch) -> CompileSettings:
+    # The stand-in runs this Python and its script from the tests, and counts builds in
+    # tmp_path: outside what nvcc may read and write under Landlock, so allowed explicitly.
+    monkeypatch.setenv("EVO_SANDBOX_READABLE", os.pathsep.join((str(FIX), sys.prefix, sys.base_prefix)))
+    monkeypatch.setenv("EVO_SANDBOX_WRITABLE", str(tmp_path))
     wrapper = _write_exe(tmp_path / "nvcc", f'#!/bin/sh\nexec "{sys.executable}" "{FIX / "fake_nvcc.py"}" "$@"\n')
     return CompileSettings(nvcc=str(wrapper), cache_dir=str(tmp_path / "cache"), timeout_s=30, memory_mb=4096)
 
@@ -493,7 +504,7 @@ def test_compile_to_file(fake, tmp_path):
 
 def test_compile_stage_is_a_stage(fake, tmp_path):
     stage = CompileStage(fake)
-    assert isinstance(stage, Stage) and stage.name == "compile"
+    assert stage.name == "compile"
     assert pickle.loads(pickle.dumps(stage)) == stage
     src, _ = _fake_source(tmp_path)
     cand = Candidate.create("t", src)
@@ -579,3 +590,27 @@ def test_real_memory_limit(real):
     assert out.result.status is Status.COMPILE_ERROR
     assert "memory" in out.result.reason and out.result.metrics["resource_failure"] is True
     assert not compile_candidate(Candidate.create("t", TINY, {"BLOCK": 64}), tight).cached
+
+
+def test_real_include_of_a_host_file_cannot_reach_the_log(real, tmp_path, monkeypatch):
+    """nvcc runs under Landlock (nvcc_landlock): an #include outside the include path, the
+    toolchain and the work directory fails to open, so the file's content never reaches the
+    compile log, the lineage DB or a repair prompt. Control: reads unrestricted, the same
+    source puts the file's line into the log."""
+    from evaluators.sandbox import _landlock_abi
+
+    if _landlock_abi() < 1:
+        pytest.skip("no Landlock in this kernel")
+    secret = tmp_path / "notes.txt"
+    secret.write_text("SECRET-LINE-4f1c9 is not C++\n")
+    src = f'#include "evo_abi.h"\n#include "{secret}"\nint x;\n'
+    out = compile_candidate(Candidate.create("t", src), real)
+    r = out.result
+    text = r.reason + r.artifacts.get("log", "") + r.artifacts.get("errors", "")
+    assert r.status is Status.COMPILE_ERROR and "SECRET-LINE" not in text, text[:2000]
+    assert "cannot open source file" in text or "Permission denied" in text, text[:2000]
+    assert not out.cached
+    monkeypatch.setenv("EVO_SANDBOX_READS", "0")
+    leaky = CompileSettings(nvcc=real.nvcc, cache_dir=str(tmp_path / "c2"), timeout_s=300)
+    r = compile_candidate(Candidate.create("t", src), leaky).result
+    assert r.status is Status.COMPILE_ERROR and "SECRET-LINE" in r.artifacts.get("log", ""), "control"

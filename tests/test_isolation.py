@@ -25,6 +25,13 @@ from evaluators.isolation import (
 )
 from evo.records import StageResult, Status
 
+
+@pytest.fixture(autouse=True)
+def _fixtures_may_write_to_tmp_path(tmp_path, monkeypatch):
+    """The fake children record what they did in files beside the job dir (the parent
+    deletes the job dir); the sandbox's Landlock write rules allow that only where told."""
+    monkeypatch.setenv("EVO_SANDBOX_WRITABLE", str(tmp_path))
+
 FIX = Path(__file__).parent / "fixtures" / "isolation"
 SO = b"\x7fELF-not-really"
 

@@ -60,6 +60,13 @@ CHILD = textwrap.dedent(r'''
             seen[name] = "ok"
         except OSError as e:
             seen[name] = "blocked: %s" % e
+    for name, path in args.get("reads", {}).items():
+        try:
+            with open(path, "rb") as f:
+                f.read(64)
+            seen["read_" + name] = "ok"
+        except OSError as e:
+            seen["read_" + name] = "blocked: %s" % e
     try:   # the CUDA driver writes below /proc/self in cuInit (error 304 when it cannot)
         with open("/proc/self/comm", "w") as f:
             f.write("evo-child")
@@ -213,15 +220,70 @@ def test_landlock_write_protection(child, tmp_path):
     if sb.probe().landlock_abi < 1:
         pytest.skip("no Landlock in this kernel")
     outside = tmp_path / "outside.txt"
-    rep = _run(child, tmp_path, {"outside": str(outside)}, sandbox=sb.SandboxSettings(landlock_fs=True))
+    rep = _run(child, tmp_path, {"outside": str(outside)})   # the default
     seen = _seen(rep)
     assert seen["write_jobdir"] == "ok"
     assert seen["write_proc_self"] == "ok"      # else CUDA cannot initialise (error 304)
     assert seen["write_outside"].startswith("blocked") and not outside.exists()
     assert "fs-writes" in rep.env["sandbox"]
-    # default: writes are not restricted (documented in docs/SECURITY.md)
-    rep = _run(child, tmp_path, {"outside": str(outside)})
-    assert _seen(rep)["write_outside"] == "ok"
+    # switched off (EVO_SANDBOX_LANDLOCK_FS=0), the same child writes there: the control
+    rep = _run(child, tmp_path, {"outside": str(outside)}, sandbox=sb.SandboxSettings(landlock_fs=False))
+    assert _seen(rep)["write_outside"] == "ok" and "fs-writes" not in rep.env["sandbox"]
+
+
+def test_landlock_read_protection(child, tmp_path):
+    """By default the child reads only what it needs: not /etc/passwd, not another process's
+    /proc entry, not files of the project outside its packages (the DB, configs), not the
+    user's files; it still reads its job directory, the project's packages and the libraries
+    it runs on, and a task file's directory given to the launch."""
+    if sb.probe().landlock_abi < 1:
+        pytest.skip("no Landlock in this kernel")
+    root = Path(sb.__file__).resolve().parents[1]
+    secret_file = tmp_path / "user-notes.txt"
+    secret_file.write_text("private")
+    task_dir = tmp_path / "mytasks"
+    task_dir.mkdir()
+    (task_dir / "task.py").write_text("TASK = 1\n")
+    reads = {"passwd": "/etc/passwd", "parent_environ": f"/proc/{os.getpid()}/environ",
+             "project_readme": str(root / "README.md"), "user_file": str(secret_file),
+             "package": str(root / "evaluators" / "sandbox.py"), "libc": _libc_path(),
+             "task_file": str(task_dir / "task.py")}
+    job = HarnessJob(task=json.dumps({"reads": reads}), candidate_id="c" * 64, so_bytes=b"\x7fELF",
+                     task_files=(str(task_dir / "task.py"),))
+    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=child, workdir=tmp_path)
+    seen = _seen(rep)
+    for name in ("passwd", "parent_environ", "project_readme", "user_file"):
+        assert seen["read_" + name].startswith("blocked"), (name, seen["read_" + name])
+    for name in ("package", "libc", "task_file"):
+        assert seen["read_" + name] == "ok", (name, seen["read_" + name])
+    assert "fs-reads" in rep.env["sandbox"]
+    # control: reads switched off (EVO_SANDBOX_READS=0), the same reads succeed
+    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=child, workdir=tmp_path,
+                       sandbox=sb.SandboxSettings(landlock_reads=False))
+    seen = _seen(rep)
+    assert all(seen["read_" + n] == "ok" for n in ("passwd", "project_readme", "user_file")), seen
+
+
+def _libc_path() -> str:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libc.so" in line or "libc-" in line:
+                return line.split()[-1]
+    pytest.skip("cannot find libc in /proc/self/maps")
+
+
+def test_harness_paths_are_derived_not_fixed(tmp_path):
+    root = Path(sb.__file__).resolve().parents[1]
+    env = {"PYTHONPATH": str(root), "LD_LIBRARY_PATH": "/opt/somelib", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    p = sb.harness_paths([sys.executable, "-m", "evaluators.harness", str(tmp_path)], env, tmp_path,
+                         readable=["/data/tasks"], writable=["/scratch"])
+    assert sys.base_prefix in p["read"] and "/opt/somelib" in p["read"] and "/data/tasks" in p["read"]
+    assert str(root) not in p["read"] and str(root) in p["list"], "the project root is listable, not readable"
+    assert str(root / "evaluators") in p["read"] and str(root / "evo") in p["read"]
+    assert not any(x.startswith("/etc/") and x not in sb.SYSTEM_READABLE for x in p["read"])
+    assert "/etc" not in p["read"] and "/home" not in p["read"]
+    assert p["write"][:3] == [str(tmp_path), "/dev", "/proc/self"] and "/scratch" in p["write"]
+    assert str(tmp_path) in p["write"], "MPS pipe directory (set and present) is writable"
 
 
 def test_signal_scoping_protects_processes_outside(child, tmp_path):

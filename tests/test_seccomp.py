@@ -11,6 +11,7 @@ run measures the filter, not a broken fixture.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -59,8 +60,10 @@ def _run(so: bytes, tmp_path: Path, args: dict, sandbox: sb.SandboxSettings | No
     markers.mkdir(exist_ok=True)
     task = json.dumps({"markers": str(markers), "hostile": 1, **args})
     job = HarnessJob(task=task, candidate_id="s" * 64, so_bytes=so)
-    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=CHILD, workdir=tmp_path,
-                       sandbox=sandbox or sb.SandboxSettings())
+    # the markers directory is writable under Landlock: only seccomp stands between a
+    # command and its marker
+    sandbox = dataclasses.replace(sandbox or sb.SandboxSettings(), extra_writable=(str(markers),))
+    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=CHILD, workdir=tmp_path, sandbox=sandbox)
     return rep, sorted(p.name for p in markers.iterdir())
 
 

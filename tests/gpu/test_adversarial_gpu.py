@@ -139,15 +139,15 @@ def test_host_attack_in_the_real_harness(built, name, monkeypatch):
     VICTIM_DB.write_bytes(b"SQLite format 3\x00")
     listener = TcpListener(PORT)
     variants = [(False, expect)]
-    if "runtime-expect-landlock-fs" in h and sb.probe().landlock_abi:
-        variants.append((True, h["runtime-expect-landlock-fs"]))
+    if "runtime-expect-files-open" in h:   # Landlock file rules off: the documented switch
+        variants.append((True, h["runtime-expect-files-open"]))
     try:
-        for landlock_fs, want in variants:
+        for files_open, want in variants:
             settings = HarnessSettings(trials=5, warmup=2, reps=10, timeout_s=45 if want == "timeout" else 180)
             rep = _run(out.so_bytes, name, "kb19_relu", "check", SMALL, None, settings=settings,
-                       sandbox=sb.SandboxSettings(landlock_fs=landlock_fs))
+                       sandbox=sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
             c = rep.stage("correctness")
-            label = name + (" (landlock_fs)" if landlock_fs else "")
+            label = name + (" (files open)" if files_open else "")
             _row(label, f"{want} ({h.get('runtime-layer', '')[:80]})",
                  f"{c.status.value}: {c.reason[:100]} [sandbox: {rep.env.get('sandbox', '?')}]")
             assert c.status.value == want, c.reason
