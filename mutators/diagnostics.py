@@ -150,17 +150,18 @@ def kernel_lines(text: str, source: str, *, name: str = CANDIDATE_FILE, max_loca
 
 
 def numbered_excerpt(source: str, lines: list[int], context: int = 2) -> str:
-    """The source around ``lines``, numbered, the pointed-at lines marked ``>>``."""
+    """The source around ``lines``, numbered, the pointed-at lines marked ``>>``; windows that
+    touch are merged, gaps shown as ``...``."""
     src = source.splitlines()
-    chunks, shown = [], set()
-    for ln in lines:
-        a, z = max(1, ln - context), min(len(src), ln + context)
-        rng = [i for i in range(a, z + 1) if i not in shown]
-        if not rng:
-            continue
-        shown.update(rng)
-        chunks.append("\n".join(f"{'>>' if i in lines else '  '} {i:4d} | {src[i - 1]}" for i in rng))
-    return "\n...\n".join(chunks)
+    want = sorted({i for ln in lines for i in range(max(1, ln - context), min(len(src), ln + context) + 1)})
+    runs: list[list[int]] = []
+    for i in want:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return "\n...\n".join("\n".join(f"{'>>' if i in lines else '  '} {i:4d} | {src[i - 1]}" for i in run)
+                          for run in runs)
 
 
 def digest(text: str, source: str, *, name: str = CANDIDATE_FILE, max_chars: int = 3000) -> str:
@@ -196,7 +197,7 @@ def digest(text: str, source: str, *, name: str = CANDIDATE_FILE, max_chars: int
                 out.append(f"  (instantiated from {name} line {cf[-1].line})")
             return "\n".join(out)
         out = [f"{d.severity}: {d.message}", f"  raised inside {d.file}({d.line}), a library header"
-               + (f": {d.quoted[0].strip()}" if d.quoted else "") + "; your kernel's frames of the instantiation:"]
+               + (f", at:\n    {d.quoted[0].strip()}" if d.quoted else ""), "  your kernel's frames of the instantiation:"]
         picks = [cf[0]] if len(cf) == 1 else [cf[0], cf[-1]]
         for k, f in enumerate(picks):
             role = "innermost" if k == 0 and len(picks) > 1 else ("outermost" if len(picks) > 1 else "")

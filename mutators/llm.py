@@ -60,7 +60,7 @@ from mutators.client import ChatClient, LLMCall, LLMConfigError, ModelSpec, prom
 from mutators.diagnostics import digest, kernel_lines, numbered_excerpt
 from mutators.health import ModelHealth, NoModelLeft, StopSink
 from mutators.patch import UnmatchedBlock
-from mutators.templates import estimate_prompt_tokens, render_prompt
+from mutators.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
 
 __all__ = [
     "TaskInfo",
@@ -486,6 +486,7 @@ class LLMMutator:
         self._repair_queue: deque[RepairRequest] = deque()
         self._queued_ids: set[str] = set()
         self._lineage_repairs: dict[str, int] = {}
+        self._cpt: dict[str, float] = {}
         self.last_failure: AttemptRecord | None = None
         self.attempts = 0
         self.failures = 0
@@ -612,7 +613,7 @@ class LLMMutator:
         """The prompt for an attempt, fitted to ``model``'s window when it is known.
 
         With ``model.context_tokens`` set, the budget is ``context_tokens -
-        max_output_tokens`` (estimated conservatively, ~3 characters a token), and optional
+        max_output_tokens`` (tokens estimated by :meth:`chars_per_token`), and optional
         parts are dropped, least useful first (other islands' kernels, the profile, older
         attempts, the lineage's fitness history, ptxas, times, tunables; for a repair the
         error text is shortened), until the prompt fits; the prompt's "Left out" section
@@ -622,12 +623,13 @@ class LLMMutator:
         budget = None
         if model is not None and model.context_tokens is not None:
             budget = model.context_tokens - model.max_output_tokens
+        cpt = self.chars_per_token(model.name) if model is not None else BUDGET_CHARS_PER_TOKEN
         omitted: list[str] = []
         while True:
             fields["omitted"] = (", ".join(omitted) + ". Ask for nothing of them; work with what is shown.") \
                 if omitted else None
             msgs = render_prompt(kind, **fields)
-            tokens = estimate_prompt_tokens(msgs)
+            tokens = estimate_prompt_tokens(msgs, cpt)
             if budget is None or tokens <= budget:
                 return RenderedPrompt(msgs, tokens, budget, tuple(omitted), True)
             while steps:
@@ -637,6 +639,21 @@ class LLMMutator:
                     break
             else:
                 return RenderedPrompt(msgs, tokens, budget, tuple(omitted), False)
+
+    def chars_per_token(self, model_name: str) -> float:
+        """Characters per prompt token for budgeting this model's prompts: 0.95 x the smallest
+        ratio its endpoint's usage reports showed so far (prompt characters / prompt_tokens),
+        or the conservative BUDGET_CHARS_PER_TOKEN before any report."""
+        with self._lock:
+            seen = self._cpt.get(model_name)
+        return BUDGET_CHARS_PER_TOKEN if seen is None else 0.95 * seen
+
+    def _calibrate(self, model: ModelSpec, messages: list[dict[str, str]], call: LLMCall) -> None:
+        if call.usage_estimated or call.tokens_in <= 0 or call.attempts != 1:
+            return
+        ratio = sum(len(m["content"]) for m in messages) / call.tokens_in
+        with self._lock:
+            self._cpt[model.name] = min(self._cpt.get(model.name, ratio), ratio)
 
     def _fields(self, kind: str, parent: Member | None, context: MutationContext,
                 chain: str | None) -> tuple[dict[str, Any], list[tuple[str, Callable[[dict[str, Any]], bool]]]]:
@@ -712,7 +729,8 @@ class LLMMutator:
             prof_text = _fmt_profile(prof) if prof else None
         f["profile"] = prof_text
         insp = self.provider.inspirations(context.task, context.island, self.n_inspirations) if self.n_inspirations else []
-        parts = [_inspiration_text(i, it[0], it[1], view) for i, it in enumerate(insp[: self.n_inspirations], 1)]
+        parts = [_inspiration_text(i, effective_source(it[0], dict(it[2])) if len(it) > 2 else it[0], it[1], view)
+                 for i, it in enumerate(insp[: self.n_inspirations], 1)]
         f["inspirations"] = "\n\n".join(parts) or None
 
         def fewer_inspirations(d: dict[str, Any]) -> bool:
@@ -807,6 +825,7 @@ class LLMMutator:
         messages = self._not_twice(chain, rendered.messages, model)
         call = self.client.complete(messages, model=model, kind=kind)  # may raise BudgetExhausted
         self.health.record(model.name, call)
+        self._calibrate(model, messages, call)
         with self._lock:
             self.attempts += 1
         if call.error is not None:

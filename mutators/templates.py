@@ -84,9 +84,11 @@ def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
 
 
-def estimate_prompt_tokens(messages: list[dict[str, str]]) -> int:
-    """A conservative token count of a message list for budgeting (see BUDGET_CHARS_PER_TOKEN)."""
-    return sum(int(len(m.get("content", "")) / BUDGET_CHARS_PER_TOKEN) + 8 for m in messages)
+def estimate_prompt_tokens(messages: list[dict[str, str]], chars_per_token: float = BUDGET_CHARS_PER_TOKEN) -> int:
+    """A token count of a message list for budgeting: characters / ``chars_per_token`` (the
+    conservative BUDGET_CHARS_PER_TOKEN until the endpoint's usage reports calibrate it)
+    plus 8 a message for the chat framing."""
+    return sum(int(len(m.get("content", "")) / chars_per_token) + 8 for m in messages)
 
 
 def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:
