@@ -265,6 +265,10 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     if job.get("gate"):
         _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
+    from evaluators.device_state import DeviceGuard
+
+    # limits as they are before the candidate ran: timing restores them (evaluators.device_state)
+    guard = DeviceGuard(int(stream.cuda_stream))
     env["seccomp"] = _confine()
     stages: list[StageResult] = []
     fitness = None
@@ -320,7 +324,7 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
                     task, kernel, shape_indices=bench, scalars=scalars,
                     warmup=int(settings["warmup"]), reps=int(settings["reps"]),
                     flush_mb=int(settings["flush_mb"]), seed=seed, stream=stream,
-                    sol_ms=_sol_fn(task), progress=state.progress,
+                    sol_ms=_sol_fn(task), progress=state.progress, device_guard=guard,
                 )
                 state.candidate_ran = True
                 stages.append(tres)

@@ -8,6 +8,10 @@ rep so clock and thermal drift hit both alike:
 - warm-up calls of both, then ``reps`` timed calls each: L2 flush (``flush_mb`` written on
   the harness stream) -> start event -> call -> end event, all on the harness stream, then a
   device-wide ``synchronize`` so nothing of one rep spills into the next;
+- GPU state the candidate could carry into timed calls is reset (``device_guard``,
+  :mod:`evaluators.device_state`): limits restored and the persisting-L2 carve-out and the
+  stream's access-policy window cleared before each shape, persisting lines reset before
+  every rep (they would survive the flush);
 - a side-stream probe: a few untimed calls from an idle device, each followed by waiting for
   the harness stream's end event and timing a device-wide ``synchronize``; time beyond the
   bare synchronize cost ("leftover") is work on a stream the events did not see: ``invalid``;
@@ -201,12 +205,17 @@ def time_shapes(
     stream: Any,
     sol_ms: Callable[[dict[str, int]], float | None],
     progress: Callable[[dict[str, Any]], None] = lambda p: None,
+    device_guard: Any = None,
 ) -> StageResult:
     """Time candidate and reference on the task's benchmark shapes (CUDA only).
 
     ``kernel`` is an :class:`evaluators.abi.KernelLibrary`; ``stream`` a ``torch.cuda.Stream``
     that is current. Raises :class:`evaluators.correctness.CandidateFault` or CUDA errors on
-    a fault (the harness maps them to ``crash``).
+    a fault (the harness maps them to ``crash``). ``device_guard``: an
+    :class:`evaluators.device_state.DeviceGuard` made before the candidate was loaded; its
+    ``restore`` runs before each shape's warm-up and ``between_reps`` before every timed rep,
+    so no persisting-L2 line, access-policy window or raised limit of the candidate's carries
+    into a timed call (what it reset is in ``metrics["device_resets"]``).
     """
     import torch
 
@@ -249,6 +258,8 @@ def time_shapes(
         copies = [base] + [tuple(x.clone() for x in base) for _ in range(n - 1)]
         outs = [[torch.empty(s, dtype=d, device=dev) for s, d in out_specs] for _ in range(n)]
         torch.cuda.synchronize()
+        if device_guard is not None:
+            device_guard.restore()
         progress({"stage": "timing", "shape": shape, "step": "warm-up"})
         ref_fn = task.reference
         with torch.no_grad():
@@ -267,6 +278,8 @@ def time_shapes(
             progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
             for r in range(int(reps)):
                 c = r % n
+                if device_guard is not None:  # the device is idle here (synchronize below)
+                    device_guard.between_reps()
                 # reference
                 flush.zero_()
                 ev[0].record(stream)
@@ -352,5 +365,7 @@ def time_shapes(
     res = summarize(all_samples)
     metrics = dict(res.metrics)
     metrics.update({"reps": int(reps), "warmup": int(warmup), "flush_mb": int(flush_mb)})
+    if device_guard is not None:
+        metrics.update(device_guard.metrics())
     return StageResult(res.stage, res.status, res.reason, metrics, res.artifacts,
                        seconds=time.monotonic() - t_start)
