@@ -251,9 +251,13 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     settings = job["settings"]
     mode = job["mode"]
     if not torch.cuda.is_available():
+        layers = os.environ.get("EVO_SANDBOX_LAYERS", "")
+        hint = (f"; inside the sandbox ({layers}): if the GPU works outside it, retry with "
+                "EVO_SANDBOX_READS=0 and EVO_SANDBOX_LANDLOCK_FS=0 to find the layer (docs/SECURITY.md)"
+                if "landlock" in layers else "")
         raise RuntimeError(
             "the harness child sees no CUDA device (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run GPU stages on a GPU machine"
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run GPU stages on a GPU machine" + hint
         )
     task = _load_task(job["task"], job.get("task_files") or [])
     torch.cuda.set_device(0)

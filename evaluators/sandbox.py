@@ -548,6 +548,9 @@ def user_task_count(uid: int | None = None) -> int:
 #: ``"0"`` the user switched it off (``EVO_SANDBOX_SECCOMP=0`` or ``EVO_SANDBOX=0``). A
 #: harness started without it installs the filter too (the safe default).
 SECCOMP_ENV = "EVO_SANDBOX_SECCOMP"
+#: Set by :func:`sandbox_launch` in the child's environment: the layers applied, so that the
+#: harness can name them when CUDA does not start inside them.
+LAYERS_ENV = "EVO_SANDBOX_LAYERS"
 
 
 class SandboxError(RuntimeError):
@@ -986,6 +989,8 @@ def sandbox_launch(
             layers.append(f"landlock{caps.landlock_abi}(" + ",".join(parts) + ")")
     if s.seccomp:
         layers.append("seccomp-required")
+    # for the child's own error messages (a CUDA that fails to start names the sandbox)
+    e[LAYERS_ENV] = ", ".join(layers)
     return Launch(_wrapper_argv(cfg, argv), e, tuple(layers))
 
 

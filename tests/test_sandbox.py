@@ -415,3 +415,21 @@ def test_secrets_withheld_removes_and_restores(monkeypatch):
         assert os.environ["EVO_SECRET_ENV"] == "OTHER_ONE"
     assert os.environ["OPENAI_API_KEY"] == SECRET and os.environ["CARRIER"] == "v=" + SECRET
     assert os.environ["PLAIN_NAME"] == "x" * 20 and os.environ["OTHER_ONE"] == "o" * 20
+
+
+def test_real_harness_starts_inside_the_default_sandbox_and_names_it_without_a_gpu(tmp_path):
+    """The real harness child (torch, the project, the task registry's imports) starts under
+    the default Landlock read and write rules; on this CPU-only machine it then stops as our
+    failure of kind 'cuda', naming the sandbox's switches in case the sandbox is the cause."""
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU tests cover the harness there")
+    job = HarnessJob(task="kb19_relu", candidate_id="c" * 64, so_bytes=b"\x7fELF")
+    with pytest.raises(HarnessError) as ei:
+        run_isolated(job, HarnessSettings(timeout_s=120), workdir=tmp_path)
+    e = ei.value
+    assert e.kind == "cuda" and "sees no CUDA device" in str(e), (str(e), e.detail[-2000:])
+    if sb.probe().landlock_abi >= 1:
+        assert "EVO_SANDBOX_READS=0" in str(e) and "fs-reads" in str(e)
