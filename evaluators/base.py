@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from evo.records import Candidate, StageResult
+from evo.settings import config_key
 
 __all__ = ["CompileSettings", "HarnessSettings", "InfrastructureError", "Stage"]
 
@@ -47,19 +48,30 @@ def _rebuild_infra(cls, message: str, fix: str, detail: str) -> "InfrastructureE
 
 @dataclass(frozen=True)
 class CompileSettings:
-    """How candidates are built (config section ``[compile]``)."""
+    """How candidates are built: the record of config section ``[compile]`` (its keys are
+    the ``config_key`` fields, :mod:`evo.settings`; the others are set by code).
 
-    arch: str = "sm_90a"
-    timeout_s: float = 300.0
-    memory_mb: int = 8192
-    cache_dir: str = ".evo/cache"
+    ``arch``: nvcc's target. ``timeout_s``: wall clock of one nvcc run (its process group is
+    killed after). ``memory_mb``: address-space limit of each nvcc process (0 = none; the
+    config allows 512 up, the byte count must fit the limit wrapper). ``cache_dir``: the
+    content-addressed compile cache. ``nvcc``: executable name or path. ``extra_flags``:
+    appended to nvcc's command line (and to the key of the cache).
+    """
+
+    arch: str = config_key("sm_90a", pattern=r"^sm_\d+a?$")
+    timeout_s: float = config_key(300.0, gt=0, le=86400)
+    memory_mb: int = config_key(8192, ge=512, le=1048576)
+    cache_dir: str = config_key(".evo/cache", path=True)
     nvcc: str = "nvcc"
     extra_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class HarnessSettings:
-    """How a built candidate is checked and timed on a GPU (config section ``[evaluator]``).
+    """How a built candidate is checked and timed on a GPU: the record of config section
+    ``[evaluator]`` (its keys are the ``config_key`` fields; the others are set by code).
+    It travels into the isolated child as JSON (``dataclasses.asdict``), so every field is
+    a plain value.
 
     ``trials``: fresh-seed correctness trials per shape (>= 5 by the contract).
     ``warmup`` / ``reps``: timing warm-up calls and timed calls per shape (median reported).
@@ -75,14 +87,14 @@ class HarnessSettings:
     its task up, so user tasks are known wherever a candidate is evaluated.
     """
 
-    trials: int = 5
-    warmup: int = 10
-    reps: int = 50
-    flush_mb: int = 256
-    timeout_s: float = 300.0
+    trials: int = config_key(5, ge=5)
+    warmup: int = config_key(10, ge=1)
+    reps: int = config_key(50, ge=10)
+    flush_mb: int = config_key(256, ge=64)
+    timeout_s: float = config_key(300.0, gt=0)
     check_only: bool = False
     device: int = 0
-    fresh_timing_process: bool = True
+    fresh_timing_process: bool = config_key(True)
     task_files: tuple[str, ...] = ()
     #: Per-child timeouts (s) for the correctness (``check``) and the timing process, set by
     #: the GPU actor from this task's own history (:mod:`evaluators.timeouts`); None: use

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evo.records import Candidate, StageResult, Status
+from evo.settings import config_key
 
 __all__ = [
     "STAGE",
@@ -144,22 +145,27 @@ class NcuNotFoundError(ProfileError):
 
 @dataclass(frozen=True)
 class ProfileSettings:
-    """How survivors are profiled (config section ``[profile]``).
+    """How survivors are profiled: the record of config section ``[profile]``.
 
-    ``enabled``: master switch. ``top_k``: a correct candidate is profiled when it enters
-    the best ``top_k`` of its island. ``feedback_after``: lineage depth from which prompts
-    may quote profile numbers (``evo.triggers.profile_visible``). ``timeout_s``: wall clock
-    of one ncu run (its process group is killed after). ``metrics``: the ncu metric list
-    (default :data:`DEFAULT_METRICS`). ``launch_count``: most kernels captured from the one
-    measured call. ``warmup``: candidate calls before the measured one. ``ncu``: executable
-    name or path. ``cache_dir``: JSON cache of finished profiles (``""`` = no cache).
-    ``device``: GPU index among the caller's visible devices.
+    Config keys (``config_key`` fields, :mod:`evo.settings`; bounds checked when the config
+    is loaded): ``enabled``: master switch, off by default (profiling needs Nsight Compute
+    and permission to read the GPU's counters). ``top_k``: a correct candidate is profiled
+    when it enters the best ``top_k`` of its island. ``feedback_after``: lineage depth from
+    which prompts may quote profile numbers (``evo.triggers.profile_visible``).
+    ``timeout_s``: wall clock of one ncu run (its process group is killed after).
+
+    Set by code: ``metrics``: the ncu metric list (default :data:`DEFAULT_METRICS`).
+    ``launch_count``: most kernels captured from the one measured call. ``warmup``:
+    candidate calls before the measured one. ``ncu``: executable name or path.
+    ``cache_dir``: JSON cache of finished profiles (``""`` = no cache; a run's is
+    ``profiles`` beside its compile cache). ``device``: GPU index among the caller's visible
+    devices. ``seed``: seed of the profiled call's inputs.
     """
 
-    enabled: bool = True
-    top_k: int = 3
-    feedback_after: int = 3
-    timeout_s: float = 240.0
+    enabled: bool = config_key(False)
+    top_k: int = config_key(3, ge=1)
+    feedback_after: int = config_key(3, ge=0)
+    timeout_s: float = config_key(240.0, gt=0)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     launch_count: int = 4
     warmup: int = 1
@@ -169,14 +175,11 @@ class ProfileSettings:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        if self.top_k < 1:
-            raise ValueError(f"profile.top_k = {self.top_k}: must be >= 1")
+        # Only the fields set by code: the config keys were checked where they were read.
         if self.launch_count < 1:
-            raise ValueError(f"profile.launch_count = {self.launch_count}: must be >= 1")
-        if self.timeout_s <= 0:
-            raise ValueError(f"profile.timeout_s = {self.timeout_s}: must be > 0")
+            raise ValueError(f"ProfileSettings.launch_count = {self.launch_count}: must be >= 1")
         if not self.metrics:
-            raise ValueError("profile.metrics is empty; leave it out to use the default list")
+            raise ValueError("ProfileSettings.metrics is empty; leave it out to use the default list")
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -10,6 +10,16 @@ value and what is allowed, one problem per line, e.g.::
 
 Design points (see docs/config.md for the user-facing reference):
 
+* One settings record per section, owned by the component that uses it: ``[compile]`` and
+  ``[evaluator]`` are :class:`evaluators.base.CompileSettings` / ``HarnessSettings``,
+  ``[profile]`` :class:`evaluators.profile.ProfileSettings`, ``[tuning]``
+  :class:`evo.tuning_settings.TuningSettings`, ``[search]``
+  :class:`evo.engine_settings.EngineSettings`. Those frozen dataclasses declare each key's
+  one default and one set of bounds (``config_key``, :mod:`evo.settings`); this module
+  builds the section's pydantic model from them (:func:`section_model`), validates once,
+  and ``Config.<x>_settings()`` turns a section back into its record, adding the fields code
+  sets (task files, the profile cache, the tuning seed). Sections no component mirrors
+  (``[run]``, ``[tasks]``, ``[mutator]``, ``[ray]``, ``[llm]``) are declared here.
 * Only knobs that work exist ("no knob ships before it works"); unknown keys are errors, with
   a did-you-mean suggestion, so a typo never silently falls back to a default.
 * Types are strict: TOML already carries types, so ``seed = "3"`` or ``archive = 1`` is a
@@ -37,7 +47,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -47,11 +57,16 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from evaluators.base import CompileSettings, HarnessSettings
+from evaluators.profile import ProfileSettings
+from evo.engine_settings import EngineSettings
+from evo.settings import config_keys
+from evo.tuning_settings import TuningSettings
 
 __all__ = [
     "CompileConfig",
@@ -60,10 +75,12 @@ __all__ = [
     "EvaluatorConfig",
     "KNOWN_GPUS",
     "MutatorConfig",
+    "ProfileConfig",
     "RayConfig",
     "RunConfig",
     "SearchConfig",
     "TasksConfig",
+    "TuningConfig",
     "demo_config_path",
     "load_config",
     "parse_config",
@@ -75,6 +92,13 @@ logger = logging.getLogger(__name__)
 #: GPU names accepted by ``run.gpu`` when the task suite does not publish its own list
 #: (``evo.tasks.gpu_names()``, if it exists, takes precedence). Matching is case-insensitive.
 KNOWN_GPUS: tuple[str, ...] = ("H100", "H200")
+
+#: Keys that existed once and were removed, with what to do instead: an old config that
+#: still sets one gets this line rather than a bare "unknown key".
+_REMOVED_KEYS: dict[str, str] = {
+    "compile.workers": "removed (no code could honour it): compiles run as Ray tasks, one per CPU that Ray "
+                       "has; set [ray] num_cpus to run fewer, and delete this line",
+}
 
 #: Paths of task files already loaded in this process (resolved), so validating a second
 #: config that names the same file does not register its tasks twice.
@@ -158,6 +182,36 @@ class _Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
     )
+
+
+def section_model(settings: type, name: str, doc: str, base: type[_Section] = _Section) -> type[_Section]:
+    """The section model whose keys a component's settings dataclass declares.
+
+    Each ``config_key`` field of ``settings`` (:mod:`evo.settings`) becomes a key of the
+    same name (or ``Key.name``), type, default (divided by ``Key.scale``), bounds and
+    pattern; a ``Key.path`` key is an output location (:data:`PathField`). Fields set by
+    code are not keys. ``base`` carries cross-key validators. The default and the bounds of
+    a key thus exist once, on the record; :func:`_record` turns a section back into one.
+    """
+    hints = get_type_hints(settings)
+    spec: dict[str, Any] = {}
+    for f, key in config_keys(settings):
+        default = f.default / key.scale if key.scale != 1.0 else f.default
+        spec[key.name or f.name] = (
+            PathField if key.path else hints[f.name],
+            Field(default, ge=key.ge, gt=key.gt, le=key.le, lt=key.lt, pattern=key.pattern),
+        )
+    return create_model(name, __base__=base, __module__=__name__, __doc__=doc, **spec)
+
+
+def _record(section: BaseModel, settings: type, **by_code: Any) -> Any:
+    """The ``settings`` record of a section made by :func:`section_model`: its keys' values
+    (paths as strings, scaled values in the record's unit) plus the fields in ``by_code``."""
+    values: dict[str, Any] = {}
+    for f, key in config_keys(settings):
+        value = getattr(section, key.name or f.name)
+        values[f.name] = str(value) if key.path else (value * key.scale if key.scale != 1.0 else value)
+    return settings(**values, **by_code)
 
 
 # --------------------------------------------------------------------------------------
@@ -271,27 +325,23 @@ class TasksConfig(_Section):
         return include
 
 
-class SearchConfig(_Section):
-    """``[search]``: islands, populations, budget and migration."""
-
-    islands_per_task: int = Field(2, ge=1, le=64)
-    population_size: int = Field(16, ge=2, le=1024)
-    max_evaluations: int = Field(200, ge=1)
-    max_wall_minutes: float = Field(10.0, gt=0)
-    in_flight: int = Field(0, ge=0)
-    migration_every: int = Field(40, ge=1)
-    migration_count: int = Field(2, ge=0)
-    selection_lambda: float = Field(1.0, gt=0)
-    archive: bool = True
+class _SearchRules(_Section):
+    """The cross-key rule of ``[search]`` (its keys come from :class:`EngineSettings`)."""
 
     @model_validator(mode="after")
-    def _migration_fits(self) -> "SearchConfig":
+    def _migration_fits(self) -> "_SearchRules":
         if self.migration_count > self.population_size:
             raise ValueError(
                 f"search.migration_count = {self.migration_count}: must be <= "
                 f"search.population_size ({self.population_size})"
             )
         return self
+
+
+SearchConfig = section_model(
+    EngineSettings, "SearchConfig",
+    "``[search]``: islands, populations, budget and migration (keys: "
+    ":class:`evo.engine_settings.EngineSettings`).", base=_SearchRules)
 
 
 class MutatorConfig(_Section):
@@ -303,25 +353,12 @@ class MutatorConfig(_Section):
     perturb_max: int = Field(2, ge=1)
 
 
-class CompileConfig(_Section):
-    """``[compile]``: nvcc settings; becomes :class:`evaluators.base.CompileSettings`."""
+CompileConfig = section_model(
+    CompileSettings, "CompileConfig", "``[compile]``: nvcc settings (keys: :class:`evaluators.base.CompileSettings`).")
 
-    arch: str = Field("sm_90a", pattern=r"^sm_\d+a?$")
-    timeout_s: float = Field(300.0, gt=0, le=86400)
-    memory_mb: int = Field(8192, ge=512, le=1048576)  # the byte count must fit the limit wrapper
-    workers: int = Field(0, ge=0, le=4096)
-    cache_dir: PathField = Path(".evo/cache")
-
-
-class EvaluatorConfig(_Section):
-    """``[evaluator]``: correctness and timing protocol; becomes ``HarnessSettings``."""
-
-    trials: int = Field(5, ge=5)
-    warmup: int = Field(10, ge=1)
-    reps: int = Field(50, ge=10)
-    flush_mb: int = Field(256, ge=64)
-    timeout_s: float = Field(300.0, gt=0)
-    fresh_timing_process: bool = True
+EvaluatorConfig = section_model(
+    HarnessSettings, "EvaluatorConfig",
+    "``[evaluator]``: correctness and timing protocol (keys: :class:`evaluators.base.HarnessSettings`).")
 
 
 class RayConfig(_Section):
@@ -427,22 +464,15 @@ class LLMConfig(_Section):
         return self
 
 
-class ProfileConfig(_Section):
-    """``[profile]``: delayed Nsight Compute profiling of survivors (docs/profiling.md)."""
+ProfileConfig = section_model(
+    ProfileSettings, "ProfileConfig",
+    "``[profile]``: delayed Nsight Compute profiling of survivors, docs/profiling.md (keys: "
+    ":class:`evaluators.profile.ProfileSettings`).")
 
-    enabled: bool = False
-    top_k: int = Field(3, ge=1)
-    feedback_after: int = Field(3, ge=0)
-    timeout_s: float = Field(240.0, gt=0)
-
-
-class TuningConfig(_Section):
-    """``[tuning]``: Optuna studies over the tunables of new top-k members (docs/tuning.md)."""
-
-    enabled: bool = False
-    trials_per_survivor: int = Field(16, ge=1)
-    top_k: int = Field(2, ge=1)
-    max_concurrent: int = Field(2, ge=1)
+TuningConfig = section_model(
+    TuningSettings, "TuningConfig",
+    "``[tuning]``: Optuna studies over the tunables of new top-k members, docs/tuning.md (keys: "
+    ":class:`evo.tuning_settings.TuningSettings`).")
 
 
 class Config(_Section):
@@ -479,36 +509,28 @@ class Config(_Section):
 
     def compile_settings(self) -> CompileSettings:
         """The ``[compile]`` section as the compile stage's settings record."""
-        c = self.compile
-        return CompileSettings(
-            arch=c.arch, timeout_s=float(c.timeout_s), memory_mb=c.memory_mb, cache_dir=str(c.cache_dir)
-        )
+        return _record(self.compile, CompileSettings)
 
     def harness_settings(self) -> HarnessSettings:
-        """The ``[evaluator]`` section as the GPU harness's settings record."""
-        e = self.evaluator
-        return HarnessSettings(
-            trials=e.trials, warmup=e.warmup, reps=e.reps, flush_mb=e.flush_mb, timeout_s=float(e.timeout_s),
-            fresh_timing_process=e.fresh_timing_process,
-            task_files=tuple(str(f) for f in self.tasks.files),
-        )
+        """The ``[evaluator]`` section as the GPU harness's settings record, with the run's
+        user task files (``[tasks] files``), which every isolated child imports."""
+        return _record(self.evaluator, HarnessSettings, task_files=tuple(str(f) for f in self.tasks.files))
 
-    def profile_settings(self):
-        """The ``[profile]`` section as :class:`evaluators.profile.ProfileSettings`."""
-        from evaluators.profile import ProfileSettings
+    def profile_settings(self) -> ProfileSettings:
+        """The ``[profile]`` section as the profile stage's record; its cache is
+        ``profiles`` beside the compile cache."""
+        return _record(self.profile, ProfileSettings, cache_dir=str(Path(self.compile.cache_dir).parent / "profiles"))
 
-        p = self.profile
-        return ProfileSettings(enabled=p.enabled, top_k=p.top_k, feedback_after=p.feedback_after,
-                               timeout_s=float(p.timeout_s),
-                               cache_dir=str(Path(self.compile.cache_dir).parent / "profiles"))
+    def tuning_settings(self) -> TuningSettings:
+        """The ``[tuning]`` section as tuning's record (seeded by ``run.seed``)."""
+        return _record(self.tuning, TuningSettings, seed=self.run.seed)
 
-    def tuning_settings(self):
-        """The ``[tuning]`` section as :class:`evo.tuning.TuningSettings` (seeded by run.seed)."""
-        from evo.tuning import TuningSettings
-
-        t = self.tuning
-        return TuningSettings(enabled=t.enabled, trials_per_survivor=t.trials_per_survivor, top_k=t.top_k,
-                              seed=self.run.seed, max_concurrent=t.max_concurrent)
+    def engine_settings(self) -> EngineSettings:
+        """The ``[search]`` section as the engine's record, with the run's profile and tuning
+        records when those are enabled (None otherwise: the engine skips them)."""
+        return _record(self.search, EngineSettings,
+                       profile=self.profile_settings() if self.profile.enabled else None,
+                       tuning=self.tuning_settings() if self.tuning.enabled else None)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (paths as absolute strings, tuples as lists)."""
@@ -795,6 +817,8 @@ def _describe(err: Mapping[str, Any], override_keys: set[str]) -> tuple[str, str
             hint = _suggest(name, allowed)
             did = f"did you mean [{hint}]?; " if hint else ""
             return key, f"unknown section [{name}] ({note}{did}allowed: {', '.join(allowed)})"
+        if key in _REMOVED_KEYS:
+            return key, f"'{key}'{' (set by override)' if via else ''} was {_REMOVED_KEYS[key]}"
         prefix = _dotted(loc[:-1])
         hint = _suggest(name, allowed)
         did = f"did you mean '{prefix}.{hint}'?; " if hint else ""

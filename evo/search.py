@@ -21,15 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def engine_settings(cfg) -> EngineSettings:
-    s = cfg.search
-    return EngineSettings(
-        islands_per_task=s.islands_per_task, population_size=s.population_size,
-        max_evaluations=s.max_evaluations, max_wall_seconds=60.0 * s.max_wall_minutes,
-        in_flight=s.in_flight, migration_every=s.migration_every, migration_count=s.migration_count,
-        selection_lambda=s.selection_lambda, archive=s.archive,
-        profile=cfg.profile_settings() if cfg.profile.enabled else None,
-        tuning=cfg.tuning_settings() if cfg.tuning.enabled else None,
-    )
+    """The engine's record of ``cfg`` (:meth:`evo.config.Config.engine_settings`)."""
+    return cfg.engine_settings()
 
 
 MUTATOR_KINDS = ("knobs", "llm")

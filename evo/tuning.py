@@ -50,6 +50,7 @@ from optuna.trial import TrialState
 
 from evo.records import Candidate, Evaluation, Operator, canonical_params
 from evo.tunables import parse_tunables, resolve_params, violated_constraints
+from evo.tuning_settings import TuningSettings  # the [tuning] record; defined apart so evo.config need not import Optuna
 
 __all__ = [
     "TuningSettings",
@@ -73,32 +74,6 @@ DEFAULT_ASK_FACTOR = 20
 
 class TuningError(ValueError):
     """The study cannot be set up or driven as asked (no tunables, unknown trial, ...)."""
-
-
-@dataclass(frozen=True)
-class TuningSettings:
-    """Automatic tuning of survivors (config section ``[tuning]``).
-
-    ``enabled``: master switch. ``trials_per_survivor``: evaluated trials (compiles + GPU
-    runs) per study; pruned and repeated points are free. ``top_k``: a correct member is
-    tuned when it enters the best ``top_k`` of its island. ``seed``: TPE seed (the engine
-    may derive one per study from the run seed). ``max_concurrent``: trials of one study in
-    flight at once (TPE learns from finished trials, so a few at a time is the sweet spot).
-    """
-
-    enabled: bool = True
-    trials_per_survivor: int = 16
-    top_k: int = 2
-    seed: int = 0
-    max_concurrent: int = 2
-
-    def __post_init__(self) -> None:
-        if self.trials_per_survivor < 0:
-            raise ValueError(f"tuning.trials_per_survivor = {self.trials_per_survivor}: must be >= 0")
-        if self.top_k < 1:
-            raise ValueError(f"tuning.top_k = {self.top_k}: must be >= 1")
-        if self.max_concurrent < 1:
-            raise ValueError(f"tuning.max_concurrent = {self.max_concurrent}: must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -77,27 +77,6 @@ class IslandSpec:
     failure_limit: int = 8
     seed_limit: int = 8
 
-    @classmethod
-    def from_search_config(
-        cls, search: Any, *, index: int, task: str, run_seed: int,
-        archive_dims: tuple[str, ...] = DEFAULT_DIMS,
-    ) -> "IslandSpec":
-        """Build from the ``[search]`` config section.
-
-        Reads ``search.population_size`` (capacity), ``search.selection_lambda`` (sigmoid
-        lambda) and ``search.archive`` (bool: archive on/off); the island seed is
-        :func:`island_seed` of ``run_seed``.
-        """
-        return cls(
-            index=index,
-            task=task,
-            capacity=int(search.population_size),
-            selector="sigmoid",
-            selector_options=(("lam", float(search.selection_lambda)),),
-            seed=island_seed(run_seed, task, index),
-            archive_dims=tuple(archive_dims) if bool(search.archive) else None,
-        )
-
     def build(self) -> "Island":
         return Island(
             self.index,

@@ -30,6 +30,9 @@ from evo.config import (
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.toml"
 EXAMPLES = sorted((REPO / "configs" / "examples").glob("*.toml"))
+#: Examples the fake registry can check: one that defines tasks in Python files (tasks.files)
+#: is checked against the real registry only (test_shipped_configs_real_registry).
+FAKE_EXAMPLES = [p for p in EXAMPLES if "files" not in tomllib.loads(p.read_text()).get("tasks", {})]
 MINIMAL = {"tasks": {"include": ["kb19_relu"]}}
 
 
@@ -98,7 +101,7 @@ def test_defaults_match_documented_values(registry):
     assert s.selection_lambda == 1.0 and s.archive is True
     assert (cfg.mutator.kind, cfg.mutator.crossover_rate, cfg.mutator.perturb_max) == ("knobs", 0.3, 2)
     c = cfg.compile
-    assert (c.arch, c.timeout_s, c.memory_mb, c.workers) == ("sm_90a", 300, 8192, 0)
+    assert (c.arch, c.timeout_s, c.memory_mb) == ("sm_90a", 300, 8192)
     assert c.cache_dir == Path.cwd() / ".evo/cache"
     e = cfg.evaluator
     assert (e.trials, e.warmup, e.reps, e.flush_mb, e.timeout_s) == (5, 10, 50, 256, 300)
@@ -243,7 +246,7 @@ def test_demo_config_values(registry):
     assert cfg.mutator.kind == "knobs" and cfg.compile.arch == "sm_90a"
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FAKE_EXAMPLES, ids=lambda p: p.name)
 def test_examples_load(registry, path):
     cfg = load_config(path)
     assert cfg.source_path == path
@@ -398,7 +401,10 @@ def test_include_must_be_a_list(registry):
         ({"compile": {"memory_mb": 10**13}},
          "compile.memory_mb = 10000000000000: must be between 512 and 1048576"),
         ({"compile": {"timeout_s": -1}}, "compile.timeout_s = -1: must be > 0"),
-        ({"compile": {"workers": -2}}, "compile.workers = -2: must be between 0 and 4096"),
+        ({"profile": {"top_k": 0}}, "profile.top_k = 0: must be >= 1"),
+        ({"profile": {"timeout_s": 0}}, "profile.timeout_s = 0: must be > 0"),
+        ({"tuning": {"trials_per_survivor": 0}}, "tuning.trials_per_survivor = 0: must be >= 1"),
+        ({"tuning": {"max_concurrent": 0}}, "tuning.max_concurrent = 0: must be >= 1"),
         ({"evaluator": {"trials": 4}}, "evaluator.trials = 4: must be >= 5"),
         ({"evaluator": {"reps": 9}}, "evaluator.reps = 9: must be >= 10"),
         ({"evaluator": {"flush_mb": 32}}, "evaluator.flush_mb = 32: must be >= 64"),
@@ -566,3 +572,131 @@ def test_a_cwd_relative_task_file_gets_a_hint_not_a_list_of_every_task(registry,
     assert len(lines) == 1, lines  # the include entries are not reported as unknown tasks
     assert "file not found" in lines[0] and "relative to the config file's directory" in lines[0]
     assert "exists relative to the working directory" in lines[0] and "'../mytasks.py'" in lines[0]
+
+
+# ---------------------------------------------------------------------------- settings records
+
+
+def test_defaults_are_the_records_defaults(registry, tmp_path, monkeypatch):
+    """Each section's default is its record's default: a config that sets nothing gives the
+    records a component builds with no arguments (paths aside, made absolute)."""
+    from evaluators.profile import ProfileSettings
+    from evo.engine_settings import EngineSettings
+    from evo.tuning_settings import TuningSettings
+
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config(MINIMAL)
+    assert cfg.compile_settings() == CompileSettings(cache_dir=str(tmp_path / ".evo/cache"))
+    assert cfg.harness_settings() == HarnessSettings()
+    assert cfg.profile_settings() == ProfileSettings(cache_dir=str(tmp_path / ".evo/profiles"))
+    assert cfg.tuning_settings() == TuningSettings()
+    assert cfg.engine_settings() == EngineSettings()
+    assert ProfileSettings().enabled is False and TuningSettings().enabled is False  # the config's values won
+
+
+def test_every_key_reaches_its_record(registry):
+    cfg = parse_config({
+        **MINIMAL,
+        "search": {"islands_per_task": 3, "population_size": 9, "max_evaluations": 7, "max_wall_minutes": 2.5,
+                   "in_flight": 5, "migration_every": 11, "migration_count": 1, "selection_lambda": 0.5,
+                   "archive": False},
+        "compile": {"arch": "sm_100a", "timeout_s": 61, "memory_mb": 1024, "cache_dir": "/tmp/cc"},
+        "evaluator": {"trials": 6, "warmup": 2, "reps": 11, "flush_mb": 65, "timeout_s": 31,
+                      "fresh_timing_process": False},
+        "profile": {"enabled": True, "top_k": 4, "feedback_after": 0, "timeout_s": 9},
+        "tuning": {"enabled": True, "trials_per_survivor": 3, "top_k": 5, "max_concurrent": 1},
+        "run": {"seed": 42},
+    })
+    e = cfg.engine_settings()
+    assert (e.islands_per_task, e.population_size, e.max_evaluations, e.max_wall_seconds) == (3, 9, 7, 150.0)
+    assert (e.in_flight, e.migration_every, e.migration_count, e.selection_lambda, e.archive) == (5, 11, 1, 0.5, False)
+    assert e.profile == cfg.profile_settings() and e.tuning == cfg.tuning_settings()
+    c = cfg.compile_settings()
+    assert (c.arch, c.timeout_s, c.memory_mb, c.cache_dir) == ("sm_100a", 61.0, 1024, "/tmp/cc")
+    h = cfg.harness_settings()
+    assert (h.trials, h.warmup, h.reps, h.flush_mb, h.timeout_s, h.fresh_timing_process) == (6, 2, 11, 65, 31.0, False)
+    p = cfg.profile_settings()
+    assert (p.enabled, p.top_k, p.feedback_after, p.timeout_s, p.cache_dir) == (True, 4, 0, 9.0, "/tmp/profiles")
+    t = cfg.tuning_settings()
+    assert (t.enabled, t.trials_per_survivor, t.top_k, t.max_concurrent, t.seed) == (True, 3, 5, 1, 42)
+    # profiling and tuning off: the engine gets no record for them
+    off = parse_config(MINIMAL).engine_settings()
+    assert off.profile is None and off.tuning is None
+
+
+@pytest.mark.parametrize("section, key", [
+    ("compile", "nvcc"), ("compile", "extra_flags"), ("evaluator", "task_files"), ("evaluator", "timeout_check_s"),
+    ("evaluator", "timeout_note"), ("evaluator", "check_only"), ("profile", "ncu"), ("profile", "cache_dir"),
+    ("tuning", "seed"), ("search", "max_wall_seconds"), ("search", "tuning_storage"),
+])
+def test_fields_set_by_code_are_not_config_keys(registry, section, key):
+    msg = one_line(error_of({**MINIMAL, section: {key: 1}}))
+    assert f"unknown key '{section}.{key}'" in msg
+
+
+def test_removed_key_says_what_to_do(registry):
+    msg = one_line(error_of({**MINIMAL, "compile": {"workers": 0}}))
+    assert msg == ("configs/x.toml: 'compile.workers' was removed (no code could honour it): compiles run as "
+                   "Ray tasks, one per CPU that Ray has; set [ray] num_cpus to run fewer, and delete this line")
+    msg = one_line(error_of(MINIMAL, overrides={"compile.workers": 4}))
+    assert msg.startswith("configs/x.toml: 'compile.workers' (set by override) was removed")
+
+
+def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
+    """The generator's contract, on a record of its own: key names and order, defaults
+    (scaled), bounds, patterns and path keys come from the ``config_key`` declarations."""
+    from evo.config import _record, section_model
+    from evo.settings import config_key
+
+    @dataclasses.dataclass(frozen=True)
+    class Rec:
+        n: int = config_key(5, ge=3, le=9)
+        wall_s: float = config_key(120.0, gt=0, name="wall_minutes", scale=60.0)
+        tag: str = config_key("ab", pattern=r"^[a-z]+$")
+        out: str = config_key("x/out", path=True)
+        by_code: str = "code"
+
+    model = section_model(Rec, "RecConfig", "doc")
+    assert list(model.model_fields) == ["n", "wall_minutes", "tag", "out"]
+    sec = model()
+    assert (sec.n, sec.wall_minutes, sec.tag, sec.out) == (5, 2.0, "ab", Path.cwd() / "x/out")
+    assert _record(sec, Rec, by_code="set") == Rec(out=str(Path.cwd() / "x/out"), by_code="set")
+    assert _record(model(wall_minutes=1.5), Rec).wall_s == 90.0
+    for bad in ({"n": 2}, {"n": 10}, {"wall_minutes": 0}, {"tag": "A"}, {"by_code": "x"}):
+        with pytest.raises(ValidationError):
+            model(**bad)
+
+
+def test_one_class_per_record():
+    """The records re-exported by the components are the ones the config composes."""
+    import evo.engine
+    import evo.engine_settings
+    import evo.tuning
+    import evo.tuning_settings
+
+    assert evo.engine.EngineSettings is evo.engine_settings.EngineSettings
+    assert evo.tuning.TuningSettings is evo.tuning_settings.TuningSettings
+
+
+def test_records_travel_as_pickle_and_json(registry, tmp_path):
+    import pickle
+
+    (tmp_path / "t.py").write_text("task my_op\n")
+    cfg = parse_config({"tasks": {"include": ["my_op"], "files": [str(tmp_path / "t.py")]}})
+    for rec in (cfg.compile_settings(), cfg.harness_settings(), cfg.profile_settings(), cfg.tuning_settings(),
+                cfg.engine_settings()):
+        assert pickle.loads(pickle.dumps(rec)) == rec
+    hs = cfg.harness_settings()  # evaluators.isolation writes asdict(settings) into the child's job.json
+    assert json.loads(json.dumps(dataclasses.asdict(hs)))["task_files"] == [str(tmp_path / "t.py")]
+
+
+def test_the_gpu_child_imports_no_pydantic():
+    """The isolated child imports evaluators.base (HarnessSettings) on every candidate: the
+    records and their declarations stay standard-library only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, evaluators.harness, evaluators.base, evaluators.profile, evo.settings, "
+            "evo.engine_settings, evo.tuning_settings; assert 'pydantic' not in sys.modules, 'pydantic imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -424,13 +424,9 @@ def test_from_state_rejects_bad_states():
         Island.from_state(dataclasses.replace(st_, champion_id="f" * 64))
 
 
-def test_island_spec_from_search_config():
-    from evo.config import SearchConfig
-
-    search = SearchConfig(population_size=8, selection_lambda=2.0, archive=False)
-    spec = IslandSpec.from_search_config(search, index=1, task=TASK, run_seed=3)
-    assert spec.capacity == 8 and dict(spec.selector_options) == {"lam": 2.0}
-    assert spec.archive_dims is None and spec.seed == island_seed(3, TASK, 1)
+def test_island_spec_builds_what_it_says():
+    spec = IslandSpec(index=1, task=TASK, capacity=8, selector_options=(("lam", 2.0),),
+                      seed=island_seed(3, TASK, 1), archive_dims=None)
     assert island_seed(3, TASK, 1) != island_seed(3, TASK, 0)
     isl = spec.build()
     assert isl.capacity == 8 and isl.archive is None and isl.selector.options == {"lam": 2.0}

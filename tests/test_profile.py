@@ -162,14 +162,14 @@ def _member(fitness=2.0, params=None):
 
 
 def test_should_profile_rules():
-    s = P.ProfileSettings(top_k=2)
+    s = P.ProfileSettings(enabled=True, top_k=2)  # enabled: off by default, as in [profile]
     m, a, b = _member(), _member(params={"A": "2"}), _member(params={"A": "3"})
     assert should_profile(m, [m.id, a.id], s, shape="M=1", gpu="H200")
     assert should_profile(m, [a.id, m.id, b.id], s)
     assert not should_profile(m, [a.id, b.id, m.id], s), "outside top_k=2"
-    assert should_profile(m, [a.id, b.id, m.id], P.ProfileSettings(top_k=3))
+    assert should_profile(m, [a.id, b.id, m.id], P.ProfileSettings(enabled=True, top_k=3))
     assert not should_profile(_member(fitness=None), [m.id], s), "incorrect candidates are never profiled"
-    assert not should_profile(m, [m.id], P.ProfileSettings(enabled=False))
+    assert not should_profile(m, [m.id], P.ProfileSettings(top_k=3)), "off by default"
     done = {profile_key_of(m, "M=1", "H200")}
     assert not should_profile(m, [m.id], s, done=done, shape="M=1", gpu="H200"), "never twice"
     assert should_profile(m, [m.id], s, done=done, shape="M=2", gpu="H200"), "another shape"
@@ -184,8 +184,10 @@ def test_profile_visible_only_late_in_the_lineage():
 
 
 def test_settings_validate():
-    with pytest.raises(ValueError, match="top_k"):
-        P.ProfileSettings(top_k=0)
+    """The fields set by code are checked when a record is built; the config keys (top_k,
+    timeout_s) are checked once, when the config is loaded (tests/test_config.py)."""
+    with pytest.raises(ValueError, match="launch_count"):
+        P.ProfileSettings(launch_count=0)
     with pytest.raises(ValueError, match="metrics"):
         P.ProfileSettings(metrics=())
 

@@ -190,7 +190,7 @@ def _member(params=PARENT_PARAMS, fitness=1.5, source=SOURCE, operator=Operator.
 
 
 def test_should_tune_rules():
-    s = TuningSettings(trials_per_survivor=8, top_k=2)
+    s = TuningSettings(enabled=True, trials_per_survivor=8, top_k=2)  # enabled: off by default, as in [tuning]
     m = _member()
     other = _member({"TILE": "64", "STAGES": "2", "VEC": "1"})
     assert should_tune(m, [m.id], set(), s)
@@ -198,15 +198,14 @@ def test_should_tune_rules():
     assert not should_tune(m, [other.id, "x", m.id], set(), s), "outside the configured top-k"
     assert not should_tune(m, [m.id], {m.id}, s), "one study per survivor"
     assert not should_tune(_member(fitness=None), [m.id], set(), s), "incorrect members are not tuned"
-    assert not should_tune(m, [m.id], set(), TuningSettings(enabled=False))
-    assert not should_tune(m, [m.id], set(), TuningSettings(trials_per_survivor=0))
+    assert not should_tune(m, [m.id], set(), TuningSettings(trials_per_survivor=8, top_k=2)), "off by default"
+    assert not should_tune(m, [m.id], set(), TuningSettings(enabled=True, trials_per_survivor=0))
     opt = _member(operator=Operator.OPTUNA)
     assert not should_tune(opt, [opt.id], set(), s), "an Optuna trial is covered by its parent's study"
     fixed = _member(params={}, source="// @tunable A = 1 in {1}\nint x;")
     assert not has_tunables(fixed.candidate.source)
     assert not should_tune(fixed, [fixed.id], set(), s), "nothing to choose"
-    with pytest.raises(ValueError, match="top_k"):
-        TuningSettings(top_k=0)
+    # top_k and trials_per_survivor are bounded once, when the config is loaded (tests/test_config.py)
 
 
 # ---------------------------------------------------------------------- through the runtime on Ray
