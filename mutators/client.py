@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -674,6 +675,30 @@ class LLMClient:
         if self.sink is not None:
             self.sink(call)
         return call
+
+    def probe(self, model: ModelSpec, *, max_output_tokens: int = 32) -> LLMCall:
+        """One tiny request ("Reply with OK.") with ``model``'s own request settings and a
+        small output cap: whether the endpoint takes them (``evo search --dry-run``).
+
+        One attempt, no retries; not charged to the budget and not handed to the sink (a
+        check, not a search call). The returned call's ``error`` is the endpoint's one-line
+        answer when it failed (``[fatal:<kind>]`` for a setting that can never work).
+        """
+        spec = dataclasses.replace(model, max_output_tokens=max(1, min(max_output_tokens, model.max_output_tokens)),
+                                   context_tokens=None)
+        msgs = _norm_messages([{"role": "user", "content": "Reply with OK."}])
+        usage = _Usage()
+        started = time.monotonic()
+        error, text, finish = None, "", None
+        try:
+            with self._sem:
+                text, finish = self._attempt(self._client_for(spec), msgs, spec, usage)
+        except (_Fatal, _Retryable) as exc:
+            error = str(exc)
+        return LLMCall(model=model.name, prompt_hash=prompt_hash(msgs, model.model), messages=msgs, response=text,
+                       tokens_in=usage.tokens_in, tokens_out=usage.tokens_out,
+                       cost=model.cost(usage.tokens_in, usage.tokens_out), latency_s=time.monotonic() - started,
+                       error=error, finish_reason=finish, kind="probe", usage_estimated=usage.estimated)
 
     def totals(self) -> dict[str, Any]:
         """Calls, errors, tokens and USD spent through this client."""

@@ -48,7 +48,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from evo.records import Member, candidate_id, canonical_params
@@ -214,7 +214,9 @@ class AttemptRecord:
     ``problems`` says why the answer was rejected; ``unmatched`` holds the SEARCH blocks that
     matched nowhere; ``form`` / ``notes`` what the answer looked like and what was tolerated;
     ``candidate_id`` is the child's id when a proposal was made; ``prompt_hash`` links to the
-    ``llm_calls`` row the client's sink stored.
+    ``llm_calls`` row the client's sink stored. ``attempt_key`` (``<kind>:<parent or chain
+    id>:<n>``, n counting the attempts from that parent) names the attempt independently of
+    the prompt's text, so a replay can be keyed by proposal identity rather than by prompt.
     """
 
     kind: str
@@ -230,6 +232,7 @@ class AttemptRecord:
     form: str = ""
     notes: tuple[str, ...] = ()
     repair_round: int = 0
+    attempt_key: str = ""
 
 
 AttemptSink = Callable[[AttemptRecord], None]
@@ -815,14 +818,19 @@ class LLMMutator:
                  chain: str, request: RepairRequest | None = None) -> Proposal | None:
         model = self._choose_model(rng)  # may raise NoModelLeft
         pid = parent.id if parent is not None else None
+        with self._lock:
+            n = self._counts.get(chain, 0) + 1
+            self._counts[chain] = n
+        key = f"{kind}:{chain}:{n}"
         rendered = self.render(kind, parent, context, model, chain=chain)
         if not rendered.fits:
             problem = (f"prompt too large for model {model.name!r}: ~{rendered.tokens} tokens after leaving out "
                        f"{', '.join(rendered.omitted) or 'nothing'}, budget {rendered.budget} (context_tokens "
                        f"{model.context_tokens} - max_output_tokens {model.max_output_tokens}); not sent")
-            self._fail(kind, pid, model, None, [problem], (), chain=chain, request=request, note_outcome="not_sent")
+            self._fail(kind, pid, model, None, [problem], (), chain=chain, request=request, note_outcome="not_sent",
+                       n=n)
             return None
-        messages = self._not_twice(chain, rendered.messages, model)
+        messages = self._not_twice(chain, rendered.messages, model, n)
         call = self.client.complete(messages, model=model, kind=kind)  # may raise BudgetExhausted
         self.health.record(model.name, call)
         self._calibrate(model, messages, call)
@@ -830,13 +838,13 @@ class LLMMutator:
             self.attempts += 1
         if call.error is not None:
             self._fail(kind, pid, model, call, [f"call failed: {call.error}"], (), chain=chain, request=request,
-                       note_outcome="call_failed")
+                       note_outcome="call_failed", n=n)
             return None
         text = call.response or ""
         if len(text.encode("utf-8")) > self.max_response_bytes:
             self._fail(kind, pid, model, call, [f"answer too large: {len(text.encode('utf-8'))} bytes > "
                                                 f"{self.max_response_bytes}"], (), chain=chain, request=request,
-                       feedback="Your previous answer was far too long. Answer with small SEARCH/REPLACE blocks.")
+                       feedback="Your previous answer was far too long. Answer with small SEARCH/REPLACE blocks.", n=n)
             return None
         view = effective_source(parent.candidate.source, parent.candidate.params_dict) if parent is not None else None
         interp = interpret(text, kind=kind, parent_source=view, finish_reason=call.finish_reason,
@@ -866,7 +874,8 @@ class LLMMutator:
                                 "Propose a different change.")
         if problems or child is None or cid is None:
             self._fail(kind, pid, model, call, problems or ["no child produced"], interp.unmatched, chain=chain,
-                       request=request, feedback=feedback or "Your previous answer could not be used.", interp=interp)
+                       request=request, feedback=feedback or "Your previous answer could not be used.", interp=interp,
+                       n=n)
             return None
         with self._lock:
             self._pending[cid] = (model.name, self._baseline(kind, parent), call.cost)
@@ -881,10 +890,11 @@ class LLMMutator:
                 while len(self._repair_of) > self._pending_max:
                     self._repair_of.popitem(last=False)
         how = f"{interp.form}" + (f"; {'; '.join(interp.notes)}" if interp.notes else "")
-        self._note(chain, AttemptNote(0, model.name, kind, "child", how, cid))
+        self._note(chain, AttemptNote(n, model.name, kind, "child", how, cid))
         rec = AttemptRecord(kind=kind, parent_id=pid, model=model.name, ok=True, prompt_hash=call.prompt_hash,
                             candidate_id=cid, cost=call.cost, form=interp.form, notes=interp.notes,
-                            repair_round=request.round if request is not None else (1 if kind == "repair" else 0))
+                            repair_round=request.round if request is not None else (1 if kind == "repair" else 0),
+                            attempt_key=key)
         if self.attempt_sink is not None:
             self.attempt_sink(rec)
         rnd = f" round {request.round}" if request is not None else ""
@@ -918,11 +928,10 @@ class LLMMutator:
         self.health.chose(model.name)
         return model
 
-    def _not_twice(self, chain: str, messages: list[dict[str, str]], model: ModelSpec) -> list[dict[str, str]]:
+    def _not_twice(self, chain: str, messages: list[dict[str, str]], model: ModelSpec, n: int) -> list[dict[str, str]]:
         """Never the same prompt twice in a row for one parent: a repeat gets a line saying so."""
         h = prompt_hash(messages, model.model)
         with self._lock:
-            n = self._counts.get(chain, 0) + 1
             same = self._last_hash.get(chain) == h
         if same:
             messages = [dict(m) for m in messages]
@@ -939,10 +948,8 @@ class LLMMutator:
 
     def _note(self, chain: str, note: AttemptNote) -> None:
         with self._lock:
-            n = self._counts.get(chain, 0) + 1
-            self._counts[chain] = n
             lst = self._history.pop(chain, [])
-            lst = (lst + [replace(note, n=n)])[-self._history_per_parent:]
+            lst = sorted(lst + [note], key=lambda x: x.n)[-self._history_per_parent:]
             self._history[chain] = lst
             while len(self._history) > self._history_parents:
                 old, _ = self._history.popitem(last=False)
@@ -959,7 +966,8 @@ class LLMMutator:
 
     def _fail(self, kind: str, pid: str | None, model: ModelSpec, call: LLMCall | None, problems: list[str],
               unmatched: tuple[UnmatchedBlock, ...], *, chain: str, request: RepairRequest | None = None,
-              note_outcome: str = "rejected", feedback: str = "", interp: Interpretation | None = None) -> None:
+              note_outcome: str = "rejected", feedback: str = "", interp: Interpretation | None = None,
+              n: int = 0) -> None:
         with self._lock:
             self.failures += 1
         cost = call.cost if call is not None else 0.0
@@ -971,14 +979,15 @@ class LLMMutator:
             text = f"the endpoint failed, no answer: {summary[:200]}"
         else:
             text = f"not sent: {summary[:200]}"
-        self._note(chain, AttemptNote(0, model.name, kind, note_outcome, text, None,
+        self._note(chain, AttemptNote(n, model.name, kind, note_outcome, text, None,
                                       feedback if note_outcome == "rejected" else "", tuple(unmatched)))
         rec = AttemptRecord(kind=kind, parent_id=pid, model=model.name, ok=False, problems=tuple(problems),
                             unmatched=unmatched, prompt_hash=call.prompt_hash if call is not None else "", cost=cost,
                             call_error=call.error if call is not None else None,
                             form=interp.form if interp is not None else "",
                             notes=interp.notes if interp is not None else (),
-                            repair_round=request.round if request is not None else 0)
+                            repair_round=request.round if request is not None else 0,
+                            attempt_key=f"{kind}:{chain}:{n}")
         self.last_failure = rec
         log.info("LLM %s attempt by %s for %s rejected: %s", kind, model.name, (pid or "-")[:12], summary)
         if self.attempt_sink is not None:

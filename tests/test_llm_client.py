@@ -454,3 +454,16 @@ def test_reasoning_content_counts_for_cost_only():
         call = _client().complete(MSGS, model=_spec(srv))
     assert call.ok and call.response == "" and call.finish_reason == "length"
     assert call.tokens_out == estimate_tokens("r" * 400) == call.reasoning_tokens
+
+
+def test_probe_checks_a_models_settings_with_one_tiny_request():
+    got: list[LLMCall] = []
+    budget = Budget(0.000001)
+    with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), dialect="openai") as srv:
+        client = _client(sink=got.append, budget=budget)
+        ok = client.probe(_spec(srv, model="gpt-5-mini", max_output_tokens=9000))
+        bad = client.probe(_spec(srv, model="gpt-5-mini", token_param="max_tokens"))
+        bodies = [r["body"] for r in srv.requests]
+    assert ok.ok and ok.kind == "probe" and bodies[0]["max_completion_tokens"] == 32
+    assert bad.fatal == "unsupported_parameter" and len(bodies) == 2, "one attempt, no retries"
+    assert got == [] and budget.spent == 0, "a probe is a check, not a search call"

@@ -132,7 +132,7 @@ def test_identical_rendering_gets_a_repeat_line(rig):
     r = rig([{"response": PATCH, "repeat": True}])
     for i in range(2):
         msgs = r.mut.render("optimize", PARENT, MutationContext(TASK, 0, 1), r.mut.models[0], chain="x").messages
-        out = r.mut._not_twice("x", msgs, r.mut.models[0])
+        out = r.mut._not_twice("x", msgs, r.mut.models[0], i + 1)
     assert "The previous prompt was the same as this one" in out[-1]["content"]
 
 
@@ -203,3 +203,39 @@ def test_per_lineage_cap_and_unrepairable_stages(rig):
     r.failures[timing.id] = ("timing", "invalid", "beats the speed of light")
     assert r.mut.offer_repair(timing) is None
     assert r.mut.offer_repair(PARENT) is None, "a correct member is not repaired"
+
+
+def test_concurrent_proposals_share_one_mutator_safely():
+    """8 proposals from 8 threads, client concurrency 4, each call 0.5 s: two waves, ~1 s."""
+    import threading
+    import time
+
+    parents = [Member(candidate=Candidate.create(TASK, GOOD.replace("tiny_copy_kernel", f"k{i}"), {}, operator="seed"),
+                      fitness=1.0) for i in range(8)]
+    srv = FakeLLMServer(Cassette([{"response": PATCH, "delay_s": 0.5, "repeat": True}])).start()
+    try:
+        spec = ModelSpec("m", srv.base_url, "m", key_env="EVO_TEST_NO_KEY")
+        recs = []
+        mut = LLMMutator(LLMClient(timeout_s=5, max_attempts=1, concurrency=4), [spec],
+                         SimpleContextProvider({TASK: INFO}), attempt_sink=recs.append)
+        out, errors = [None] * 8, []
+
+        def go(i):
+            try:
+                out[i] = mut.propose([parents[i]], MutationContext(TASK, i % 2, 1), random.Random(i))
+            except Exception as e:  # noqa: BLE001 - the test reports any
+                errors.append(e)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+        t = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        elapsed = time.monotonic() - t
+    finally:
+        srv.stop()
+    assert not errors and all(p is not None for p in out)
+    assert 0.9 <= elapsed < 3.0, elapsed
+    assert sorted(r.attempt_key for r in recs) == sorted(f"optimize:{p.id}:1" for p in parents)
+    assert mut.attempts == 8 and mut.bandit.stats()["m"]["pulls"] == 8

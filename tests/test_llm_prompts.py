@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from evo.llm_context import StoreContextProvider, ptxas_text, task_info
-from evo.records import Candidate, Evaluation, Member, StageResult, Status, candidate_id, canonical_params
+from evo.records import Candidate, Evaluation, Member, StageResult, Status
 from evo.store import Store
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
 from mutators.client import LLMClient, ModelSpec
 from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator, ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo, effective_source
+from mutators.llm import LLMMutator, ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
 from mutators.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
