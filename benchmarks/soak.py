@@ -122,8 +122,8 @@ def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
             gc.collect()
             samples.append({"evaluations": n, "rss_mb": round(rss_mb(), 1), "t_s": round(time.time() - t0, 1),
                             "seen": len(eng.seen), "policy_cache": len(eng._policy_cache),
-                            "ranking": sum(len(v) for v in eng._ranking.values()),
-                            "bystanders": len(eng._bystanders)})
+                            "ranking": eng.survivors.ranked,
+                            "bystanders": len(eng.gpu_faults.bystanders)})
 
     eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=tasks,
                  seeds={t: (ff.SOAK_SOURCE, dict(ff.SOAK_SEED)) for t in tasks}, settings=settings,

@@ -17,16 +17,19 @@ from typing import Protocol, runtime_checkable
 
 from evo.records import Member
 
-__all__ = ["Proposal", "MutationContext", "Mutator", "MutatorStopped"]
+__all__ = ["Proposal", "MutationContext", "Mutator", "MutatorDefaults", "MutatorStopped", "wants_parents", "observe",
+           "is_exhaustive", "writes_genesis", "failed_attempt_cap"]
 
 
 class MutatorStopped(RuntimeError):
     """The mutator can make no more proposals in this run (its budget is spent, every model
     it may call is stopped). The message is one line naming the cause and the fix.
 
-    The engine catches it around ``propose`` (and ``repair``), stops proposing, lets the work
-    in flight drain and ends the run with the message as its stop reason. Subclasses:
-    :class:`mutators.client.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
+    Subclasses: :class:`mutators.client.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
+    Today the engine catches only ``BudgetExhausted`` around ``propose`` (it stops proposing,
+    lets the work in flight drain and ends the run with the message as its stop reason);
+    any other subclass ends the run with the exception (catching the base class is the
+    open change that tests/test_llm_search.py's strict xfail marks).
     """
 
 
@@ -63,20 +66,108 @@ class MutationContext:
 class Mutator(Protocol):
     """Turns selected parents into one child proposal.
 
-    Called by the engine's driver loop only (never concurrently with itself). ``parents``
-    holds one or more members of the same task; the first is the primary parent. Return
-    ``None`` when no new child can be made from these parents. Raise only for failures of
-    the mutator itself (a broken template, a misconfiguration), never for a bad parent.
+    Implemented by :class:`mutators.knobs.KnobsMutator` (offline) and
+    :class:`mutators.llm.LLMMutator`; every implementation passes the conformance suite in
+    ``tests/conformance/test_mutators.py``.
+
+    Required members: ``name`` (recorded in errors and logs) and :meth:`propose`. The
+    optional members below are read by the engine through this module's accessors
+    (:func:`wants_parents`, :func:`observe`, :func:`is_exhaustive`, :func:`writes_genesis`,
+    :func:`failed_attempt_cap`); a mutator that lacks one gets the default in brackets, so a
+    plain object with ``name`` and ``propose`` is a complete mutator.
+    :class:`MutatorDefaults` spells the optional members out with those defaults.
+
+    - ``exhaustive`` [False], a class attribute: ``None`` from :meth:`propose` means "these
+      parents have nothing new": the engine stops asking that island until a correct member
+      joins it or a migration round passes. When False, ``None`` is a failed attempt: the
+      engine asks again and stops the run after :func:`failed_attempt_cap` of them.
+    - ``genesis`` [False]: ``propose([], ...)`` may write a first kernel for a task without a
+      seed. When False, a task without a seed stops the run before it starts.
+    - ``max_failed_attempts`` [0]: the cap on failed attempts in a run (0: three times the
+      evaluation budget, at least 10).
+    - ``wants_parents()`` [1]: how many parents to select per proposal; asked before every
+      proposal.
+    - ``observe(candidate_id, fitness)`` [none]: called once for every evaluation the engine
+      records in this session, whoever proposed the candidate (seeds, other operators and
+      tuning trials too; not for evaluations replayed on resume), ``fitness`` None when it
+      is not correct. For learning (a bandit); must not raise.
+
+    Members the engine does not call are no part of this seam (``LLMMutator``'s repair loop
+    ``offer_repair`` / ``next_repair`` / ``repair`` is not driven by the engine yet).
     """
 
     name: str
-    # Optional class attributes the engine reads with getattr (defaults in brackets):
-    #   exhaustive [False]: None from propose means these parents are exhausted;
-    #   genesis [False]: propose([]) writes a first kernel for a task without a seed;
-    #   wants_parents() [1]: how many parents to select; observe(candidate_id, fitness):
-    #   called with each evaluated child's fitness (None if incorrect).
 
     def propose(
         self, parents: list[Member], context: MutationContext, rng: random.Random
     ) -> Proposal | None:  # pragma: no cover - protocol
+        """One child of ``parents``, or ``None`` when none can be made.
+
+        Called by: the engine's driver loop, once per child it wants in flight, never
+        concurrently with itself or :func:`observe`. ``parents``: up to
+        :func:`wants_parents` members of the task ``context.task`` selected by the island
+        (the first is the primary parent; members may be incorrect: the island is in fix
+        mode); empty only for a task without a seed and a mutator with ``genesis``.
+        ``context.seen``: every candidate id of the run so far (return none of them; the
+        engine drops a duplicate anyway). ``rng``: the run's generator, the only source of
+        randomness, so a seeded run replays.
+
+        Returns: a :class:`Proposal` whose ``parents`` are ids of the given parents (empty
+        for genesis) and whose ``params`` map tunable names to values as strings; the
+        engine builds the Candidate, checks policy, compiles and evaluates it. May change:
+        the mutator's own caches and counters only (never the parents, the store, the
+        islands).
+
+        Raises: :class:`mutators.client.BudgetExhausted` when the mutator's budget is spent
+        (the engine stops proposing, lets the work in flight drain, and the run ends with
+        the message as its stop reason); any other exception is a failure of the mutator
+        itself (a broken template, a misconfiguration, a replay that diverged) and ends
+        the run. Never raise for a bad parent: return ``None``.
+        """
         ...
+
+
+class MutatorDefaults:
+    """The optional members of :class:`Mutator` with the defaults the engine assumes.
+
+    Inheriting is optional (the engine reads the members with the accessors below either
+    way); it documents, in the class, which members a mutator leaves at their defaults.
+    """
+
+    exhaustive: bool = False
+    genesis: bool = False
+    max_failed_attempts: int = 0
+
+    def wants_parents(self) -> int:
+        return 1
+
+    def observe(self, candidate_id: str, fitness: float | None) -> None:
+        return None
+
+
+def wants_parents(mutator: object) -> int:
+    """How many parents ``mutator`` wants selected (its ``wants_parents()``, default 1)."""
+    return mutator.wants_parents() if hasattr(mutator, "wants_parents") else 1
+
+
+def observe(mutator: object, candidate_id: str, fitness: float | None) -> None:
+    """Report an evaluated candidate to ``mutator`` if it has ``observe``."""
+    if hasattr(mutator, "observe"):
+        mutator.observe(candidate_id, fitness)
+
+
+def is_exhaustive(mutator: object) -> bool:
+    """Whether ``None`` from ``mutator.propose`` means "these parents are exhausted"."""
+    return bool(getattr(mutator, "exhaustive", False))
+
+
+def writes_genesis(mutator: object) -> bool:
+    """Whether ``mutator`` can write a first kernel for a task without a seed."""
+    return bool(getattr(mutator, "genesis", False))
+
+
+def failed_attempt_cap(mutator: object, max_evaluations: int) -> int:
+    """Failed attempts (``None`` from a non-exhaustive mutator) after which the run stops:
+    ``mutator.max_failed_attempts`` when positive, else ``max(3 * max_evaluations, 10)``."""
+    cap = getattr(mutator, "max_failed_attempts", 0) or 0
+    return cap if cap > 0 else max(3 * max_evaluations, 10)

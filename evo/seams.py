@@ -1,0 +1,294 @@
+"""The seams the engine drives, as documented Protocols.
+
+The engine (:class:`evo.engine.Engine`) is orchestration: every piece of real work goes
+through one of four seams, each with one conformance suite in ``tests/conformance/`` that
+every implementation and every fake must pass:
+
+==================  ==========================================  ===========================================
+seam                implementations                             conformance suite
+==================  ==========================================  ===========================================
+stage callables     :func:`evaluators.compile.compile_candidate`,  ``tests/conformance/test_stages.py``
+(:class:`CompileFn`, :func:`evaluators.pipeline.evaluate_built`,
+:class:`EvaluateFn`, :func:`evaluators.profile.profile_candidate`
+:class:`ProfileFn`) (through the GPU actor); fakes in ``tests/fakes/``
+:class:`ClusterRuntime`  :class:`evo.runtime.Runtime` (Ray)          ``tests/conformance/test_runtime.py``
+:class:`StoreWriter`     :class:`evo.store.Store`                    ``tests/conformance/test_store_writer.py``
+mutator             :class:`mutators.knobs.KnobsMutator`,        ``tests/conformance/test_mutators.py``
+(:class:`mutators.  :class:`mutators.llm.LLMMutator`
+base.Mutator`)
+==================  ==========================================  ===========================================
+
+The mutator's Protocol lives with the mutators (``mutators/base.py``: mutators never import
+the engine); the others live here, on the engine's side, so that ``evaluators/`` and
+``evo/store/`` need not know who drives them. This module imports no Ray, no SQLite and no
+CUDA: a Protocol is a contract, not a dependency.
+
+Each Protocol says, for every member: who calls it, when, what it may change, and what it
+raises. "The driver" is the process running the engine; it calls every seam from one
+thread, so no implementation needs to be thread-safe towards the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from evaluators.base import CompileSettings, HarnessSettings
+from evo.records import Candidate, Evaluation, StageResult
+
+__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "ClusterRuntime", "StoreWriter"]
+
+
+# ---------------------------------------------------------------------- stage callables
+
+
+@runtime_checkable
+class CompileResult(Protocol):
+    """What a :class:`CompileFn` returns (:class:`evaluators.compile.CompileOutcome` fits).
+
+    ``result`` is the compile stage's verdict (``stage == "compile"``); ``so_bytes`` holds
+    the shared object exactly when ``result.passed`` (None otherwise). The engine reads
+    nothing else.
+    """
+
+    result: StageResult
+    so_bytes: bytes | None
+
+
+@runtime_checkable
+class CompileFn(Protocol):
+    """Builds one candidate: ``(candidate, settings) -> CompileResult``.
+
+    Called by: a Ray compile task (``num_cpus=1``) that :meth:`ClusterRuntime.submit_compile`
+    starts, once per candidate that passed the policy check (twice when the first worker
+    process died; the engine retries once). Runs on any node with CPUs, in a worker process,
+    so it must be a module-level function (it pickles by reference).
+
+    Returns for every candidate: a compile error, a timeout or a violated constraint is a
+    :class:`CompileResult` whose ``result`` has a non-ok status (``compile_error``,
+    ``timeout``, ``rejected``), never an exception. It may write its own content-keyed cache
+    (``settings.cache_dir``) and nothing else.
+
+    Raises only for failures of ours (nvcc or CUTLASS missing, a full disk):
+    :class:`evaluators.base.InfrastructureError` stops the run at once; any other exception
+    counts towards the engine's circuit breaker (three in a row of one kind stop the run).
+    """
+
+    def __call__(self, candidate: Candidate, settings: CompileSettings) -> CompileResult:  # pragma: no cover
+        ...
+
+
+@runtime_checkable
+class EvaluateFn(Protocol):
+    """Checks and times one built candidate: ``(candidate, so_bytes, settings) -> Evaluation``.
+
+    Called by: the GPU actor (:class:`evaluators.actor.GpuEvaluator`) of the GPU Ray assigned
+    it (``CUDA_VISIBLE_DEVICES`` is set), once per candidate whose compile passed, one at a
+    time per actor; the engine submits it through :meth:`ClusterRuntime.submit_gpu`. Also
+    used for champion confirmation (a second, independent evaluation of the same binary).
+
+    Returns an :class:`~evo.records.Evaluation` with ``candidate_id == candidate.id`` for
+    every candidate: wrong results, crashes, hangs and timeouts are stages with a non-ok
+    status, and ``fitness`` is None unless every stage passed. The returned stages are the
+    GPU stages only (correctness, timing); the engine prepends policy and compile. It must
+    not keep state between candidates (each runs in a fresh process in production).
+
+    Raises only for failures of ours, with the same consequences as :class:`CompileFn`.
+    """
+
+    def __call__(self, candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:  # pragma: no cover
+        ...
+
+
+@runtime_checkable
+class ProfileFn(Protocol):
+    """Profiles one benchmark shape of a correct survivor:
+    ``(candidate, so_bytes, shape_idx, settings) -> StageResult``.
+
+    Called by: the GPU actor, when the engine submits a delayed profile
+    (:meth:`ClusterRuntime.submit_profile`) for a correct candidate that entered its island's
+    top-k (:func:`evo.survivors.should_profile`). ``settings`` is the run's
+    :class:`evaluators.profile.ProfileSettings`.
+
+    Returns a StageResult named ``"profile"``; when it passed, ``metrics`` carries ``gpu``
+    (the GPU's name) and the measured numbers, stored per (candidate, shape, GPU).
+
+    Raises when the profiler itself cannot run (ncu missing or broken): the engine logs a
+    ``profile_failed`` event and the search goes on (profiles are advice, not verdicts).
+    """
+
+    def __call__(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> StageResult:  # pragma: no cover
+        ...
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+@runtime_checkable
+class ClusterRuntime(Protocol):
+    """The cluster as the engine sees it: compile tasks, GPU actors, island actors.
+
+    Implemented by :class:`evo.runtime.Runtime` (Ray). Started and shut down by its creator
+    (``evo.search.run_search``, tests), never by the engine: ``start``/``shutdown`` are not
+    part of this seam. Every member is called by the engine in the driver, from one thread.
+
+    *References.* ``submit_*`` and :meth:`ask` return an opaque, hashable reference to a
+    result that is not ready yet; the engine keeps them as dict keys, passes them to
+    :meth:`wait` and reads them with :meth:`get`. Nothing else may be assumed about them.
+
+    *Errors.* :meth:`remote_errors` names the exception types that mean "the remote side
+    failed" (a worker process died, an actor is gone, or the remote function raised and
+    the error was shipped back). :meth:`get` and :meth:`call` raise those; the engine
+    decides what they mean (evo.recovery). Errors the remote function raised arrive
+    wrapped, with the original exception as ``cause`` (Ray's ``RayTaskError``) so that an
+    :class:`~evaluators.base.InfrastructureError` can be found behind them. The types whose
+    name contains ``Actor`` mean the actor itself is dead (an island actor is then rebuilt
+    from the store).
+    """
+
+    #: One handle per GPU actor, in GPU order (``len(gpu_actors) == n_gpus``). The engine
+    #: calls ``ask(gpu_actors[g], "worker")`` to probe a GPU whose actor died; it gets work
+    #: again once that answers. An empty sequence: nothing to probe.
+    gpu_actors: Sequence[Any]
+
+    @property
+    def n_gpus(self) -> int:
+        """GPU actors available (>= 1 after start). Read at the start of a run."""
+        ...
+
+    @property
+    def n_cpus(self) -> int:
+        """CPUs of the cluster (>= 1); read on every scheduling step, so cache it."""
+        ...
+
+    def submit_compile(self, candidate: Candidate) -> Any:
+        """Start :class:`CompileFn` on ``candidate`` somewhere with a free CPU; a reference to
+        its :class:`CompileResult`. Called once per policy-passed candidate (again after a
+        worker death). Must not block."""
+        ...
+
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes) -> Any:
+        """Queue :class:`EvaluateFn` on GPU actor ``gpu`` (0 <= gpu < n_gpus); a reference to an
+        :class:`evaluators.actor.GpuResult` (the evaluation plus its start and end times).
+        The engine keeps at most two requests per actor (one running, one queued). Requests to
+        one actor run in submission order, one at a time. Must not block."""
+        ...
+
+    def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> Any:
+        """Queue :class:`ProfileFn` on GPU actor ``gpu``; a reference to its StageResult. Same
+        ordering as :meth:`submit_gpu` (it shares the actor's queue)."""
+        ...
+
+    def wait(self, refs: list, timeout: float) -> list:
+        """The references of ``refs`` that are ready, waiting at most ``timeout`` seconds for
+        the first; every other one already finished comes back too. ``[]`` for ``[]`` (at
+        once) or when none finished in time. A reference that failed counts as ready."""
+        ...
+
+    def get(self, ref: Any) -> Any:
+        """The result behind ``ref`` (blocking until it is ready); raises one of
+        :meth:`remote_errors` when the remote side failed."""
+        ...
+
+    def remote_errors(self) -> tuple[type[BaseException], ...]:
+        """The exception types :meth:`get` and :meth:`call` raise for remote failures (a
+        non-empty tuple; the same on every call)."""
+        ...
+
+    def make_islands(self, specs: list) -> list:
+        """One island actor per :class:`populations.island.IslandSpec`, in order. Called once
+        per island at the start of a run and again for each island actor that died. The
+        actors answer :class:`populations.actor.IslandActor`'s methods."""
+        ...
+
+    def call(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``actor.method(*args)`` and wait for its answer; raises :meth:`remote_errors`."""
+        ...
+
+    def ask(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Start ``actor.method(*args)``; a reference to its answer (for :meth:`get` or
+        :meth:`wait`). Must not block."""
+        ...
+
+    def cast(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> None:
+        """Start ``actor.method(*args)`` and forget it. Calls from the driver to one actor
+        (``cast``, ``call``, ``ask``) run in the order they were made: a member cast with
+        ``add`` is in the island before the next ``call(actor, "parents")`` answers."""
+        ...
+
+    def call_many(self, actors: list, method: str, *args: Any, **kwargs: Any) -> list:
+        """:meth:`call` on every actor at once; the answers in the order of ``actors``."""
+        ...
+
+
+# ---------------------------------------------------------------------- the store
+
+
+@runtime_checkable
+class StoreWriter(Protocol):
+    """The lineage store as the engine writes it: the run's single writer.
+
+    Implemented by :class:`evo.store.Store` (SQLite). The engine and its helpers
+    (evo.survivors, evo.resume) call these from the driver only; the driver is the one
+    writer of the run (it holds the run's writer lease, taken by ``Store.create_run`` or
+    ``acquire_lease`` before the engine starts). Every write method is one transaction:
+    after it returns the row survives a SIGKILL; when it raises nothing of it was written.
+
+    *Errors.* An unknown run or candidate raises :class:`evo.store.UnknownIdError` (a bug of
+    the caller: the engine always adds a candidate before its evaluation, profile, trial or
+    crown). A disk that cannot grow raises the database's own error (``sqlite3`` "database
+    or disk is full", or ``OSError`` ENOSPC): the engine stops the run with
+    :class:`evo.engine.StoreFullError` at the first such write, so implementations must not
+    swallow it. A store opened read-only raises :class:`evo.store.ReadOnlyStoreError`.
+    """
+
+    def add_candidate(self, run_id: str, c: Candidate) -> bool:
+        """Record ``c`` in run ``run_id`` before anything is done with it (called once per new
+        content id, right after proposal). True if new to the run; the same content again is
+        a no-op (False): the first lineage fields are kept."""
+        ...
+
+    def add_evaluation(self, run_id: str, ev: Evaluation) -> bool:
+        """Record the final evaluation of a candidate (every stage it went through, failures
+        included); exactly once per candidate per run (a second one is a no-op, False)."""
+        ...
+
+    def add_profile(self, cid: str, *, shape: str, gpu: str, metrics: Mapping[str, Any]) -> None:
+        """Store (or replace) a candidate's profile of one shape on one GPU (a passed
+        :class:`ProfileFn` result's metrics)."""
+        ...
+
+    def add_tuning_trial(self, run_id: str, parent_id: str, trial: int, params: Mapping[str, Any],
+                         value: float | None, status: str, candidate_id: str | None = None) -> None:
+        """Record (or update: same run, parent and trial number) one Optuna trial of a study
+        over ``parent_id``'s tunables; called for every trial a study finishes."""
+        ...
+
+    def set_champion(self, run_id: str, task: str, cid: str, fitness: float, confirmation: Mapping[str, Any]) -> None:
+        """Crown ``cid`` for ``task`` at the end of a run, with the re-timing's outcome
+        (``confirmed``, ``fitness_confirmed``, ``ratio``, ``gpu`` or ``error``)."""
+        ...
+
+    def set_run_status(self, run_id: str, status: str, *, reason: str = "") -> None:
+        """Set the run's status at its end: ``finished``, ``interrupted`` (Ctrl-C) or
+        ``failed`` (a failure of ours); every status stays resumable. An unknown status
+        raises ValueError."""
+        ...
+
+    def log_event(self, run_id: str | None, kind: str, payload: Mapping[str, Any] | None = None) -> int:
+        """Append an event (``new_best``, ``progress``, ``resume``, ``failed``, ...; the engine
+        documents its kinds in docs/engine.md); returns its id. Events are never changed."""
+        ...
+
+    def get_evaluation(self, cid: str, run_id: str | None = None) -> Evaluation | None:
+        """The stored evaluation of ``cid`` in ``run_id``, or None. Tuning studies call it
+        (through ``lookup``) to tell a trial whose candidate the run already evaluated."""
+        ...
+
+    def candidates(self, run_id: str, task: str | None = None) -> list[Candidate]:
+        """The run's candidates in the order they were added (resume and island restores
+        replay them in that order)."""
+        ...
+
+    def evaluations(self, run_id: str, task: str | None = None) -> list[Evaluation]:
+        """The run's evaluations (at most one per candidate)."""
+        ...

@@ -1,0 +1,343 @@
+"""Survivor work: what happens to a correct candidate beyond its own evaluation.
+
+Three kinds, all off the search's critical path:
+
+- **delayed profiling** (docs/profiling.md): a correct candidate that enters its island's
+  top-k (``profile.top_k``) gets one ncu profile per benchmark shape, at the lowest GPU
+  priority after mutations; the numbers feed later prompts (:func:`profile_visible`);
+- **tuning** (docs/tuning.md): a correct candidate in its island's top-k (``tuning.top_k``)
+  that declares tunables opens an Optuna study (:class:`evo.tuning.TuningStudy`) whose
+  trials the engine sends through the same compile pool and GPU actors;
+- **champion confirmation**: at the end of a run each task's best is evaluated again in a
+  fresh process (:func:`confirm_champion`).
+
+The rules (:func:`should_profile`, :func:`should_tune`, :func:`profile_visible`) are pure
+functions of the member, the island's ranking and what was already done: no I/O, no Ray, no
+clock, tested exhaustively. :class:`Survivors` holds the run's rankings and studies; it
+answers the engine with decisions (:class:`ProfileJob` to queue, trial candidates to submit)
+and writes its own records (profiles, tuning trials and their events) through the store
+writer (:class:`evo.seams.StoreWriter`). Settings are duck-typed
+(``evaluators.profile.ProfileSettings`` and ``evo.tuning.TuningSettings`` fit), so the rules
+import neither ncu nor Optuna code.
+
+Why delayed profiling: ncu costs seconds to tens of seconds per candidate (the kernel is
+replayed once per metric pass), while most children never matter. Profiling only correct
+candidates that enter their island's top-k spends that cost where the next prompts come
+from. Why late feedback (``profile.feedback_after``, default 3): the CuTeGen study found
+that profile numbers shown from the first generation pull the model into micro-tuning a
+structure that is still wrong (tile shapes and launch parameters of a kernel whose data
+flow will change anyway), while the same numbers after the structure has stabilised (a few
+generations of correct descendants) guide real improvements. The default of 3 lets the
+seed's first children and grandchildren change structure first.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Iterator, Sequence
+
+from evo.records import Candidate, Evaluation, Member, Operator, StageResult
+
+__all__ = [
+    "DEFAULT_FEEDBACK_AFTER",
+    "profile_key_of",
+    "should_profile",
+    "profile_visible",
+    "has_tunables",
+    "should_tune",
+    "ProfileJob",
+    "Survivors",
+    "Confirmation",
+    "confirm_champion",
+]
+
+log = logging.getLogger(__name__)
+
+#: Lineage depth from which prompts may quote profile numbers (see the module docstring).
+DEFAULT_FEEDBACK_AFTER = 3
+
+
+# ---------------------------------------------------------------------- the rules
+
+
+def profile_key_of(member: Member, shape: str, gpu: str) -> str:
+    """Identity of one profile for :func:`should_profile`'s ``done`` set.
+
+    The candidate id stands for the binary: same source + tunables + task with the same
+    compile flags gives the same .so (the compile cache is keyed the same way); the
+    profiler's own cache additionally keys on the binary's sha256.
+    """
+    return f"{member.id}|{shape}|{gpu}"
+
+
+def should_profile(
+    member: Member,
+    island_topk_ids: Sequence[str],
+    settings: Any,
+    *,
+    done: Collection[str] = (),
+    shape: str = "",
+    gpu: str = "",
+) -> bool:
+    """Profile ``member`` now?
+
+    True when profiling is enabled, the member is correct, it is among the first
+    ``settings.top_k`` ids of ``island_topk_ids`` (its island's ranking, best first, as it
+    stands after the member was added), and :func:`profile_key_of` (member, shape, gpu) is
+    not in ``done`` (never twice for the same binary, shape and GPU).
+    """
+    if not getattr(settings, "enabled", True) or not member.correct:
+        return False
+    k = int(getattr(settings, "top_k", 3))
+    if member.id not in list(island_topk_ids)[:k]:
+        return False
+    return profile_key_of(member, shape, gpu) not in done
+
+
+def profile_visible(depth: int, feedback_after: int = DEFAULT_FEEDBACK_AFTER) -> bool:
+    """May a prompt for a parent at lineage ``depth`` quote profile numbers?
+
+    ``depth`` is the parent's generation (seed = 0, each mutation + 1: ``Candidate.generation``).
+    True from ``depth >= feedback_after`` on; a negative ``feedback_after`` never shows them.
+    """
+    if feedback_after < 0:
+        return False
+    return depth >= feedback_after
+
+
+def has_tunables(source: str) -> bool:
+    """Does ``source`` declare a tunable with more than one choice? (False if it cannot parse.)"""
+    from evo.tunables import TunableError, parse_tunables
+
+    try:
+        return any(len(t.choices) > 1 for t in parse_tunables(source))
+    except TunableError:
+        return False
+
+
+def should_tune(member: Member, topk: Sequence[str], tuned_ids: Collection[str], settings: Any) -> bool:
+    """Open a tuning study for ``member`` now?
+
+    True when tuning is enabled with a positive ``settings.trials_per_survivor``, the member
+    is correct, among the first ``settings.top_k`` of ``topk`` (its island's ranking, best
+    first), declares tunables with a choice to make, was not tuned already (``tuned_ids``:
+    parent ids of existing studies), and is not itself an Optuna trial (its tunables were
+    just searched; its parent's study covers it).
+    """
+    if not getattr(settings, "enabled", True) or int(getattr(settings, "trials_per_survivor", 0)) <= 0:
+        return False
+    if not member.correct or member.id in tuned_ids:
+        return False
+    if member.candidate.operator == Operator.OPTUNA.value:
+        return False
+    k = int(getattr(settings, "top_k", 2))
+    if member.id not in list(topk)[:k]:
+        return False
+    return has_tunables(member.candidate.source)
+
+
+# ---------------------------------------------------------------------- the run's survivors
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """Profile benchmark shape ``shape_idx`` of ``candidate`` (built: ``so_bytes``)."""
+
+    candidate: Candidate
+    so_bytes: bytes
+    shape_idx: int
+
+
+def _enabled(settings: Any) -> bool:
+    return settings is not None and getattr(settings, "enabled", False)
+
+
+class Survivors:
+    """The survivor work of one run (see the module docstring).
+
+    ``profile`` / ``tuning``: the run's ProfileSettings / TuningSettings (None or
+    ``enabled=False``: off). ``tuning_storage``: the Optuna storage of the studies.
+    ``rng``: the engine's generator (each study draws its sampler seed from it when it
+    opens, so a seeded run opens the same studies with the same seeds).
+    """
+
+    def __init__(self, *, store, run_id: str, profile: Any, tuning: Any, tuning_storage: str,
+                 rng: random.Random) -> None:
+        self.store, self.run_id = store, run_id
+        self.profile, self.tuning, self.tuning_storage = profile, tuning, tuning_storage
+        self.rng = rng
+        self._ranking: dict[int, list[tuple[float, str]]] = {}
+        self._profiled: set[str] = set()
+        self.studies: dict[str, Any] = {}  # parent id -> open TuningStudy
+        self._trial_of: dict[str, list[tuple[Any, int]]] = {}
+        self._tuned_ids: set[str] = set()  # parents whose study was opened in this session
+        self.max_concurrent = int(getattr(tuning, "max_concurrent", 2))
+
+    # ---- triggers
+
+    def triggered(self, member: Member, so_bytes: bytes, islands: list[int]) -> list[ProfileJob]:
+        """A correct member (built: ``so_bytes``) landed in ``islands``: rank it there, open a
+        tuning study if it qualifies, and return the profiles to queue for it."""
+        prof, tun = self.profile, self.tuning
+        ks = [int(x.top_k) for x in (prof, tun) if _enabled(x)]
+        jobs: list[ProfileJob] = []
+        if not ks:
+            return jobs
+        cand = member.candidate
+        for idx in islands:
+            rank = self._ranking.setdefault(idx, [])
+            rank.append((member.fitness, cand.id))
+            rank.sort(key=lambda x: (-x[0], x[1]))
+            del rank[max(ks):]  # only the top-k matter to the triggers
+            topk = [i for _, i in rank]
+            if _enabled(prof):
+                from evo.tasks import get_task
+
+                for shape_idx in range(get_task(cand.task).bench_shapes):
+                    key = f"{cand.id}|{shape_idx}"
+                    if should_profile(member, topk, prof, done=self._profiled, shape=str(shape_idx)) \
+                            and key not in self._profiled:
+                        self._profiled.add(key)
+                        jobs.append(ProfileJob(cand, so_bytes, shape_idx))
+            if _enabled(tun) and cand.id not in self.studies:
+                if should_tune(member, topk, set(self.studies) | self._tuned_ids, tun):
+                    self._open_study(member)
+        return jobs
+
+    @property
+    def ranked(self) -> int:
+        """Entries held in the islands' rankings (at most the largest top-k per island)."""
+        return sum(len(r) for r in self._ranking.values())
+
+    # ---- profiles
+
+    def profiled(self, job: ProfileJob, st: StageResult) -> None:
+        """Store a profile result (passed: its metrics) and log a ``profile`` event."""
+        from evo.tasks import get_task
+        from evo.tasks.registry import format_shape
+
+        cand = job.candidate
+        shape = format_shape(get_task(cand.task).shapes[job.shape_idx])
+        if st.passed:
+            self.store.add_profile(cand.id, shape=shape, gpu=str(st.metrics.get("gpu", "")), metrics=st.metrics)
+        self.store.log_event(self.run_id, "profile", {"id": cand.id, "shape": shape, "status": st.status.value,
+                                                      "reason": st.reason[:500],
+                                                      "bound": st.metrics.get("bound"),
+                                                      "ncu_wall_s": st.metrics.get("ncu_wall_s")})
+
+    def profile_failed(self, job: ProfileJob, err: BaseException) -> None:
+        """The profiler itself failed (ncu missing or broken): ours, but not the search's."""
+        log.warning("profiling %s failed: %s", job.candidate.short_id, err)
+        self.store.log_event(self.run_id, "profile_failed", {"id": job.candidate.id, "error": str(err)[:2000]})
+
+    # ---- tuning
+
+    def _open_study(self, member: Member) -> None:
+        from evo.tuning import TuningStudy
+
+        cand = member.candidate
+        self._tuned_ids.add(cand.id)
+
+        def on_trial(rec) -> None:
+            self.store.add_tuning_trial(self.run_id, cand.id, rec.number, rec.params, rec.value, rec.status,
+                                        rec.candidate_id)
+
+        study = TuningStudy(self.tuning_storage, self.run_id, cand, seed=self.rng.randrange(2**31),
+                            n_trials=self.tuning.trials_per_survivor, parent_fitness=member.fitness,
+                            lookup=lambda cid: self.store.get_evaluation(cid, self.run_id), on_trial=on_trial)
+        self.studies[cand.id] = study
+        self.store.log_event(self.run_id, "tuning_start", {"parent": cand.id, "study": study.name,
+                                                           "fitness": member.fitness})
+
+    def is_trial(self, cid: str) -> bool:
+        """Whether candidate ``cid`` is an open study's trial (it queues at tuning priority)."""
+        return cid in self._trial_of
+
+    @property
+    def in_flight(self) -> int:
+        """Trials handed out and not told yet, over every open study."""
+        return sum(s.in_flight for s in self.studies.values())
+
+    def reserve(self, max_inflight: int) -> int:
+        """Slots kept for tuning trials: at most a third of all, only while studies want them."""
+        if not self.studies:
+            return 0
+        want = sum(max(0, self.max_concurrent - s.in_flight) for s in self.studies.values() if not s.done)
+        cap = max(1, max_inflight // 3) - self.in_flight
+        return max(0, min(want, cap))
+
+    def trials(self, max_inflight: int, room: Callable[[], bool], seen: Collection[str]) -> Iterator[Candidate]:
+        """Trial candidates to submit, while ``room()`` says a slot is free and tuning holds
+        less than a third of ``max_inflight``. A trial whose candidate is in ``seen`` (a
+        mutation proposed it) is not yielded: it is told when that evaluation lands."""
+        cap = max(1, max_inflight // 3)
+        for study in list(self.studies.values()):
+            while not study.done and study.in_flight < self.max_concurrent and self.in_flight < cap and room():
+                got = study.ask()
+                if got is None:
+                    break
+                number, cand = got
+                self._trial_of.setdefault(cand.id, []).append((study, number))
+                if cand.id in seen:
+                    continue  # in flight already (a mutation proposed it): told when it lands
+                yield cand
+            if study.done:
+                self._finish_study(study)
+
+    def told(self, cid: str, ev: Evaluation) -> None:
+        """Candidate ``cid`` was evaluated: tell every study that asked for it."""
+        for study, number in self._trial_of.pop(cid, []):
+            study.tell(number, ev)
+            if study.done:
+                self._finish_study(study)
+
+    def _finish_study(self, study) -> None:
+        key = study.parent.id
+        if key not in self.studies:
+            return
+        del self.studies[key]
+        summ = study.summary()
+        self.store.log_event(self.run_id, "tuning_done", {
+            "study": summ.study, "parent": study.parent.id, "best": summ.best_id,
+            "best_fitness": summ.best_fitness, "parent_fitness": summ.parent_fitness,
+            "improved": summ.improved, "evaluated": summ.evaluated})
+
+
+# ---------------------------------------------------------------------- champions
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The outcome of re-timing a champion: ``record`` is what ``set_champion`` stores;
+    ``stop`` a one-line message when the confirmation failed on a failure of ours (the run
+    stops instead), with ``detail`` for the log."""
+
+    record: dict
+    stop: str = ""
+    detail: str = ""
+
+
+def confirm_champion(rt, task: str, cand: Candidate, fitness: float) -> Confirmation:
+    """Compile and evaluate ``cand`` again (a fresh process on GPU 0); confirmed when the
+    new fitness is at least 90% of ``fitness``."""
+    from evo.recovery import infra_cause
+
+    compiled = rt.submit_compile(cand)
+    try:
+        outcome = rt.get(compiled)
+        if not outcome.result.passed:
+            raise RuntimeError(outcome.result.reason)
+        res = rt.get(rt.submit_gpu(0, cand, outcome.so_bytes))
+    except rt.remote_errors() + (RuntimeError,) as e:
+        infra = infra_cause(e)
+        if infra is not None:
+            return Confirmation({}, f"champion confirmation of {cand.short_id} ({task}) failed: {infra.one_line()}",
+                                getattr(infra, "detail", ""))
+        log.warning("champion confirmation of %s failed: %s", cand.short_id, e)
+        return Confirmation({"confirmed": False, "error": str(e)[:500]})
+    again = res.evaluation.fitness if res.evaluation.correct else None
+    ok = again is not None and again >= 0.9 * fitness
+    return Confirmation({"confirmed": ok, "fitness_confirmed": again,
+                         "ratio": (again / fitness) if again else None, "gpu": res.evaluation.gpu})

@@ -1,0 +1,159 @@
+"""Conformance of evo.runtime.Runtime (on a real local Ray instance, fake stages) to
+evo.seams.ClusterRuntime: what the engine relies on, member by member.
+
+Runtime is the only implementation; a second one (another cluster manager, an in-process
+runtime) would be added to ``RUNTIMES``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+import ray.cloudpickle as cloudpickle  # noqa: E402
+
+from evaluators.actor import GpuResult  # noqa: E402
+from evaluators.base import CompileSettings, HarnessSettings, InfrastructureError  # noqa: E402
+from evo.recovery import infra_cause  # noqa: E402
+from evo.records import Candidate, Evaluation, Member, StageResult, Status  # noqa: E402
+from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.seams import ClusterRuntime, CompileResult  # noqa: E402
+from fakes import stages as fake  # noqa: E402
+
+cloudpickle.register_pickle_by_value(fake)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PARAMS = {"TILE": "32", "STAGES": "2", "VEC": "1"}
+
+
+def conformance_compile(candidate: Candidate, settings: CompileSettings):
+    """fake_compile, except that a candidate's notes can ask for a failure of ours."""
+    if candidate.notes == "raise-infra":
+        raise InfrastructureError("simulated: nvcc is missing", fix="install the CUDA toolkit")
+    if candidate.notes == "die":
+        os._exit(19)  # the worker process dies, as on OOM
+    return fake.fake_compile(candidate, settings)
+
+
+def _cand(notes: str = "", **params: str) -> Candidate:
+    return Candidate.create("synthetic_a", fake.SOURCE, {**PARAMS, **params}, notes=notes)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    runtime = Runtime(stages=Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile),
+                      compile_settings=CompileSettings(), harness_settings=HarnessSettings()).start()
+    yield runtime
+    runtime.shutdown()
+    ray.shutdown()
+
+
+def _built(rt, cand: Candidate) -> bytes:
+    out = rt.get(rt.submit_compile(cand))
+    assert isinstance(out, CompileResult) and out.result.passed
+    return out.so_bytes
+
+
+def test_it_is_a_cluster_runtime_with_its_gpus_and_cpus(rt):
+    assert isinstance(rt, ClusterRuntime)
+    assert rt.n_gpus == len(rt.gpu_actors) == 2
+    assert rt.n_cpus >= 1 and rt.n_cpus == rt.n_cpus
+    for a in rt.gpu_actors:  # the probe the engine sends to a GPU actor that died
+        assert isinstance(rt.get(rt.ask(a, "worker")), str)
+
+
+def test_submit_compile_returns_a_reference_to_the_compile_result(rt):
+    good, bad = _cand(), _cand(STAGES="5")  # STAGES=5: fake_compile's compile error
+    refs = {rt.submit_compile(good): good, rt.submit_compile(bad): bad}
+    assert len(refs) == 2, "references are hashable and distinct"
+    outs = {refs[r].id: rt.get(r) for r in refs}
+    assert outs[good.id].result.passed and outs[good.id].so_bytes.endswith(good.id.encode())
+    assert outs[bad.id].result.status is Status.COMPILE_ERROR and outs[bad.id].so_bytes is None
+
+
+def test_submit_gpu_runs_on_the_gpu_asked_for(rt):
+    cand = _cand(TILE="64")
+    so = _built(rt, cand)
+    seen = set()
+    for g in range(rt.n_gpus):
+        res = rt.get(rt.submit_gpu(g, cand, so))
+        assert isinstance(res, GpuResult) and isinstance(res.evaluation, Evaluation)
+        assert res.evaluation.candidate_id == cand.id and res.evaluation.correct
+        assert res.started <= res.finished
+        seen.add(res.evaluation.env["gpu_ids"])
+    assert len(seen) == rt.n_gpus, f"each GPU actor holds its own GPU: {seen}"
+
+
+def test_requests_to_one_gpu_actor_run_in_order_one_at_a_time(rt):
+    cands = [_cand(TILE=t) for t in ("16", "32", "64", "128")]
+    refs = [rt.submit_gpu(0, c, _built(rt, c)) for c in cands]
+    results = [rt.get(r) for r in refs]
+    assert [r.evaluation.candidate_id for r in results] == [c.id for c in cands]
+    for a, b in zip(results, results[1:]):
+        assert a.finished <= b.started
+
+
+def test_submit_profile_returns_a_profile_stage_result(rt):
+    cand = _cand()
+    st = rt.get(rt.submit_profile(1, cand, _built(rt, cand), 0, None))
+    assert isinstance(st, StageResult) and st.stage == "profile" and st.passed and st.metrics["gpu"]
+
+
+def test_wait_returns_what_is_ready_and_never_blocks_on_nothing(rt):
+    t0 = time.monotonic()
+    assert rt.wait([], 30.0) == []
+    assert time.monotonic() - t0 < 1.0
+    ref = rt.submit_compile(_cand(TILE="128"))  # fake_compile sleeps 0.05 s
+    assert rt.wait([ref], 0.0) == []
+    assert rt.wait([ref], 30.0) == [ref]
+    a, b = rt.submit_compile(_cand(TILE="256")), rt.submit_compile(_cand(TILE="16", VEC="2"))
+    rt.get(a), rt.get(b)
+    assert set(rt.wait([a, b], 30.0)) == {a, b}, "every finished reference comes back at once"
+
+
+def test_a_stage_that_raises_is_a_remote_error_with_the_cause_behind_it(rt):
+    errors = rt.remote_errors()
+    assert isinstance(errors, tuple) and errors and all(issubclass(e, BaseException) for e in errors)
+    assert rt.remote_errors() == errors
+    ref = rt.submit_compile(_cand(notes="raise-infra"))
+    assert rt.wait([ref], 60.0) == [ref], "a failed reference counts as ready"
+    with pytest.raises(errors) as e:
+        rt.get(ref)
+    infra = infra_cause(e.value)
+    assert isinstance(infra, InfrastructureError) and infra.fix == "install the CUDA toolkit"
+
+
+def test_a_worker_that_dies_is_a_remote_error(rt):
+    with pytest.raises(rt.remote_errors()):
+        rt.get(rt.submit_compile(_cand(notes="die")))
+
+
+def test_island_actors_answer_in_call_order(rt):
+    from populations.island import IslandSpec
+
+    specs = [IslandSpec(index=i, task="synthetic_a", capacity=4, seed=i) for i in range(2)]
+    a, b = rt.make_islands(specs)
+    member = Member(candidate=_cand(), fitness=1.2, status=Status.OK)
+    rt.cast(a, "add", member)  # fire and forget, yet before the next call to the same actor
+    assert rt.call(a, "summary").size == 1
+    ref = rt.ask(a, "parents", 1)
+    assert [p.id for p in rt.get(ref)] == [member.id]
+    assert [s.index for s in rt.call_many([b, a], "summary")] == [1, 0]
+    assert rt.call_many([b, a], "summary")[0].size == 0
+
+
+def test_a_dead_island_actor_raises_an_actor_error(rt):
+    from populations.island import IslandSpec
+
+    (actor,) = rt.make_islands([IslandSpec(index=0, task="synthetic_a", capacity=4)])
+    assert rt.call(actor, "summary").size == 0
+    ray.kill(actor, no_restart=True)
+    with pytest.raises(rt.remote_errors()) as e:
+        rt.call(actor, "summary")
+    assert "Actor" in type(e.value).__name__, "the engine tells a dead actor from a failed method by the name"
+    assert any("Actor" in t.__name__ and isinstance(e.value, t) for t in rt.remote_errors())
