@@ -1,21 +1,22 @@
-"""The cascade's interfaces: settings records and the Stage protocol.
+"""The cascade's shared records: the stage settings and the error that means "ours".
 
 The cascade is: policy (static, ms) -> compile (CPU worker, cached) -> correctness and
 timing (GPU, one fresh process per candidate) -> profile (delayed, survivors only). Each
 stage turns a candidate into a :class:`~evo.records.StageResult`; a candidate's failure is a
 result with a non-ok status, never an exception. Exceptions mean *our* failure (nvcc
 missing, the GPU gone, a bug) and propagate.
+
+The stages' contracts as the engine drives them are the Protocols in :mod:`evo.seams`
+(``CompileFn``, ``EvaluateFn``, ``ProfileFn``); this package never imports them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
-from evo.records import Candidate, StageResult
 from evo.settings import config_key
 
-__all__ = ["CompileSettings", "HarnessSettings", "InfrastructureError", "Stage"]
+__all__ = ["CompileSettings", "HarnessSettings", "InfrastructureError"]
 
 
 class InfrastructureError(RuntimeError):
@@ -103,20 +104,3 @@ class HarnessSettings:
     timeout_time_s: float | None = None
     #: Why the per-child timeouts have their values (quoted in a timeout's reason).
     timeout_note: str = ""
-
-
-@runtime_checkable
-class Stage(Protocol):
-    """One cascade stage.
-
-    Called by the cascade (``evaluators.pipeline``) or by an engine worker, once per
-    candidate, in order; a stage never sees a candidate whose earlier stage failed.
-    ``run`` returns a StageResult and raises only for failures of the system itself.
-    Implementations must be picklable (they travel to Ray workers) and stateless between
-    calls except for caches keyed by content.
-    """
-
-    name: str
-
-    def run(self, candidate: Candidate) -> StageResult:  # pragma: no cover - protocol
-        ...

@@ -2,7 +2,10 @@
 
 One of the three modules that import Ray (with the two ``actor.py`` files). The engine
 talks to a :class:`Runtime`, never to Ray directly, so the scheduling logic stays testable
-and the topology lives in one place:
+and the topology lives in one place; what the engine may rely on is the
+:class:`evo.seams.ClusterRuntime` Protocol, and the stage callables it runs are
+:class:`evo.seams.CompileFn`, :class:`~evo.seams.EvaluateFn` and :class:`~evo.seams.ProfileFn`
+(conformance: tests/conformance/):
 
 - compile: a Ray task with ``num_cpus=1`` per candidate, returning the ``.so`` bytes (GPU
   nodes need no shared disk); retried once if its worker process dies.
@@ -20,22 +23,19 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 
-from evaluators.actor import EvaluateFn, GpuEvaluator
+from evaluators.actor import GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.records import Candidate
+from evo.seams import CompileFn, EvaluateFn, ProfileFn
 
 __all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
 log = logging.getLogger(__name__)
-
-#: (candidate, settings) -> evaluators.compile.CompileOutcome
-CompileFn = Callable[[Candidate, CompileSettings], Any]
-
 
 class RuntimeError_(RuntimeError):
     """The cluster cannot do what the search needs (no GPUs, cannot connect...)."""
@@ -112,16 +112,18 @@ def probe_cluster_address(addr: str, timeout_s: float = PROBE_TIMEOUT_S) -> None
 
 @dataclass(frozen=True)
 class Stages:
-    """The two remote stage functions; module-level callables so they pickle by reference.
+    """The three stage callables the runtime runs remotely; module-level functions, so they
+    pickle by reference. Their contracts are the Protocols :class:`evo.seams.CompileFn`,
+    :class:`~evo.seams.EvaluateFn` and :class:`~evo.seams.ProfileFn` (who calls them, when,
+    what they return for a candidate's failure, what they raise for ours).
 
-    Tests inject fake stages (sleep + deterministic results) here; production uses
-    :func:`real_stages`.
+    Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
+    uses :func:`real_stages`. Every one passes tests/conformance/test_stages.py.
     """
 
-    compile_fn: CompileFn
-    evaluate_fn: EvaluateFn | None = None  # None = evaluators.pipeline.evaluate_built
-    #: (candidate, so_bytes, shape_idx, ProfileSettings) -> StageResult; None = ncu
-    profile_fn: Callable | None = None
+    compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
+    evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
+    profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
 
 
 def route_ray_logs() -> None:
@@ -148,7 +150,8 @@ def _compile_task(fn: CompileFn, candidate: Candidate, settings: CompileSettings
 
 @dataclass
 class Runtime:
-    """Handles to the cluster's workers. Not picklable; lives in the driver only."""
+    """Handles to the cluster's workers; the :class:`evo.seams.ClusterRuntime` the engine
+    drives (``start``/``shutdown`` are its creator's). Not picklable; lives in the driver only."""
 
     stages: Stages
     compile_settings: CompileSettings

@@ -120,7 +120,7 @@ def check_candidate(candidate: Candidate) -> StageResult:
 
 @dataclass(frozen=True)
 class PolicyStage:
-    """The policy check as a cascade :class:`~evaluators.base.Stage` (stateless, picklable)."""
+    """The policy check as an object with ``name`` and ``run(candidate)`` (stateless, picklable)."""
 
     name: str = "policy"
 
