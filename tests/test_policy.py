@@ -269,6 +269,70 @@ EVASIONS = [
     ("remove-file", "", '  remove("/tmp/x");\n', "no-host-file-io"),
     ("connect", "", "  connect(3, nullptr, 0);\n", "no-network"),
     ("undef-entry", "#define evo_launch other_name\n", "", "one-entry-point"),
+    # std::system and other library calls by any spelling
+    ("ns-alias", "namespace q = std;\n", '  q::system("id");\n', "no-host-process"),
+    ("ns-alias-chain", "namespace q = std;\nnamespace r = q;\n", "  r::exit(0);\n", "no-host-process"),
+    ("ns-using", "namespace q { using ::exit; }\n", "  q::exit(0);\n", "no-host-process"),
+    ("macro-qualifier", "#define Q std\n", "  Q::exit(0);\n", "no-host-process"),
+    ("inline-ns", "", '  std::__1::system("id");\n', "no-host-process"),
+    ("using-decl", "using std::system;\n", '  system("id");\n', "no-host-process"),
+    ("paren-name", "", '  (system)("id");\n', "no-host-process"),
+    ("paren-call", "", "  (exit)(0);\n", "no-host-process"),
+    ("exit-pointer", "", "  auto f = ::exit; f(0);\n", "no-host-process"),
+    ("exit-address", "", "  void (*f)(int) = &exit; f(0);\n", "no-host-process"),
+    ("std-thread-alias", "namespace q = std;\n", "  q::thread th([] {});\n", "no-threads"),
+    ("using-ns-thread", "using namespace std;\n", "  thread th([] {});\n", "no-threads"),
+    ("nr-number", "", "  long nr = __NR_execve; (void)nr;\n", "no-host-process"),
+    ("wordexp", "", "  wordexp(\"$(id)\", nullptr, 0);\n", "no-host-process"),
+    # symbols bound to other names
+    ("asm-label", 'extern "C" int run(const char*) __asm__("system");\n', '  run("id");\n', "no-linker-tricks"),
+    ("asm-label-object-macro", '#define AS __asm__\nextern "C" int run(const char*) AS("system");\n', "",
+     "no-linker-tricks"),
+    ("asm-label-in-device-fn", '__device__ void d() { extern int run(const char*) asm("system"); }\n', "",
+     "no-linker-tricks"),
+    ("weakref", 'static int run(const char*) __attribute__((weakref("system")));\n', "", "no-linker-tricks"),
+    ("alias", 'extern "C" int run(const char*) __attribute__((__alias__("system")));\n', "", "no-linker-tricks"),
+    ("attr-macro-word", '#define W weakref\nstatic int run(const char*) __attribute__((W("system")));\n', "",
+     "no-linker-tricks"),
+    ("ifunc", 'extern "C" int run(const char*) __attribute__((ifunc("pick")));\n', "", "no-linker-tricks"),
+    ("pragma-weak", "#pragma weak run = system\n", "", "no-linker-tricks"),
+    ("pragma-computed", "#define P(x) _Pragma(#x)\nP(redefine_extname run system)\n", "", "no-linker-tricks"),
+    ("pragma-string", '_Pragma("redefine_extname run system")\n', "", "no-linker-tricks"),
+    # the Python interpreter the harness runs in
+    ("python-include", "#include <Python.h>\n", "", "no-python-api"),
+    ("python-private", 'extern "C" int _PyRun_SimpleStringFlagsWithName(const char*, void*);\n', "",
+     "no-python-api"),
+    ("python-in-macro", "#define RUN PyRun_SimpleString\n", '  RUN("1");\n', "no-python-api"),
+    # host asm through __host__ __device__ functions and macros
+    ("hd-asm", '__host__ __device__ int hd() { int r; asm("mov.u32 %0, 1;" : "=r"(r)); return r; }\n', "",
+     "no-host-asm"),
+    ("hd-asm-cute-macro", 'CUTE_HOST_DEVICE int hd() { int r; asm("mov.u32 %0, 1;" : "=r"(r)); return r; }\n', "",
+     "no-host-asm"),
+    ("hd-asm-ifndef", '__host__ __device__ int hd() {\n#ifndef __CUDA_ARCH__\n  asm("nop");\n#endif\n  return 0; }\n',
+     "", "no-host-asm"),
+    ("hd-asm-else", '__host__ __device__ int hd() {\n#ifdef __CUDA_ARCH__\n  return 1;\n#else\n  asm("nop");\n'
+     "#endif\n  return 0; }\n", "", "no-host-asm"),
+    ("hd-macro", "#define HD __host__ __device__\nHD int hd() { asm(\"nop\"); return 0; }\n", "", "no-host-asm"),
+    ("asm-macro-in-host", '#define NOP asm volatile("nop")\n', "  NOP;\n", "no-host-asm"),
+    ("syscall-asm-in-device", '__device__ void d() { asm volatile("sys" "call"); }\n', "", "no-host-asm"),
+    ("raw-string-ifdef", 'const char* const kDoc = R"(\n#ifdef __CUDA_ARCH__\n)";\n'
+     '__host__ __device__ int hd() { asm("nop"); return 0; }\n', "", "no-host-asm"),
+    ("digraph-scope", '__device__ void d() <% %>\nstatic int h() { asm("nop"); return 0; }\n', "", "no-host-asm"),
+    # the reader reads what the compiler reads
+    ("formfeed-include", "\f#include <cstdio>\n", "", "include-allowlist"),
+    ("vtab-paste", "\v#define G(a, b) a##b\n", "", "no-token-pasting"),
+    ("bom-mid-line", "\ufeff#include <cstdlib>\n", "", "include-allowlist"),
+    ("nul-before-directive", "\0#define G(a, b) a##b\n", "", "no-token-pasting"),
+    ("lone-cr-comment", "", '  // note\r  system("id");\n', "no-host-process"),
+    ("lone-cr-directive", "// note\r#include <cstdlib>\n", "", "include-allowlist"),
+    ("crlf-splice", "", '  sys\\\r\ntem("id");\n', "no-host-process"),
+    ("dollar-raw", "#define $R\n", '  const char* s = $R"(";  system("id"); // )";\n', "no-host-process"),
+    ("comment-then-directive", "/* a\n */ #include <cstdlib>\n", "", "include-allowlist"),
+    ("raw-in-directive", '#define Q R"(\n  system("id");\n#define E )"\n', "", "no-host-process"),
+    ("redefine-const", "#define const\nconst int* const g = nullptr;\n", "", "no-redefined-keywords"),
+    ("redefine-cuda-arch", "#define __CUDA_ARCH__ 900\n", "", "no-redefined-keywords"),
+    ("undef-cute-device", "#undef CUTE_DEVICE\n#define CUTE_DEVICE\n", "", "no-redefined-keywords"),
+    ("unterminated-raw", "", '  const char* s = R"x(never closed;\n', "plain-source"),
 ]
 
 
@@ -277,6 +341,82 @@ def test_evasion_is_caught(name: str, top: str, body: str, rule: str):
     res = check_policy(kernel(top, body))
     assert res.status is Status.REJECTED
     assert rule in rules_of(res), res.artifacts.get("violations")
+
+
+DEVICE_ONLY_ASM = r'''
+__host__ __device__ int hd_a() {
+#ifdef __CUDA_ARCH__
+  int r; asm("mov.u32 %0, 1;" : "=r"(r)); return r;
+#else
+  return 1;
+#endif
+}
+CUTE_HOST_DEVICE int hd_b() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async;" ::: "memory");
+#elif __CUDA_ARCH__ >= 800
+  asm volatile("membar.gl;" ::: "memory");
+#endif
+  return 0;
+}
+__host__ __device__ int hd_c() {
+#ifndef __CUDA_ARCH__
+  return 0;
+#else
+  unsigned r; asm("mov.u32 %0, %%laneid;" : "=r"(r)); return int(r);
+#endif
+}
+__device__ void branchy(int lane) {
+  if (lane == 0) asm volatile("bar.sync 1, 64;" ::: "memory");
+  if constexpr (sizeof(int) == 4) asm volatile("membar.cta;" ::: "memory");
+  else asm volatile("membar.gl;" ::: "memory");
+  for (int i = 0; i < 2; ++i) asm volatile("nop;");
+}
+#define FENCE() asm volatile("fence.proxy.async.shared::cta;" ::: "memory")
+__device__ void fenced() { FENCE(); }
+#pragma once
+#pragma nv_diag_suppress 177
+__device__ void unrolled(float* y) {
+#pragma unroll 4
+  for (int i = 0; i < 4; ++i) y[i] = 0.f;
+  _Pragma("unroll")
+  for (int i = 0; i < 4; ++i) y[i] += 1.f;
+}
+[[maybe_unused]] static constexpr int kUnused = 0;
+__attribute__((unused)) static constexpr int kAlsoUnused = 0;
+__global__ void __launch_bounds__(256) bounded(float* y) { int alias = 0; y[alias] = 0.f; }
+__device__ float no_alias_load(const float* __restrict__ p) { return __ldg(p); }
+namespace cg = cooperative_groups;
+'''
+
+
+def test_device_only_asm_pragmas_and_attributes_pass():
+    res = check_policy(kernel(DEVICE_ONLY_ASM, '  const char* cost = "$5"; (void)cost;\n'))
+    assert res.passed, res.artifacts.get("violations")
+
+
+@pytest.mark.parametrize("path", _complete_kernels()[:3], ids=lambda p: p.name)
+def test_crlf_bom_and_form_feed_spellings_of_a_kernel_pass(path: Path):
+    """What the compiler reads as the same source reads the same to the policy."""
+    text = path.read_text()
+    assert check_policy("\ufeff" + text.replace("\n", "\r\n")).passed
+    assert check_policy(text.replace("\n\n", "\n\f\n").replace("//", "\v//")).passed
+
+
+def test_lone_cr_counts_as_a_line_end():
+    src = kernel("", '  int a = 0; // x\r  getenv("X");\n')
+    want = next(i for i, ln in enumerate(src.replace("\r", "\n").split("\n"), 1) if "getenv" in ln)
+    res = check_policy(src)
+    assert res.metrics["violations"][0]["line"] == want
+    assert 'getenv("X")' in res.artifacts["violations"]
+
+
+def test_tunable_values_that_change_how_code_reads_are_refused():
+    for value in ("asm", "__asm__", "static", "_Pragma", "weakref", "PyRun_SimpleString"):
+        assert [v.rule for v in param_violations({"OP": value})] == ["param-syntax"], value
+    for name in ("const", "static", "CUTE_DEVICE", "_Reserved", "EVO_EXPORT"):
+        assert param_violations({name: "1"}), name
+    assert param_violations({"EVO_DTYPE": "float", "OP": "cute::multiplies"}) == []
 
 
 def test_std_remove_algorithm_is_not_file_io():
