@@ -792,11 +792,47 @@ def nvcc_landlock(nvcc: str, settings: CompileSettings, workdir: str) -> dict[st
     if _landlock_abi() < 1:
         _warn_no_landlock()
         return None
-    read = [str(abi_include_dir()), str(cutlass_include_dir()), *_toolchain_dirs(nvcc, _host_compiler(settings)),
+    return {"fs_read": bool(s.landlock_reads), "fs_write": bool(s.landlock_fs), "read": nvcc_readable(nvcc, settings),
+            "list": [], "write": [workdir, "/dev/null", *s.extra_writable]}
+
+
+def nvcc_readable(nvcc: str, settings: CompileSettings) -> list[str]:
+    """What nvcc may read besides its work directory (see :func:`nvcc_landlock`)."""
+    from evaluators.sandbox import SandboxSettings
+
+    return [str(abi_include_dir()), str(cutlass_include_dir()), *_toolchain_dirs(nvcc, _host_compiler(settings)),
             *_TOOLCHAIN_FILES, *[p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.startswith("/")],
-            *s.extra_readable]
-    return {"fs_read": bool(s.landlock_reads), "fs_write": bool(s.landlock_fs), "read": read, "list": [],
-            "write": [workdir, "/dev/null", *s.extra_writable]}
+            *SandboxSettings.from_env().extra_readable]
+
+
+_DIAG_PATH = re.compile(r"^(/[^\s:(]+)(?:\(\d+\)|:\d+)")
+
+
+def withhold_foreign(log: str, readable: list[str]) -> str:
+    """``log`` with every diagnostic located in a file outside ``readable`` (the include path
+    and the toolchain) replaced by one line naming the file, and the source lines the
+    compiler quoted under it dropped: a second layer behind nvcc's Landlock rules (a kernel
+    without Landlock), so that no content of such a file reaches an artifact."""
+    roots = [r.rstrip("/") for r in readable if r]
+    out: list[str] = []
+    skipping = False
+    for line in log.splitlines():
+        m = _DIAG_PATH.match(line)
+        if m:
+            path = os.path.normpath(m.group(1))
+            skipping = not any(path == r or path.startswith(r + "/") for r in roots)
+            if skipping:
+                out.append(f"{path}: [diagnostic withheld: the file is outside the include path]")
+                continue
+        elif skipping and (line.startswith((" ", "\t")) or not line.strip()):
+            if not line.strip():
+                skipping = False
+                out.append(line)
+            continue
+        else:
+            skipping = False
+        out.append(line)
+    return "\n".join(out) + ("\n" if log.endswith("\n") else "")
 
 
 @functools.lru_cache(maxsize=1)
@@ -981,7 +1017,7 @@ def _build(candidate: Candidate, params: tuple[tuple[str, str], ...], settings: 
         cmd = build_command(nvcc, _SOURCE_NAME, _OUTPUT_NAME, settings, params)
         logger.debug("nvcc for %s in %s: %s", candidate.short_id, work, " ".join(cmd))
         run = _run_limited(cmd, work, settings.timeout_s, settings.memory_mb, nvcc_landlock(nvcc, settings, work))
-        log = _sanitize(run.log, work)
+        log = withhold_foreign(_sanitize(run.log, work), nvcc_readable(nvcc, settings))
         so_file = os.path.join(work, _OUTPUT_NAME)
         so = None
         if run.returncode == 0 and os.path.isfile(so_file):

@@ -807,7 +807,8 @@ def seccomp_wanted(environ: Mapping[str, str] | None = None) -> bool:
 SYSTEM_READABLE = (
     "/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/usr/share",
     "/bin", "/usr/bin",  # exec needs read access under Landlock: nvidia-smi (before seccomp)
-    "/usr/local/nvidia", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+    "/usr/local/nvidia", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.preload",
+    "/etc/localtime",
     "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys", "/proc/driver", "/proc/devices",
     "/proc/filesystems", "/proc/version", "/proc/modules", "/proc/uptime", "/proc/loadavg", "/sys",
 )

@@ -610,7 +610,45 @@ def test_real_include_of_a_host_file_cannot_reach_the_log(real, tmp_path, monkey
     assert r.status is Status.COMPILE_ERROR and "SECRET-LINE" not in text, text[:2000]
     assert "cannot open source file" in text or "Permission denied" in text, text[:2000]
     assert not out.cached
+    # without the read rules (a kernel without Landlock, or EVO_SANDBOX_READS=0) nvcc does read
+    # the file and quotes it; the second layer, withhold_foreign, keeps it out of the artifacts
     monkeypatch.setenv("EVO_SANDBOX_READS", "0")
     leaky = CompileSettings(nvcc=real.nvcc, cache_dir=str(tmp_path / "c2"), timeout_s=300)
     r = compile_candidate(Candidate.create("t", src), leaky).result
-    assert r.status is Status.COMPILE_ERROR and "SECRET-LINE" in r.artifacts.get("log", ""), "control"
+    text = r.reason + r.artifacts.get("log", "") + r.artifacts.get("errors", "")
+    assert r.status is Status.COMPILE_ERROR and "SECRET-LINE" not in text, text[:2000]
+    assert f"{secret}: [diagnostic withheld" in text
+
+
+# nvcc 13.0's own output for the include above with reads unrestricted (recorded), and gcc's
+# form of the same (the host pass), each followed by a diagnostic in the candidate itself
+_LEAKY_LOG = """/tmp/notes_leak.txt(1): error: this declaration has no storage class or type specifier
+  SECRET-LINE-4f1c9 is not C++
+  ^
+
+/tmp/notes_leak.txt(1): error: identifier "root" is undefined
+  root:x:0:0:root:/root:/bin/bash
+  ^
+
+/tmp/notes_leak.txt:2:1: error: 'root' does not name a type
+    2 | root:x:0:0:root:/root:/bin/bash
+      | ^~~~
+In file included from candidate.cu:2:
+/usr/include/stdio.h(10): error: a system header's own diagnostic stays
+  extern int printf(const char*, ...);
+candidate.cu(3): error: identifier "y" is undefined
+  int x = y;
+          ^
+"""
+
+
+def test_diagnostics_in_files_outside_the_include_path_are_withheld():
+    from evaluators.compile import withhold_foreign
+
+    out = withhold_foreign(_LEAKY_LOG, ["/usr/include", "/usr/local/cuda-13.0"])
+    assert "SECRET-LINE" not in out and "root" not in out.replace("/root", ""), out
+    assert out.count("/tmp/notes_leak.txt: [diagnostic withheld: the file is outside the include path]") == 3
+    assert "/usr/include/stdio.h(10): error: a system header's own diagnostic stays" in out
+    assert "extern int printf" in out, "quoted lines of files inside the include path stay"
+    assert 'candidate.cu(3): error: identifier "y" is undefined' in out and "int x = y;" in out
+    assert "In file included from candidate.cu:2:" in out
