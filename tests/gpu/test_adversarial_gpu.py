@@ -63,7 +63,9 @@ def _row(attack: str, expected: str, observed: str) -> None:
 
 def _header(path: Path) -> dict[str, str]:
     out = {}
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    # the first comment block (bom_paste must start with its directive, after the BOM)
+    for line in lines[next((i for i, ln in enumerate(lines) if ln.startswith("//")), 0):]:
         if not line.startswith("//"):
             break
         body = line[2:].strip()
