@@ -148,3 +148,26 @@ def test_time_only_reconfirmation(built):
     assert rep.stage("timing").status is Status.OK and rep.fitness and rep.fitness > 0
     assert rep.env["protocol"] == "1" and rep.env["gpu"]
     print("[env]", rep.env)
+
+
+def test_hang_with_default_settings_is_killed_in_seconds_after_the_seed(built):
+    """Issue 30: with the default [evaluator] settings (timeout_s = 300), a GPU actor that has
+    evaluated the task's seed kills a hanging kb19_relu candidate in under 30 s (its timeout
+    follows the seed's own process walls, evaluators.timeouts) and records it as a timeout."""
+    import time
+
+    from evaluators.actor import GpuEvaluator
+
+    gpu = GpuEvaluator(None, HarnessSettings())  # the real evaluate_built, default settings
+    seed = Candidate.create(TASK, "// seed\n", {}, operator=Operator.SEED)
+    first = gpu.evaluate(seed, built["seed"]).evaluation
+    assert first.correct, [(s.stage, s.status.value, s.reason) for s in first.stages]
+    hang = Candidate.create(TASK, "// hang\n", {}, operator=Operator.USER)
+    t0 = time.monotonic()
+    ev = gpu.evaluate(hang, built["hang"]).evaluation
+    took = time.monotonic() - t0
+    c = ev.stage("correctness")
+    print(f"[hang] seed walls {first.env.get('wall_check_s')} / {first.env.get('wall_time_s')} s; "
+          f"hang killed after {took:.1f} s: {c.status.value} {c.reason[:300]}")
+    assert c.status is Status.TIMEOUT and "adaptive timeout" in c.reason
+    assert took < 30, took
