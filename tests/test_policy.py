@@ -332,6 +332,7 @@ EVASIONS = [
     ("redefine-const", "#define const\nconst int* const g = nullptr;\n", "", "no-redefined-keywords"),
     ("redefine-cuda-arch", "#define __CUDA_ARCH__ 900\n", "", "no-redefined-keywords"),
     ("undef-cute-device", "#undef CUTE_DEVICE\n#define CUTE_DEVICE\n", "", "no-redefined-keywords"),
+    ("undef-cudacc", "#undef __CUDACC__\n", "", "no-redefined-keywords"),
     ("unterminated-raw", "", '  const char* s = R"x(never closed;\n', "plain-source"),
 ]
 
@@ -391,7 +392,8 @@ namespace cg = cooperative_groups;
 
 
 def test_device_only_asm_pragmas_and_attributes_pass():
-    res = check_policy(kernel(DEVICE_ONLY_ASM, '  const char* cost = "$5"; (void)cost;\n'))
+    res = check_policy(kernel("#define __CUDA_NO_HALF_OPERATORS__\n" + DEVICE_ONLY_ASM,
+                              '  const char* cost = "$5"; (void)cost;\n'))
     assert res.passed, res.artifacts.get("violations")
 
 

@@ -125,10 +125,15 @@ wchar_t while xor xor_eq _Pragma
 #: keywords the compiler gives meaning to).
 TRUSTED_NAMES = _KEYWORDS | BUILTIN_DEVICE_MACROS | BUILTIN_HOST_MACROS | CONST_MACROS | {"EVO_EXPORT"}
 _RESERVED = re.compile(r"__\w*|_[A-Z]\w*")
+#: Reserved names a kernel may define: CUDA's opt-outs of the half/bfloat16 operator overloads
+#: (PyTorch builds pass them); they remove overloads and change nothing the reader relies on.
+_HARMLESS_RESERVED = re.compile(r"__CUDA_NO_(?:HALF|HALF2|BFLOAT16|BFLOAT162)_(?:OPERATORS|CONVERSIONS)__")
 
 
 def trusted_name(name: str) -> bool:
-    return name in TRUSTED_NAMES or bool(_RESERVED.fullmatch(name))
+    """Keywords, trusted macros and reserved names (``__CUDACC__`` decides what the CUDA
+    headers make of ``__device__``, ``__cplusplus`` what every header declares)."""
+    return name in TRUSTED_NAMES or (bool(_RESERVED.fullmatch(name)) and not _HARMLESS_RESERVED.fullmatch(name))
 
 
 def check_redefined_keywords(p: ParsedSource) -> list[Violation]:
