@@ -1,7 +1,7 @@
-"""What the engine reads, counts and carries: its :class:`EngineSettings`, live
-:class:`Progress`, the end-of-run :class:`SearchSummary`, :class:`Pending` (a candidate's
-record while it is in flight) and :func:`member_of` (an evaluated candidate as the member
-its islands receive).
+"""What the engine counts and carries: live :class:`Progress`, the end-of-run
+:class:`SearchSummary`, :class:`Pending` (a candidate's record while it is in flight) and
+:func:`member_of` (an evaluated candidate as the member its islands receive).
+:class:`EngineSettings` (the ``[search]`` record, :mod:`evo.engine_settings`) is re-exported.
 
 Plain data, no I/O: the engine (:mod:`evo.engine`) updates them, its helpers
 (:mod:`evo.recovery`, :mod:`evo.survivors`) read them, ``on_progress`` callbacks (the live

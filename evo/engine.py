@@ -21,8 +21,10 @@ What is not scheduling lives beside it and answers with decisions the loop carri
 :mod:`evo.recovery` (failures of ours: worker deaths, GPU probes, island restores, the
 circuit breaker), :mod:`evo.survivors` (delayed profiling, tuning studies, champion
 confirmation), :mod:`evo.resume` (rebuilding islands and in-flight work from the store:
-nothing evaluated is evaluated again). The collaborators are the seams of
-:mod:`evo.seams` (runtime, store writer, stage callables) and :class:`mutators.base.Mutator`.
+nothing evaluated is evaluated again), :mod:`evo.islands` (each island's state and the calls
+to its actor), :mod:`evo.bookkeeping` (progress, the summary, a candidate in flight). The
+collaborators are the seams of :mod:`evo.seams` (runtime, store writer, stage callables) and
+:class:`mutators.base.Mutator`; docs/architecture.md shows how they fit.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from collections import deque
 from typing import Any, Callable
 
 from evo import recovery
-from evo.bookkeeping import EngineSettings, Pending, Progress, SearchSummary, member_of
+from evo.bookkeeping import Pending, Progress, SearchSummary, member_of
+from evo.engine_settings import EngineSettings
 from evo.islands import IslandHandle, IslandSet, island_specs
 from evo.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
@@ -394,13 +397,11 @@ class Engine:
         plan = plan_replay(self.store, self.run_id)
         self.seen.update(plan.ids)
         for cand, ev in plan.evaluated:
-            member = member_of(cand, ev, self.descriptor)
-            self.islands.add(member)
-            if member.fitness is not None:
-                self.progress.correct += 1
-                self._better(cand, member.fitness)
+            self.islands.add(member_of(cand, ev, self.descriptor))
+        self.best = plan.best()
         done = len(plan.evaluated)
-        self.progress.evaluations, self.progress.proposed, self._last_migration = done, plan.proposed, done
+        self.progress.evaluations, self.progress.correct, self.progress.proposed = done, plan.correct, plan.proposed
+        self._last_migration = done
         for cand in plan.pending:
             self._start(Pending(candidate=cand, pre_stages=(self.policy(cand.source),)))
         self.store.log_event(self.run_id, "resume", {"evaluated": done, "resubmitted": len(plan.pending)})

@@ -44,6 +44,18 @@ class ReplayPlan:
         """Every candidate id of the run (the engine's "seen in this run")."""
         return [c.id for c, _ in self.evaluated] + [c.id for c in self.pending]
 
+    @property
+    def correct(self) -> int:
+        return sum(1 for _, ev in self.evaluated if ev.correct)
+
+    def best(self) -> dict[str, tuple[float, Candidate]]:
+        """Each task's best correct candidate as ``(fitness, candidate)`` (the first of equals)."""
+        best: dict[str, tuple[float, Candidate]] = {}
+        for cand, ev in self.evaluated:
+            if ev.correct and (cand.task not in best or ev.fitness > best[cand.task][0]):
+                best[cand.task] = (ev.fitness, cand)
+        return best
+
 
 def plan_replay(store, run_id: str) -> ReplayPlan:
     """What to replay and what to submit again to resume ``run_id``."""

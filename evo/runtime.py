@@ -118,7 +118,8 @@ class Stages:
     what they return for a candidate's failure, what they raise for ours).
 
     Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
-    uses :func:`real_stages`. Every one passes tests/conformance/test_stages.py.
+    uses :func:`real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
+    real GPU stages: tests/gpu/test_stages_conformance_gpu.py).
     """
 
     compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)

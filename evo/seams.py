@@ -1,22 +1,20 @@
 """The seams the engine drives, as documented Protocols.
 
 The engine (:class:`evo.engine.Engine`) is orchestration: every piece of real work goes
-through one of four seams, each with one conformance suite in ``tests/conformance/`` that
-every implementation and every fake must pass:
+through one of four seams, each with one conformance suite that every implementation and
+every fake must pass:
 
-==================  ==========================================  ===========================================
-seam                implementations                             conformance suite
-==================  ==========================================  ===========================================
-stage callables     :func:`evaluators.compile.compile_candidate`,  ``tests/conformance/test_stages.py``
-(:class:`CompileFn`, :func:`evaluators.pipeline.evaluate_built`,
-:class:`EvaluateFn`, :func:`evaluators.profile.profile_candidate`
-:class:`ProfileFn`) (through the GPU actor); fakes in ``tests/fakes/``
-:class:`ClusterRuntime`  :class:`evo.runtime.Runtime` (Ray)          ``tests/conformance/test_runtime.py``
-:class:`StoreWriter`     :class:`evo.store.Store`                    ``tests/conformance/test_store_writer.py``
-mutator             :class:`mutators.knobs.KnobsMutator`,        ``tests/conformance/test_mutators.py``
-(:class:`mutators.  :class:`mutators.llm.LLMMutator`
-base.Mutator`)
-==================  ==========================================  ===========================================
+- the stage callables :class:`CompileFn`, :class:`EvaluateFn`, :class:`ProfileFn` (the
+  fields of :class:`evo.runtime.Stages`): :func:`evaluators.compile.compile_candidate`,
+  :func:`evaluators.pipeline.evaluate_built`, ``evaluators.actor.GpuEvaluator.profile``
+  (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
+  test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
+- :class:`ClusterRuntime`: :class:`evo.runtime.Runtime` (Ray); suite
+  ``tests/conformance/test_runtime_conformance.py``;
+- :class:`StoreWriter`: :class:`evo.store.Store`; suite
+  ``tests/conformance/test_store_writer_conformance.py``;
+- the mutator, :class:`mutators.base.Mutator`: :class:`mutators.knobs.KnobsMutator`,
+  :class:`mutators.llm.LLMMutator`; suite ``tests/conformance/test_mutator_conformance.py``.
 
 The mutator's Protocol lives with the mutators (``mutators/base.py``: mutators never import
 the engine); the others live here, on the engine's side, so that ``evaluators/`` and

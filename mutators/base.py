@@ -68,7 +68,7 @@ class Mutator(Protocol):
 
     Implemented by :class:`mutators.knobs.KnobsMutator` (offline) and
     :class:`mutators.llm.LLMMutator`; every implementation passes the conformance suite in
-    ``tests/conformance/test_mutators.py``.
+    ``tests/conformance/test_mutator_conformance.py``.
 
     Required members: ``name`` (recorded in errors and logs) and :meth:`propose`. The
     optional members below are read by the engine through this module's accessors
