@@ -207,10 +207,15 @@ class Engine:
         gen = max(p.candidate.generation for p in parents) + 1 if parents else 0
         ctx = mut.MutationContext(task=isl.task, island=isl.index, generation=gen, seen=frozenset(self.seen))
         try:
-            prop = self.mutator.propose(parents, ctx, self.rng)
+            prop = self._repair_first(isl)
+            if prop is None:
+                prop = self.mutator.propose(parents, ctx, self.rng)
+            else:
+                gen = prop[1]
+                prop = prop[0]
         except _budget_errors() as e:
-            log.warning("mutator budget spent: %s", e)
-            self._stop_reason = f"mutator budget spent ({e})"
+            log.warning("mutator stopped: %s", e)
+            self._stop_reason = f"mutator stopped: {e}"
             return False
         if prop is None:
             if mut.is_exhaustive(self.mutator):
@@ -228,6 +233,22 @@ class Engine:
         for pid in prop.parents[:1]:
             self.rt.cast(isl.actor, "record_child", pid)
         return self._submit(cand)
+
+    def _repair_first(self, isl: IslandHandle):
+        """A queued repair of this island's task, before any new proposal (the CuTeGen loop:
+        every failed child is offered for repair as it is recorded, see :meth:`_record`).
+        Returns ``(proposal, generation)`` or None when nothing is queued or the attempt
+        produced no child. Mutators without a repair loop never queue anything."""
+        next_repair = getattr(self.mutator, "next_repair", None)
+        if next_repair is None:
+            return None
+        req = next_repair(isl.task)
+        if req is None:
+            return None
+        gen = req.broken.candidate.generation + 1
+        ctx = mut.MutationContext(task=req.task, island=isl.index, generation=gen, seen=frozenset(self.seen))
+        prop = self.mutator.repair(req, ctx, self.rng)
+        return None if prop is None else (prop, gen)
 
     def _submit(self, cand: Candidate) -> bool:
         if cand.id in self.seen:
@@ -365,6 +386,9 @@ class Engine:
             self.progress.correct += 1
         self.islands.add(member)
         mut.observe(self.mutator, cand.id, member.fitness)
+        offer = getattr(self.mutator, "offer_repair", None)
+        if offer is not None and member.fitness is None and not self._stop_reason:
+            offer(member, island=cand.island if cand.island >= 0 else None)  # queued, served first
         self.survivors.told(cand.id, ev)
         if member.fitness is not None and pending.so_bytes:
             islands = self.islands.targets(cand) if cand.island < 0 else [cand.island]
@@ -435,6 +459,8 @@ class Engine:
 
 
 def _budget_errors() -> tuple[type[BaseException], ...]:
-    from mutators.client import BudgetExhausted
+    """What a mutator raises when it can make no more children (budget spent, every model
+    stopped): the run stops proposing and drains."""
+    from mutators.base import MutatorStopped
 
-    return (BudgetExhausted,)
+    return (MutatorStopped,)

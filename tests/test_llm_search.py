@@ -103,8 +103,6 @@ def test_genesis_repair_optimize_over_http_then_replay(local_ray, tmp_path):
     store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine to catch mutators.base.MutatorStopped around propose "
-                                       "(evo/engine.py _budget_errors); remove this marker with that change")
 def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_ray, tmp_path):
     """Before: 401 on every call, 600 requests (3 x max_evaluations) until the engine gave up."""
     store = Store(tmp_path / "evo.db")
@@ -129,4 +127,43 @@ def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_
             rt.shutdown()
         assert len(server.requests) == 1
     assert "model 'fake' stopped" in summary.stop_reason and "[fatal:auth]" in summary.stop_reason
+    store.close()
+
+
+def test_a_seeded_run_repairs_a_broken_optimize_child(local_ray, tmp_path):
+    """The CuTeGen loop in a seeded run: an optimize child that fails to compile is offered
+    for repair as it is recorded and repaired before any new optimize prompt; lineage reads
+    seed -> broken -> repaired (before, repair happened only on islands with no correct member,
+    which a seeded run never has)."""
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("llm-seeded-repair", {}, seed=5, config_hash="x")
+    seed_src = (Path(__file__).parent / "fixtures" / "llm" / "tiny_kernel.cu").read_text()
+    with FakeLLMServer(Cassette.load(Path(__file__).parent / "fixtures" / "llm" / "seeded_repair.jsonl")) as server:
+        model = ModelSpec("fake", server.base_url, "fake-coder", key_env="EVO_TEST_NO_KEY",
+                          price_in_per_mtok=1.0, price_out_per_mtok=2.0)
+        client = LLMClient([model], timeout_s=5, max_attempts=1, backoff_base_s=0.01,
+                           budget=Budget(1.0), sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
+        mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
+        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                     harness_settings=HarnessSettings()).start()
+        try:
+            eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
+                         seeds={TASK: (seed_src, {"BLOCK": "128"})},
+                         settings=EngineSettings(islands_per_task=1, max_evaluations=3, in_flight=1,
+                                                 confirm_champions=False),
+                         rng=random.Random(5), policy=lambda s: StageResult("policy", Status.OK))
+            eng.run()
+        finally:
+            rt.shutdown()
+    (s_id, s_par, s_op, s_st, _), (b_id, b_par, _b_op, b_st, _), (r_id, r_par, _r_op, r_st, _) = \
+        _lineage(store, run_id)
+    assert (s_par, s_op, s_st) == ((), "seed", "ok")
+    assert (b_par, b_st) == ((s_id,), "compile_error")
+    assert (r_par, r_st) == ((b_id,), "ok"), "the repair's parent is the broken child"
+    kinds = [c["kind"] for c in store.llm_calls(run_id)]
+    assert kinds == ["optimize", "repair"], kinds
+    repaired = store.get_candidate(r_id).source
+    assert "__launch_bounds__(BLOCK) tiny_copy_kernel" in repaired and "* BLOCK + threadIdx.x" in repaired
+    repair_prompt = json.loads(store.llm_calls(run_id)[1]["prompt"])[-1]["content"]
+    assert 'identifier "BLOK" is undefined' in repair_prompt
     store.close()
