@@ -2,7 +2,7 @@
 
 Its seeds are :data:`evo.tasks.gemm_seeds.F32_3XTF32_SEEDS`, one per strict-fp32 GEMM task
 (same task-config defines as ``gemm_f32``: ``TRANS_A``, ``TRANS_B``, ``EPILOGUE``), and they are
-the registry's strict-fp32 seeds (validated on an H200 by benchmarks/probes/f32_3xtf32.json;
+the registry's strict-fp32 seeds (validated on an H200 by benchmarks/lab/probes/f32_3xtf32.json;
 GPU checks run in every search and ``evo bench``). What this module verifies on the CPU:
 
 * every seed's rendered source passes ``evaluators.policy.check_policy``, its tunables parse,
@@ -16,13 +16,14 @@ GPU checks run in every search and ``evo bench``). What this module verifies on 
 * the PTX holds ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` 3 times per atom per
   k-block and, with ``TF32_CVT=1``, ``cvt.rna.tf32.f32`` twice per operand value (the default
   integer rounding is checked bit-for-bit against a cvt.rna model in Python);
-* a host-only C++ program built from the template checks the CuTe layouts for all four
-  transpose combinations (default and smallest config): the accumulator partition covers the
+* a host-only C++ program built from the template checks the CuTe layouts of both smem kinds
+  of each operand (TRANS_A = TRANS_B = 0 and = 1; a mixed pair repeats their checks) for the
+  default, the smallest and a wide tile config: the accumulator partition covers the
   C tile once in even column pairs (float2 epilogue), the copy partitions cover each smem stage
   once with 16-byte chunks, and every fragment load of every warp hits 32 distinct banks.
 
 Not verified: numerical correctness, determinism and speed on a GPU; that is
-``benchmarks/probes/f32_3xtf32.json`` (see docs/kernels.md, "3xTF32 fp32 GEMM template").
+``benchmarks/lab/probes/f32_3xtf32.json`` (see docs/kernels.md, "3xTF32 fp32 GEMM template").
 
 ``WGMMA = 1`` (the Hopper TMA + RS-wgmma kernel; validated on an H200, the default of the
 seeds it serves): the template keeps all of it in ``#if WGMMA`` blocks; the constraint admits
@@ -32,7 +33,7 @@ serialisation; the SASS holds 12 HGMMA per k-tile (skipped without cuobjdump); a
 program checks the hand-coded fragment, producer-transform and accumulator mappings (coverage,
 k-slot permutation, 16-byte contiguity, the XOR chunk addressing of SW128 rows, bank
 conflicts) for both A kinds and both B stage kinds. GPU check:
-``benchmarks/probes/f32_3xtf32_producer_split.json``.
+``benchmarks/lab/probes/f32_3xtf32_producer_split.json``.
 
 ``PAD = 1`` (default; WGMMA = 1 only): operands TMA cannot read in place are copied into a
 row-padded workspace first (a fourth kernel, ``pad_rows_kernel``, in every WGMMA = 1 build);
@@ -56,7 +57,6 @@ from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_so
 from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
 
 TEMPLATE = GEMM_F32_3XTF32_TEMPLATE
-KERNELS = Path(__file__).resolve().parents[1] / "evo" / "tasks" / "kernels"
 
 #: The kb01_square seed (kept under this name for the validation recipe in docs/kernels.md).
 KB01_3XTF32 = F32_3XTF32_SEEDS["kb01_square"]
@@ -205,19 +205,11 @@ def test_integer_tf32_rounding_matches_cvt_rna():
 # ------------------------------------------------------------------------------------------
 
 
-from toolchain import toolchain as _toolchain  # noqa: E402  (tests/ is on sys.path)
+from toolchain import build_cache, compile_shared, nvcc_cached, write_atomic  # noqa: E402  (tests/ is on sys.path)
 
 
 def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int = 2):
-    compile_mod, _, _ = _toolchain()
-    from evaluators.base import CompileSettings
-    from evo.records import Candidate
-
-    cache = request.config.cache.mkdir("evo-seed-builds")
-    settings = CompileSettings(cache_dir=str(cache), timeout_s=600)
-    cand = Candidate.create(task=task, source=src, params=params)
-    outcome = compile_mod.compile_candidate(cand, settings)
-    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    outcome = compile_shared(request, task, src, params)
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     m = outcome.result.metrics
     # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel, the PAD row copy and the
@@ -280,22 +272,9 @@ def test_extreme_configs_compile_without_spills(request, name):
 
 
 def _nvcc_cached(request, tag: str, args: list[str], source: str, suffix: str) -> str:
-    """Run nvcc once per content hash; returns the output file's text (cached on success)."""
-    _, nvcc, include = _toolchain()
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    abi = (KERNELS / "evo_abi.h").read_text()
-    key = hashlib.sha256("\0".join([source, abi, " ".join(args), version, str(include)]).encode()).hexdigest()[:24]
-    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
-    out = cache / f"{tag}-{key}{suffix}"
-    if not out.exists():
-        cu = cache / f"{tag}-{key}.cu"
-        cu.write_text(source)
-        tmp = out.with_name(out.name + ".part")
-        cmd = [nvcc, "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-I{include}", f"-I{KERNELS}",
-               *args, str(cu), "-o", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"nvcc failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
-        tmp.rename(out)
+    """nvcc once per content in the suite's shared build cache (tests/toolchain.py); returns
+    the PTX text (``suffix`` ``.ptx``) or the executable's path."""
+    out = nvcc_cached(request, tag, args, source, suffix)
     return out.read_text(errors="replace") if suffix == ".ptx" else str(out)
 
 
@@ -341,14 +320,34 @@ def test_workspace_split_k_ptx_has_no_cluster_and_no_atomics(request):
     assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
 
 
-def _run_host_program(request, src: str, program: str, key: str, args: list[str]) -> subprocess.CompletedProcess:
+def _run_host_program(request, src: str, program: str, key: str, args: list[str], *,
+                      device_pass: bool = False) -> subprocess.CompletedProcess:
     """Builds `program` (a host-only C++ program whose ``#include "KERNEL_FILE"`` pulls in the
-    rendered kernel `src`) with nvcc, cached under `key`, and runs it (no GPU needed)."""
-    cache = Path(request.config.cache.mkdir("evo-3xtf32"))
-    kernel = cache / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
-    kernel.write_text(src)
-    exe = _nvcc_cached(request, key, args, program.replace("KERNEL_FILE", str(kernel)), "")
+    rendered kernel `src`) with nvcc, cached under `key`, and runs it (no GPU needed).
+
+    Without ``device_pass`` the whole program is inside ``#ifndef __CUDA_ARCH__``: nvcc's device
+    passes (cicc for compute_90 and compute_90a, ptxas) see an empty file, which takes a build
+    from about 52 s to 24 s on the 2-core CI machine, and the host pass, which builds all the
+    program runs, is unchanged. That needs a kernel whose ``__global__`` functions are all
+    templates (their host stubs come from the host pass); a WGMMA = 1 build has non-template
+    kernels (pad_rows_kernel, splitk_reduce_kernel) whose stubs the device pass emits, so those
+    programs pass ``device_pass=True`` and a single virtual arch (one cicc run, no ptxas). What
+    a device compile of the kernel would catch is the business of the .so builds above (seeds,
+    extreme configs), not of these layout checks."""
+    folder = build_cache(request) / "nvcc"
+    folder.mkdir(exist_ok=True)
+    kernel = folder / ("kernel-" + hashlib.sha256(src.encode()).hexdigest()[:16] + ".cu")
+    if not kernel.exists():
+        write_atomic(kernel, src)   # another worker may be reading it: never half written
+    text = program.replace("KERNEL_FILE", str(kernel))
+    if not device_pass:
+        text = "#ifndef __CUDA_ARCH__\n" + text + "\n#endif\n"
+    exe = _nvcc_cached(request, key, args, text, "")
     return subprocess.run([exe], capture_output=True, text=True, timeout=60)
+
+
+#: Device-pass flags of the host programs that need one: PTX for one virtual arch, no cubin.
+HOST_PROGRAM_ARCH = "-gencode=arch=compute_90a,code=compute_90a"
 
 
 HOST_CHECK = r"""
@@ -438,11 +437,17 @@ int main() {
 }
 """
 
-# Per transpose combination: the default config and the smallest one (one warp... two warps,
-# BK = 16, 64 x 64: other paddings, copy layouts and copy repetition counts).
+# Three tile configs (the default; the smallest, two warps, BK = 16, 64 x 64: other paddings,
+# copy layouts and copy repetition counts; a wide 256 x 64 one), each with both transpose
+# pairs (TRANS_A, TRANS_B) = (0, 0) and (1, 1): every operand in both of its smem kinds
+# (K-major and X-major). The mixed pairs (0, 1) and (1, 0) were dropped (half the host builds):
+# in the template A's side is ``smem_layout<kAKMajor, BM>`` / ``copy_a`` (TRANS_A only) and B's
+# ``smem_layout<kBKMajor, BN>`` / ``copy_b`` (TRANS_B only), and HOST_CHECK checks A's copies and
+# fragment loads, B's, and the C partition (neither) separately, so a mixed pair only repeats
+# checks the two same-kind pairs already make.
 LAYOUT_CONFIGS = {
-    f"{name}-ta{ta}tb{tb}": {"TRANS_A": str(ta), "TRANS_B": str(tb), **params}
-    for ta in (0, 1) for tb in (0, 1)
+    f"{name}-ta{t}tb{t}": {"TRANS_A": str(t), "TRANS_B": str(t), **params}
+    for t in (0, 1)
     for name, params in (
         ("default", {}),
         ("small", {"BM": "64", "BN": "64", "BK": "16", "STAGES": "2", "WARPS_M": "2", "WARPS_N": "1"}),
@@ -467,7 +472,7 @@ def test_host_layout_check(request, name):
 
 # ------------------------------------------------------------------------------------------
 # WGMMA = 1: the Hopper kernel (TMA + RS tf32 wgmma). These are its CPU-side checks
-# (benchmarks/probes/f32_3xtf32_sm90.json checks and times it on an H200).
+# (benchmarks/lab/probes/f32_3xtf32_sm90.json checks and times it on an H200).
 # ------------------------------------------------------------------------------------------
 
 #: WGMMA = 1 builds checked for no spills / no wgmma serialisation: the kb01 seed and the other
@@ -800,8 +805,8 @@ def test_wgmma_host_layout_check(request, name):
     tunables = {k: v for k, v in params.items() if not k.startswith("TRANS_")}
     assert violated_constraints(_config_src(ta, tb), tunables) == []
     src = render(SeedSpec(TEMPLATE, (), "wgmma layout check"))
-    args = ["-arch=sm_90a", "-O1", *[f"-D{k}={v}" for k, v in params.items()]]
-    proc = _run_host_program(request, src, HOST_CHECK_WGMMA, f"wgmma-host-{name}", args)
+    args = [HOST_PROGRAM_ARCH, "-O1", *[f"-D{k}={v}" for k, v in params.items()]]
+    proc = _run_host_program(request, src, HOST_CHECK_WGMMA, f"wgmma-host-{name}", args, device_pass=True)
     print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
 
@@ -825,7 +830,8 @@ def test_split_ws_slice_count(request):
     """kb06's plan: 4 tiles on 132 SMs split 33 ways (one wave); splitting stops when the tiles
     fill more than half of the SMs, and no slice is shorter than 4 k-tiles (K = 128)."""
     src = _src("kb06_large_k")
-    proc = _run_host_program(request, src, SPLIT_COUNT_CHECK, "split-count", ["-arch=sm_90a", "-O1"])
+    proc = _run_host_program(request, src, SPLIT_COUNT_CHECK, "split-count", [HOST_PROGRAM_ARCH, "-O1"],
+                             device_pass=True)
     assert proc.returncode == 0, proc.stderr
     got = {tuple(map(int, line.split()[:3])): int(line.split()[3]) for line in proc.stdout.splitlines()}
     assert got == {

@@ -1,21 +1,15 @@
 """GEMM seed templates: rendering, tunable declarations, and a real sm_90a compile of two seeds.
 
 The compile tests run nvcc for real (one fp32 and one bf16 seed; set EVO_GEMM_COMPILE_ALL=1 to
-build every distinct seed) and cache the outcome by content hash under the system temp dir,
-so a rerun on an unchanged tree costs nothing. They skip when nvcc or the CUTLASS wheel is
-missing. Correctness and speed need a GPU: benchmarks/probe.py and `evo bench`.
+build every distinct seed) into the suite's shared build cache (tests/toolchain.py), so a rerun
+on an unchanged tree costs nothing. They skip when nvcc or the CUTLASS wheel is
+missing. Correctness and speed need a GPU: benchmarks/lab/probe.py and `evo bench`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -32,8 +26,6 @@ from evo.tasks.gemm_seeds import (
 #: Every seed table of this module: the registry's seeds plus the FFMA alternatives.
 ALL_SPECS = {**{f"{k}@ffma": v for k, v in F32_FFMA_SEEDS.items()}, **GEMM_SEEDS}
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
-
-KERNELS = Path(__file__).resolve().parents[1] / "evo" / "tasks" / "kernels"
 
 FP32_TASKS = {
     "kb01_square", "kb02_standard", "kb03_bmm", "kb06_large_k", "kb07_small_k", "kb08_irregular",
@@ -125,57 +117,24 @@ def test_bf16_pingpong_constraints():
 # real compiles (cached)
 # ------------------------------------------------------------------------------------------
 
-FLAGS = [
-    "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
-    "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-]
+def _check_build(request, task: str) -> dict[str, dict]:
+    """A seed (an fp32 task's FFMA alternative, a bf16 task's registry seed) built for sm_90a with
+    its tunable defaults through ``compile_candidate`` into the suite's shared build cache
+    (tests/toolchain.py; the gemm_bf16 build is the one test_bf16_gemm_sass_uses_hgmma_and_tma
+    disassembles): it builds, ptxas reports every kernel, none spills, no wgmma is serialised.
+    Returns ptxas's per-kernel report (mangled name -> registers, spills, ...)."""
+    from toolchain import compile_shared
+    from evo.tunables import parse_tunables
 
-
-def _toolchain():
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    try:
-        import cutlass_library
-    except ImportError:
-        pytest.skip("nvidia-cutlass wheel not installed")
-    include = Path(cutlass_library.__file__).parent / "source" / "include"
-    if not (include / "cute" / "tensor.hpp").exists():
-        pytest.skip(f"no CuTe headers under {include}")
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    return nvcc, include, version
-
-
-def _compile_cached(task: str) -> dict:
-    nvcc, include, version = _toolchain()
     src = render(F32_FFMA_SEEDS[task] if task in F32_FFMA_SEEDS else GEMM_SEEDS[task])
-    abi = (KERNELS / "evo_abi.h").read_text()
-    key = hashlib.sha256("\0".join([src, abi, " ".join(FLAGS), version, str(include)]).encode()).hexdigest()[:24]
-    cache = Path(tempfile.gettempdir()) / "evo-test-cache" / "gemm_seeds"
-    cache.mkdir(parents=True, exist_ok=True)
-    record = cache / f"{key}.json"
-    if record.exists():
-        return json.loads(record.read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        cu = Path(tmp) / f"{task}.cu"
-        cu.write_text(src)
-        cmd = [nvcc, *FLAGS, f"-I{include}", f"-I{KERNELS}", str(cu), "-o", str(Path(tmp) / f"{task}.so")]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    result = {"rc": proc.returncode, "log": proc.stdout + proc.stderr}
-    if proc.returncode == 0:   # cache successes only: a failure is re-tried after a fix
-        record.write_text(json.dumps(result))
-    return result
-
-
-def _check_build(task: str) -> str:
-    result = _compile_cached(task)
-    log = result["log"]
-    assert result["rc"] == 0, f"nvcc failed for {task}:\n{log[-4000:]}"
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills, "no ptxas resource report"
-    assert all(s == ("0", "0") for s in spills), f"{task} spills registers:\n{log}"
-    assert "wgmma" not in log.lower() or "serializ" not in log.lower(), f"{task}: wgmma serialization\n{log}"
-    return log
+    params = {t.name: t.default for t in parse_tunables(src)}
+    outcome = compile_shared(request, task, src, params, timeout_s=900)
+    m = outcome.result.metrics
+    assert m["kernels"], "no ptxas resource report"
+    spilled = {k: v for k, v in m["kernels"].items() if v["spill_stores"] or v["spill_loads"]}
+    assert not spilled, f"{task} spills registers: {spilled}"
+    assert not m["wgmma_serialized"], f"{task}: wgmma serialization\n{outcome.result.artifacts.get('wgmma_serialization')}"
+    return m["kernels"]
 
 
 _ALL = os.environ.get("EVO_GEMM_COMPILE_ALL") == "1"
@@ -184,15 +143,14 @@ _BF16_BUILDS = sorted(BF16_TASKS) if _ALL else ["gemm_bf16"]
 
 
 @pytest.mark.parametrize("task", _F32_BUILDS)
-def test_fp32_ffma_seed_compiles_for_sm90a(task):
-    log = _check_build(task)
-    assert "gemm_f32_kernel" in log
+def test_fp32_ffma_seed_compiles_for_sm90a(request, task):
+    kernels = _check_build(request, task)
+    assert any("gemm_f32_kernel" in k for k in kernels), list(kernels)
 
 
 @pytest.mark.parametrize("task", _BF16_BUILDS)
-def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(task):
-    log = _check_build(task)
-    kernels = re.findall(r"Compiling entry function '(_ZN8evo_bf16\w+)'", log)
+def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(request, task):
+    kernels = [k for k in _check_build(request, task) if k.startswith("_ZN8evo_bf16")]
     # one TMA instantiation (template flag true: "Lb1E") and one fallback ("Lb0E")
     assert any("Lb1E" in k for k in kernels) and any("Lb0E" in k for k in kernels), kernels
 

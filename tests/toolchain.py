@@ -1,13 +1,34 @@
-"""The CUDA toolchain for compile tests: nvcc, the CUTLASS headers and cuobjdump, or a skip naming what is missing."""
+"""The CUDA toolchain for compile tests: nvcc, the CUTLASS headers and cuobjdump, or a skip
+naming what is missing; and the test suite's one nvcc build cache.
+
+Every real nvcc build of the default test run goes through :func:`compile_shared` (a candidate
+``.so`` through ``evaluators.compile.compile_candidate``) or :func:`nvcc_cached` (PTX or a host
+program), both into :func:`build_cache`, one folder under pytest's cache dir
+(``.pytest_cache/d/evo-seed-builds``). Tests that build the same source with the same flags share
+one nvcc run, a rerun on an unchanged tree costs nothing, and the cache is safe under
+pytest-xdist: each key is built under an exclusive ``flock`` (a second worker wanting the same key
+waits for the first and then reads its result) and published by ``os.replace`` of a finished file,
+so no worker ever reads half a file. Exceptions, on purpose: tests of the compile stage's own
+cache and limits (tests/test_compile.py, the attack fixtures of tests/test_adversarial_policy.py)
+build into their own temporary caches, since what they check is what a cold cache does.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+#: The folder (under pytest's cache dir) of the suite's one nvcc build cache.
+BUILD_CACHE = "evo-seed-builds"
 
 
 def toolchain():
@@ -61,13 +82,81 @@ def build_sass(request, tmp_path: Path, task: str, source: str, params: dict[str
     ``(CompileOutcome, sass_functions of its .so)``. Skips without nvcc, CUTLASS or cuobjdump,
     checking cuobjdump before the costly build."""
     cuobjdump()
+    outcome = compile_shared(request, task, source, params, timeout_s)
+    so = tmp_path / f"{task}.so"
+    so.write_bytes(outcome.so_bytes)
+    return outcome, sass_functions(so)
+
+
+def build_cache(request) -> Path:
+    """The suite's one nvcc build cache (see the module docstring); created on first use."""
+    return Path(request.config.cache.mkdir(BUILD_CACHE))
+
+
+def compile_shared(request, task: str, source: str, params: dict[str, str], timeout_s: float = 600):
+    """``compile_candidate`` of ``source`` with ``params`` into :func:`build_cache`; asserts the
+    build succeeded (the message is nvcc's errors) and returns the ``CompileOutcome``. Skips
+    without nvcc or CUTLASS. The cache key is the source, the params and the toolchain, not the
+    task name: two tasks whose seeds render the same source share one build."""
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
     from evo.records import Candidate
 
-    settings = CompileSettings(cache_dir=str(request.config.cache.mkdir("evo-seed-builds")), timeout_s=timeout_s)
+    settings = CompileSettings(cache_dir=str(build_cache(request)), timeout_s=timeout_s)
     outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=source, params=params), settings)
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
-    so = tmp_path / f"{task}.so"
-    so.write_bytes(outcome.so_bytes)
-    return outcome, sass_functions(so)
+    return outcome
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    """Exclusive lock on ``path`` across processes (xdist workers); released on exit."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` so that a concurrent reader sees the old file or the whole new
+    one (a temporary file beside it, then ``os.replace``)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def nvcc_cached(request, tag: str, args: list[str], source: str, suffix: str, timeout_s: float = 600) -> Path:
+    """``nvcc -std=c++17 -O3 --expt-relaxed-constexpr -I<CUTLASS> -I<kernels> *args source -o OUT``
+    once per content (source, args, evo_abi.h, nvcc version, include dir) in :func:`build_cache`;
+    returns OUT (``suffix``: ``.ptx`` for ``-ptx``, ``""`` for a host executable). Asserts nvcc
+    succeeded, with its output; failures are not cached (a fix is retried at once)."""
+    compile_mod, nvcc, include = toolchain()
+    kernels = compile_mod.abi_include_dir()
+    version = compile_mod.nvcc_version(nvcc)
+    abi = (kernels / "evo_abi.h").read_text()
+    key = hashlib.sha256("\0".join([source, abi, " ".join(args), version, str(include)]).encode()).hexdigest()[:24]
+    folder = build_cache(request) / "nvcc"
+    folder.mkdir(exist_ok=True)
+    out = folder / f"{tag}-{key}{suffix}"
+    if out.exists():
+        return out
+    with _flock(folder / f"{tag}-{key}.lock"):
+        if out.exists():  # another worker built it while this one waited
+            return out
+        with tempfile.TemporaryDirectory(dir=folder, prefix=f"{tag}-") as tmp:
+            cu = Path(tmp) / f"{tag}.cu"
+            cu.write_text(source)
+            part = Path(tmp) / ("out" + suffix)
+            cmd = [nvcc, "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-I{include}", f"-I{kernels}",
+                   *args, str(cu), "-o", str(part)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+            assert proc.returncode == 0, f"nvcc failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+            os.replace(part, out)
+    return out
