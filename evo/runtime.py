@@ -145,8 +145,25 @@ def real_stages() -> Stages:
     return Stages(compile_fn=compile_candidate, evaluate_fn=None)
 
 
-def _compile_task(fn: CompileFn, candidate: Candidate, settings: CompileSettings) -> Any:
-    return fn(candidate, settings)
+def _compile_task(fn: CompileFn, candidate: Candidate, settings: CompileSettings) -> tuple[Any, Any]:
+    """Runs in a compile worker; two return values, so the binary becomes an object of its
+    own in Ray's object store: the driver fetches only the verdict (small) and hands the
+    binary's reference to a GPU actor, which reads it from the store (never via the driver)."""
+    outcome = fn(candidate, settings)
+    so = getattr(outcome, "so_bytes", None)
+    return _with_binary(outcome, None), so
+
+
+def _with_binary(outcome: Any, binary: Any) -> Any:
+    """``outcome`` with its ``so_bytes`` replaced (a dataclass, or any object with that attribute)."""
+    import copy
+    import dataclasses
+
+    if dataclasses.is_dataclass(outcome):
+        return dataclasses.replace(outcome, so_bytes=binary)
+    out = copy.copy(outcome)
+    out.so_bytes = binary
+    return out
 
 
 @dataclass
@@ -168,6 +185,8 @@ class Runtime:
     gpu_actors: list = field(default_factory=list)
     _compile_remote: Any = None
     _n_cpus: int | None = None
+    #: compile verdict reference -> its binary's reference (see :func:`_compile_task`)
+    _binaries: dict = field(default_factory=dict)
 
     def start(self) -> "Runtime":
         addr = self.address or os.environ.get("RAY_ADDRESS") or None
@@ -215,7 +234,7 @@ class Runtime:
             )
             for _ in range(n_gpus)
         ]
-        self._compile_remote = ray.remote(num_cpus=1, max_retries=1)(_compile_task)
+        self._compile_remote = ray.remote(num_cpus=1, max_retries=1, num_returns=2)(_compile_task)
         log.info("runtime ready: %d GPU evaluator(s), %d CPUs", n_gpus, int(resources.get("CPU", 0)))
         return self
 
@@ -231,7 +250,9 @@ class Runtime:
         return self._n_cpus
 
     def submit_compile(self, candidate: Candidate):
-        return self._compile_remote.remote(self.stages.compile_fn, candidate, self.compile_settings)
+        verdict, binary = self._compile_remote.remote(self.stages.compile_fn, candidate, self.compile_settings)
+        self._binaries[verdict] = binary
+        return verdict
 
     def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes):
         return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes)
@@ -249,9 +270,17 @@ class Runtime:
             ready = ready + more
         return ready
 
-    @staticmethod
-    def get(ref):
-        return ray.get(ref)
+    def get(self, ref):
+        """The value of ``ref``. For a compile verdict, the outcome's ``so_bytes`` is the
+        *reference* of the binary in Ray's object store (None when the build failed): the
+        engine passes it to :meth:`submit_gpu` / :meth:`submit_profile` unchanged, and Ray
+        resolves it in the GPU actor, so ``.so`` bytes never pass through the driver."""
+        binary = self._binaries.pop(ref, None)
+        value = ray.get(ref)
+        if binary is None:
+            return value
+        passed = bool(getattr(getattr(value, "result", None), "passed", False))
+        return _with_binary(value, binary if passed else None)
 
     @staticmethod
     def remote_errors() -> tuple[type[BaseException], ...]:

@@ -184,7 +184,10 @@ class ClusterRuntime(Protocol):
 
     def get(self, ref: Any) -> Any:
         """The result behind ``ref`` (blocking until it is ready); raises one of
-        :meth:`remote_errors` when the remote side failed."""
+        :meth:`remote_errors` when the remote side failed. For a compile reference the
+        outcome's ``so_bytes`` is an opaque handle of the binary (the real runtime: its
+        reference in Ray's object store; fakes may give the bytes): the engine only passes it
+        back to :meth:`submit_gpu` / :meth:`submit_profile` and tests it for truth."""
         ...
 
     def remote_errors(self) -> tuple[type[BaseException], ...]:

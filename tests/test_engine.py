@@ -224,3 +224,4 @@ def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatc
     assert profiled and all(e["payload"]["status"] == "ok" for e in profiled)
     assert store.get_profile(profiled[0]["payload"]["id"]) is not None
     store.close()
+
