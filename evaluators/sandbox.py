@@ -246,7 +246,9 @@ def secrets_withheld(extra: Sequence[str] = ()) -> Iterator[list[str]]:
     (an ancestor, a sibling of the same user) holds it. Not thread-safe against other
     threads reading the environment meanwhile; call it before the LLM client starts.
     """
-    names = secret_names(os.environ, extra=extra)
+    # Ray's own settings (RAY_AUTH_MODE, a RAY_* token) configure the processes being started:
+    # they stay, unless named explicitly.
+    names = [k for k in secret_names(os.environ, extra=extra) if not k.startswith("RAY_") or k in extra]
     saved = {k: os.environ[k] for k in names}
     for k in names:
         del os.environ[k]

@@ -409,10 +409,11 @@ def test_secrets_withheld_removes_and_restores(monkeypatch):
     monkeypatch.setenv("CARRIER", "v=" + SECRET)
     monkeypatch.setenv("EVO_SECRET_ENV", "OTHER_ONE")
     monkeypatch.setenv("OTHER_ONE", "o" * 20)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # Ray's own settings reach the processes it starts
     with sb.secrets_withheld(("PLAIN_NAME",)) as names:
         assert set(names) == {"OPENAI_API_KEY", "PLAIN_NAME", "CARRIER", "OTHER_ONE"}
         assert not {"OPENAI_API_KEY", "PLAIN_NAME", "CARRIER", "OTHER_ONE"} & set(os.environ)
-        assert os.environ["EVO_SECRET_ENV"] == "OTHER_ONE"
+        assert os.environ["EVO_SECRET_ENV"] == "OTHER_ONE" and os.environ["RAY_AUTH_MODE"] == "token"
     assert os.environ["OPENAI_API_KEY"] == SECRET and os.environ["CARRIER"] == "v=" + SECRET
     assert os.environ["PLAIN_NAME"] == "x" * 20 and os.environ["OTHER_ONE"] == "o" * 20
 

@@ -29,6 +29,18 @@ ARGMAX_TASK = EXAMPLES / "my_argmax_task.py"
 CHILD = str(REPO / "tests" / "fixtures" / "isolation" / "load_task.py")
 
 
+@pytest.fixture(autouse=True)
+def _registry_unchanged():
+    """Tasks these tests register leave the process's registry afterwards: other test files in
+    the same worker list every registered task."""
+    from evo.tasks.registry import _unregister, task_names
+
+    before = set(task_names())
+    yield
+    for name in set(task_names()) - before:
+        _unregister(name)
+
+
 # ----------------------------------------------------------------------------- isolation
 
 
