@@ -9,7 +9,10 @@
   except that every test using a module-scoped fixture of its own module runs on one worker
   with the module's other users of it (a Ray instance or an nvcc build made once, not once per
   worker), and every ``gpu`` test runs on one worker (one at a time on the GPU: the timing
-  checks measure a quiet device).
+  checks measure a quiet device). xdist shows such a test's id with its group appended
+  (``tests/test_engine.py::test_x@test_engine``); rerun it by the id without the ``@...``.
+  Grouping needs pytest < 9.2 (pytest-dev/pytest-xdist#1386; the ``test`` extra pins it), and
+  a warning says so when it did not take effect.
 * Each pytest process gets its own Ray temp dir (``RAY_TMPDIR``, removed at its end): a Ray
   instance started by a test on one worker never sees another worker's (``ray.init()`` with no
   address joins the cluster recorded in ``<RAY_TMPDIR>/ray/ray_current_cluster``, which
@@ -23,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,26 +55,38 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 def _module_fixture_group(item: pytest.Item) -> str | None:
-    """The module's node id when ``item`` uses a fixture of module scope (or wider) that the
-    module itself defines; ``None`` otherwise."""
+    """The module's name (``test_engine``) when ``item`` uses a fixture of module scope (or
+    wider) that its module itself defines; ``None`` otherwise."""
     info = getattr(item, "_fixtureinfo", None)
     module = item.nodeid.split("::")[0]
     for defs in (info.name2fixturedefs.values() if info else ()):
         for fd in defs:
             if fd.scope != "function" and fd.baseid == module:
-                return module
+                return Path(module).stem
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # the marks go on before xdist's worker hook reads them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    groups = {}
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue                     # the test file chose its group itself
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(pytest.mark.xdist_group("gpu"))
-        elif (group := _module_fixture_group(item)) is not None:
+        group = "gpu" if item.get_closest_marker("gpu") is not None else _module_fixture_group(item)
+        if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+    result = yield
+    # xdist's worker hook marks a grouped test by appending "@<group>" to its node id; pytest
+    # 9.2 ignores that (pytest-dev/pytest-xdist#1386) and the groups silently fall apart.
+    if getattr(config.option, "loadgroup", False):
+        lost = [i for i in items if i.nodeid in groups]
+        if lost:
+            warnings.warn(pytest.PytestWarning(
+                f"--dist loadgroup did not group {len(lost)} tests (pytest {pytest.__version__} with this "
+                "pytest-xdist, pytest-dev/pytest-xdist#1386): module fixtures run once per worker and gpu "
+                "tests side by side; fix: pip install -e '.[test]' (it pins pytest<9.2)"))
+    return result
 
 
 _RAY_TMP: list[str] = []

@@ -1,16 +1,20 @@
 """The CUDA toolchain for compile tests: nvcc, the CUTLASS headers and cuobjdump, or a skip
 naming what is missing; and the test suite's one nvcc build cache.
 
-Every real nvcc build of the default test run goes through :func:`compile_shared` (a candidate
-``.so`` through ``evaluators.compile.compile_candidate``) or :func:`nvcc_cached` (PTX or a host
-program), both into :func:`build_cache`, one folder under pytest's cache dir
-(``.pytest_cache/d/evo-seed-builds``). Tests that build the same source with the same flags share
-one nvcc run, a rerun on an unchanged tree costs nothing, and the cache is safe under
-pytest-xdist: each key is built under an exclusive ``flock`` (a second worker wanting the same key
-waits for the first and then reads its result) and published by ``os.replace`` of a finished file,
-so no worker ever reads half a file. Exceptions, on purpose: tests of the compile stage's own
-cache and limits (tests/test_compile.py, the attack fixtures of tests/test_adversarial_policy.py)
-build into their own temporary caches, since what they check is what a cold cache does.
+The suite's kernel builds (seeds, GEMM configs, SASS and PTX checks, host layout programs) go
+through :func:`compile_shared` (a candidate ``.so`` through
+``evaluators.compile.compile_candidate``) or :func:`nvcc_cached` (PTX or a host program), both into
+:func:`build_cache`, one folder under pytest's cache dir (``.pytest_cache/d/evo-seed-builds``).
+Tests that build the same source with the same flags share one nvcc run, a rerun on an unchanged
+tree costs nothing, and the cache is safe under pytest-xdist: each key is built under an exclusive
+``flock`` (a second worker wanting the same key waits for the first and then reads its result) and
+published by ``os.replace`` of a finished file, so no worker ever reads half a file. Builds outside
+it, on purpose: tests/test_compile.py (the compile stage's own cache, timeouts and memory limits:
+what a cold cache does) and the attack fixtures of tests/test_adversarial_policy.py (their own
+limits; a timeout is never cached); the runs of tests/test_search.py and tests/test_export.py (a
+search / an export with the run's own ``[compile] cache_dir``: a few small kb19_relu builds);
+benchmarks/lab/precompile.py in tests/test_precompile.py (the project's ``.evo/cache``, what the
+script does); the two tiny plain-nvcc test doubles of tests/test_workspace_abi.py.
 """
 
 from __future__ import annotations
