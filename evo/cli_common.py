@@ -165,6 +165,13 @@ def setup_logging(verbose: int = 0) -> None:
         if type(h).__name__ == "PlainRayHandler":
             ray_logger.removeHandler(h)
             ray_logger.propagate = True
+    # Optuna, once imported, prints through its own stderr handler and does not propagate
+    # (evo.tuning routes it on import); this covers an Optuna imported earlier in the process.
+    optuna_logger = logging.getLogger("optuna")
+    for h in list(optuna_logger.handlers):
+        optuna_logger.removeHandler(h)
+    optuna_logger.propagate = True
+    optuna_logger.setLevel(logging.NOTSET)  # the handlers' levels decide, as for our own records
 
 
 # --------------------------------------------------------------------------- ids

@@ -43,6 +43,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import optuna
+
+# Optuna's records go through the process's logging (the CLI's log file), not Optuna's own
+# stderr handler in the middle of the user's terminal.
+optuna.logging.disable_default_handler()
+optuna.logging.enable_propagation()
 from optuna.distributions import CategoricalDistribution
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
