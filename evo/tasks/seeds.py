@@ -11,14 +11,28 @@ tunable defaults; see :mod:`evo.tasks.seedspec`). The memory-bound families live
 GEMM seeds come from :mod:`evo.tasks.gemm_seeds` (``GEMM_SEEDS``). The registry ``SEEDS`` is
 their union; an unknown name raises :class:`UnknownSeedError` (a ``KeyError``) listing the
 valid names.
+
+**Cold seeds.** Every seed also exists cold: the same template and task-config ``#define``
+lines, but each tunable at its first declared value instead of the hand-chosen default (the
+seed's ``tunable_defaults`` and the template's own ``#ifndef`` defaults were both set from
+hand sweeps, so neither is neutral). Where the first values break a ``@constraint``, the
+tunables named in a violated constraint fall back to their template default one at a time,
+in declaration order, until every constraint holds (:func:`cold_params`). A cold seed is
+named ``"<seed>:cold"`` (:data:`COLD_SUFFIX`) wherever a seed name is accepted (a Task's
+``seed``, :func:`seed_source`, :func:`seed_params`); :func:`cold_task` is a built-in task
+renamed ``<task>_cold`` that starts from its cold seed, for a user task file
+(``benchmarks/search_power.py`` writes one), so a search of the cold task and a bench of the
+hand-tuned one can run side by side.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import replace
 
 from evo.tasks.seedspec import SeedSpec, render
-from evo.tunables import parse_tunables
+from evo.tunables import TunableError, parse_constraints, parse_tunables, violated_constraints
 
 __all__ = [
     "SeedSpec",
@@ -33,6 +47,10 @@ __all__ = [
     "seed_params",
     "template_names",
     "render",
+    "COLD_SUFFIX",
+    "cold_params",
+    "cold_spec",
+    "cold_task",
 ]
 
 log = logging.getLogger(__name__)
@@ -148,11 +166,71 @@ def template_names() -> list[str]:
 
 
 def seed_spec(task_name: str) -> SeedSpec:
-    """The SeedSpec of ``task_name``; UnknownSeedError lists the valid names."""
+    """The SeedSpec of ``task_name`` (``"<name>:cold"``: its cold seed, :func:`cold_spec`);
+    UnknownSeedError lists the valid names."""
+    if task_name.endswith(COLD_SUFFIX):
+        return cold_spec(task_name[: -len(COLD_SUFFIX)])
+    return _hand_spec(task_name)
+
+
+def _hand_spec(name: str) -> SeedSpec:
     try:
-        return SEEDS[task_name]
+        return SEEDS[name]
     except KeyError:
-        raise UnknownSeedError(f"no seed kernel for {task_name!r}; valid names: {', '.join(seed_names())}") from None
+        raise UnknownSeedError(
+            f"no seed kernel for {name!r}; valid names: {', '.join(seed_names())} "
+            f"(each also as '<name>{COLD_SUFFIX}')") from None
+
+
+#: Suffix of a cold seed's name: ``"kb19_relu:cold"`` (module docstring, "Cold seeds").
+COLD_SUFFIX = ":cold"
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def cold_params(name: str) -> dict[str, str]:
+    """The cold tunable values of seed ``name`` (module docstring, "Cold seeds").
+
+    Raises :class:`UnknownSeedError` for an unknown seed and :class:`evo.tunables.TunableError`
+    when even the template's defaults break a constraint (the template must be fixed).
+    """
+    spec = _hand_spec(name)
+    source = render(replace(spec, tunable_defaults=()))
+    tunables = parse_tunables(source)
+    values = {t.name: t.choices[0] for t in tunables}
+    constraints = {c.line: c.expr for c in parse_constraints(source)}
+    while True:
+        violated = violated_constraints(source, values)
+        if not violated:
+            return values
+        named = set()
+        for v in violated:
+            line = int(v.split(":", 1)[0].removeprefix("line "))
+            named.update(_IDENT_RE.findall(constraints[line]))
+        movable = [t for t in tunables if t.name in named and values[t.name] != t.default]
+        if not movable:
+            raise TunableError(
+                f"seed {name!r}: no cold assignment satisfies its constraints ({'; '.join(violated)}), "
+                f"not even the template defaults of the tunables they name; fix template {spec.template!r}")
+        values[movable[0].name] = movable[0].default
+
+
+def cold_spec(name: str) -> SeedSpec:
+    """Seed ``name`` with its tunable defaults moved to :func:`cold_params`."""
+    spec = _hand_spec(name)
+    return replace(spec, description=f"{spec.description} [cold: tunables at neutral values]",
+                   tunable_defaults=tuple(cold_params(name).items()))
+
+
+def cold_task(name: str):
+    """Built-in task ``name`` as ``<name>_cold``, whose seed is ``"<seed>:cold"`` (for a user
+    task file: ``TASKS = [cold_task("kb19_relu")]``). Same reference, inputs, shapes and
+    tolerance; UnknownSeedError when the task has no built-in seed."""
+    from evo.tasks.registry import get_task
+
+    task = get_task(name)
+    seed = task.seed or name
+    _hand_spec(seed)
+    return replace(task, name=f"{name}_cold", seed=seed + COLD_SUFFIX)
 
 
 def seed_source(task_name: str) -> str:
