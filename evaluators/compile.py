@@ -189,11 +189,9 @@ def cutlass_version() -> str:
 
 
 def abi_include_dir() -> Path:
-    """Directory holding ``evo_abi.h`` (package data of ``evo.tasks``)."""
-    # find_spec does not execute evo/tasks/__init__.py (which registers tasks and imports torch)
-    spec = importlib.util.find_spec("evo.tasks")
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    path = Path(locations[0]) / "kernels" if locations else Path(__file__).resolve().parents[1] / "evo/tasks/kernels"
+    """Directory holding ``evo_abi.h``: ``evaluators/child/``, beside its Python loader
+    (:mod:`evaluators.child.abi`; package data of ``evaluators.child``)."""
+    path = Path(__file__).resolve().parent / "child"
     if not (path / "evo_abi.h").is_file():
         raise FileNotFoundError(f"evo_abi.h is missing from {path}; the cute-evo install is broken")
     return path

@@ -13,7 +13,7 @@ Contract (shared/EVALUATION.md, Isolation):
 - This module never imports torch, CUDA or the candidate: it can run in the engine's GPU
   actor, a CPU test, or ``evo check``.
 
-The child (``evaluators/harness.py``, or any ``entry`` for tests) gets one argument, the job
+The child (``evaluators/child/harness.py``, or any ``entry`` for tests) gets one argument, the job
 directory, containing ``job.json`` and ``kernel.so``; it writes ``result.json`` atomically
 (``result.json.tmp`` + rename) and ``progress.json`` before each risky step. Exit code 0 =
 the result file says what happened (a candidate failure is data); exit code
@@ -38,31 +38,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from evaluators.base import HarnessSettings, InfrastructureError
+from evaluators.child.protocol import HARNESS_BUG_EXIT, MODES, PROTOCOL_VERSION, stage_from_json
 from evo.records import StageResult, Status
 
 __all__ = [
-    "PROTOCOL_VERSION",
-    "HARNESS_BUG_EXIT",
-    "MODES",
     "HarnessJob",
     "HarnessReport",
     "ShapeTiming",
     "HarnessError",
     "run_isolated",
     "child_env",
-    "stage_to_json",
-    "stage_from_json",
 ]
 
 log = logging.getLogger(__name__)
-
-#: Version of the correctness + timing protocol; stored with every time.
-PROTOCOL_VERSION = "1"
-#: Exit code by which the harness says "my own bug", with error.json beside it.
-HARNESS_BUG_EXIT = 70
-#: "check": correctness only; "check+time": correctness then timing; "time-only": champion
-#: re-confirmation of an already-checked binary in a fresh process.
-MODES = ("check", "check+time", "time-only")
 
 _STDERR_TAIL = 4000
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PASSWD")
@@ -171,31 +159,6 @@ class HarnessReport:
             if s.stage == name:
                 return s
         return None
-
-
-# ----------------------------------------------------------------------------- JSON
-
-
-def stage_to_json(s: StageResult) -> dict[str, Any]:
-    return {
-        "stage": s.stage,
-        "status": s.status.value,
-        "reason": s.reason,
-        "metrics": s.metrics,
-        "artifacts": s.artifacts,
-        "seconds": s.seconds,
-    }
-
-
-def stage_from_json(d: Mapping[str, Any]) -> StageResult:
-    return StageResult(
-        stage=str(d["stage"]),
-        status=Status(d["status"]),
-        reason=str(d.get("reason", "")),
-        metrics=dict(d.get("metrics") or {}),
-        artifacts={str(k): str(v) for k, v in (d.get("artifacts") or {}).items()},
-        seconds=float(d.get("seconds", 0.0)),
-    )
 
 
 def _job_json(job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str, Any]:
@@ -348,7 +311,7 @@ def run_isolated(
     job: HarnessJob,
     settings: HarnessSettings,
     *,
-    entry: str = "evaluators.harness",
+    entry: str = "evaluators.child.harness",
     python: str | None = None,
     keep_dir: bool = False,
     workdir: str | Path | None = None,
@@ -422,7 +385,7 @@ class _Child:
     group is killed) and turns what it left into a :class:`HarnessReport`; :meth:`abort`
     kills it unread. Either removes the private job directory (unless ``keep_dir``).
     ``gate=True``: the child prepares (imports, CUDA context) and then waits for
-    :meth:`open_gate` before any GPU work (``job.json`` key ``gate``; evaluators.harness).
+    :meth:`open_gate` before any GPU work (``job.json`` key ``gate``; evaluators.child.harness).
     """
 
     def __init__(

@@ -5,9 +5,9 @@ Only correct candidates that enter their island's top-k are profiled (the rule l
 
     ncu --clock-control none --target-processes all --nvtx --nvtx-include evo_candidate/
         --launch-count N --csv --page raw --print-units base --metrics <list>
-        --log-file <jobdir>/ncu.csv  python -m evaluators.profile_child <jobdir>
+        --log-file <jobdir>/ncu.csv  python -m evaluators.child.profile <jobdir>
 
-The child (:mod:`evaluators.profile_child`) builds the task's inputs for one benchmark
+The child (:mod:`evaluators.child.profile`) builds the task's inputs for one benchmark
 shape, calls the candidate once outside the range (warm-up: module load, caches), then
 once inside the NVTX push/pop range ``evo_candidate``. The NVTX filter is exact: the
 harness's own torch kernels (input generation, the reference that sizes the outputs) run
@@ -487,7 +487,7 @@ def build_ncu_command(ncu: str, settings: ProfileSettings, jobdir: Path, log_fil
         "--csv", "--page", "raw", "--print-units", "base",
         "--metrics", ",".join(metrics),
         "--log-file", str(log_file),
-        python or sys.executable, "-m", "evaluators.profile_child", str(jobdir),
+        python or sys.executable, "-m", "evaluators.child.profile", str(jobdir),
     ]
 
 

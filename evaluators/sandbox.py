@@ -62,7 +62,7 @@ started from the driver): ``EVO_SANDBOX=0`` (no wrapper at all: environment scru
 
 Failure policy: the probe runs the very same wrapper once per process, so a layer that is
 used is known to work. If the wrapper still fails to confine itself, it writes
-``error.json`` and exits :data:`~evaluators.isolation.HARNESS_BUG_EXIT`, which
+``error.json`` and exits :data:`~evaluators.child.protocol.HARNESS_BUG_EXIT`, which
 ``run_isolated`` raises as ``HarnessError``: the candidate never runs unconfined by accident.
 """
 
@@ -290,7 +290,7 @@ def make_undumpable() -> bool:
 
 # ----------------------------------------------------------------------------- the wrapper
 
-#: Exit code of the wrapper when it cannot confine itself (== isolation.HARNESS_BUG_EXIT).
+#: Exit code of the wrapper when it cannot confine itself (== protocol.HARNESS_BUG_EXIT).
 _SETUP_FAILED_EXIT = 70
 
 # Runs as ``python -I -S -c _WRAPPER CONFIG_JSON argv...``: confine, then exec argv.

@@ -696,7 +696,7 @@ def test_the_gpu_child_imports_no_pydantic():
     import subprocess
     import sys
 
-    code = ("import sys, evaluators.harness, evaluators.base, evaluators.profile, evo.settings, "
+    code = ("import sys, evaluators.child.harness, evaluators.base, evaluators.profile, evo.settings, "
             "evo.engine_settings, evo.tuning_settings; assert 'pydantic' not in sys.modules, 'pydantic imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -8,7 +8,7 @@ import ctypes
 
 import pytest
 
-from evaluators.device_state import LIMITS, DeviceGuard, DeviceStateError
+from evaluators.child.device_state import LIMITS, DeviceGuard, DeviceStateError
 
 
 class FakeDriver:
@@ -111,6 +111,6 @@ def test_a_driver_that_refuses_the_line_reset_is_an_error():
 
 
 def test_stream_attribute_union_is_the_drivers_size():
-    from evaluators.device_state import _StreamAttrValue
+    from evaluators.child.device_state import _StreamAttrValue
 
     assert ctypes.sizeof(_StreamAttrValue) == 64

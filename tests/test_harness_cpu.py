@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluators import abi
-from evaluators.correctness import (
+from evaluators.child import abi
+from evaluators.child.correctness import (
     CandidateFault,
     check_correctness,
     poison_,
@@ -20,7 +20,7 @@ from evaluators.correctness import (
     trial_seed,
     worst_element,
 )
-from evaluators.timing import ShapeSamples, geomean, input_copies, iqr, median, summarize
+from evaluators.child.timing import ShapeSamples, geomean, input_copies, iqr, median, summarize
 from evo.records import Status
 from evo.tasks.base import Task
 from evo.tasks.tolerance import FP32_ELEMENTWISE
@@ -208,7 +208,7 @@ def test_summarize_verdicts():
 
 
 def test_abi_struct_matches_header():
-    hdr = (ROOT / "evo" / "tasks" / "kernels" / "evo_abi.h").read_text()
+    hdr = (ROOT / "evaluators" / "child" / "evo_abi.h").read_text()
     assert int(re.search(r"#define EVO_MAX_DIMS (\d+)", hdr).group(1)) == abi.MAX_DIMS
     assert int(re.search(r"#define EVO_ABI_VERSION (\d+)", hdr).group(1)) == abi.ABI_VERSION
     enum = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"EVO_(\w+) = (\d+)", hdr))
@@ -249,7 +249,7 @@ def test_selftest_rejects_an_unknown_task_before_building_anything(tmp_path):
 def test_timed_output_is_checked_against_the_ground_truth():
     """The timing stage's last check: the first timed output, from inputs regenerated from
     the seed, must pass the tolerance (a kernel right only when checked is ``incorrect``)."""
-    from evaluators.timing import _verify_timed_output
+    from evaluators.child.timing import _verify_timed_output
 
     shape = dict(TASK.shapes[0])
     gen = torch.Generator(device="cpu")

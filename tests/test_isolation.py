@@ -20,9 +20,8 @@ from evaluators.isolation import (
     HarnessJob,
     child_env,
     run_isolated,
-    stage_from_json,
-    stage_to_json,
 )
+from evaluators.child.protocol import stage_from_json, stage_to_json
 from evo.records import StageResult, Status
 
 

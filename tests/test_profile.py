@@ -269,7 +269,7 @@ def test_profile_candidate_runs_ncu_and_caches(fake_ncu, tmp_path):
     assert argv[argv.index("--clock-control") + 1] == "none"
     assert argv[argv.index("--nvtx-include") + 1] == "evo_candidate/"
     assert argv[argv.index("--page") + 1] == "raw"
-    assert argv[-3:-1] == ["-m", "evaluators.profile_child"]
+    assert argv[-3:-1] == ["-m", "evaluators.child.profile"]
     again = _run(exe, tmp_path)
     assert again.status is Status.OK and again.metrics["cached"] is True
     assert len(calls()) == 1, "same binary, shape and GPU: served from the cache"

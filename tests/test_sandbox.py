@@ -275,7 +275,7 @@ def _libc_path() -> str:
 def test_harness_paths_are_derived_not_fixed(tmp_path):
     root = Path(sb.__file__).resolve().parents[1]
     env = {"PYTHONPATH": str(root), "LD_LIBRARY_PATH": "/opt/somelib", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
-    p = sb.harness_paths([sys.executable, "-m", "evaluators.harness", str(tmp_path)], env, tmp_path,
+    p = sb.harness_paths([sys.executable, "-m", "evaluators.child.harness", str(tmp_path)], env, tmp_path,
                          readable=["/data/tasks"], writable=["/scratch"])
     assert sys.base_prefix in p["read"] and "/opt/somelib" in p["read"] and "/data/tasks" in p["read"]
     assert str(root) not in p["read"] and str(root) in p["list"], "the project root is listable, not readable"

@@ -1,5 +1,5 @@
 """seccomp in the harness child (evaluators/sandbox.py ``install_seccomp``, called by
-``evaluators/harness.py`` ``_confine`` right before the candidate's .so is loaded).
+``evaluators/child/harness.py`` ``_confine`` right before the candidate's .so is loaded).
 
 A CPU stand-in of the harness child (fixtures/sandbox/seccomp_child.py: a thread started
 before confinement, as CUDA's are, then the harness's own ``_confine``, then ctypes loads the

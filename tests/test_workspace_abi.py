@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluators import abi
+from evaluators.child import abi
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ROOT / "evo" / "tasks" / "kernels"
+ABI_DIR = ROOT / "evaluators" / "child"
 
 DOUBLE = r"""
 #include <cstring>
@@ -72,7 +72,7 @@ def doubles(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, flags in (("with", ["-DWITH_WORKSPACE"]), ("without", [])):
         so = d / f"{name}.so"
-        subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", f"-I{KERNELS}", *flags, str(src), "-o", str(so)],
+        subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", f"-I{ABI_DIR}", *flags, str(src), "-o", str(so)],
                        check=True, capture_output=True, timeout=300)
         out[name] = so
     return out

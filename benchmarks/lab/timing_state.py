@@ -14,7 +14,7 @@ stream, poisoned allocator) and times the task's first benchmark shape in three 
                          (where the timing stage of the one-process protocol starts);
   checked, extra first   the same, but the extra measurements below run before the timing stage.
 
-In each state: the real timing stage (``evaluators.timing.time_shapes``: ours and the torch
+In each state: the real timing stage (``evaluators.child.timing.time_shapes``: ours and the torch
 reference) twice in a row, each with new buffers; a plain ``copy_`` of the input; ours with a
 ~100 us GPU spin queued before the start event (hides a host-side launch gap); ours by a plain
 loop; the host time of one ``evo_launch``; SM / memory clocks; where the output lay relative
@@ -52,7 +52,7 @@ def _clocks() -> str:
 
 def _kernel(task: str, params: dict[str, str], out: Path):
     """The task's seed with ``params`` as tunables, compiled (cached) and loaded."""
-    from evaluators import abi
+    from evaluators.child import abi
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_candidate
     from evo.records import Candidate, Operator
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from evaluators.correctness import check_correctness
-    from evaluators.harness import _poison_allocator
-    from evaluators.timing import median, time_shapes
+    from evaluators.child.correctness import check_correctness
+    from evaluators.child.harness import _poison_allocator
+    from evaluators.child.timing import median, time_shapes
     from evo.tasks import get_task
 
     task = get_task(args.task)

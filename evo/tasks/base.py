@@ -1,7 +1,7 @@
 """What a kernel task is: the contract between the task suite, the seeds and the harness.
 
 A :class:`Task` is frozen data plus module-level functions (so it pickles by reference for
-Ray and for the spawned harness process). The harness (``evaluators/harness.py``) is its
+Ray and for the spawned harness process). The harness (``evaluators/child/harness.py``) is its
 only caller on the GPU side; ``evo tasks`` and the speed-of-light bound read its counts.
 
 Kernel ABI mapping (see ``kernels/evo_abi.h``): ``evo_launch`` receives ``make_inputs``'s

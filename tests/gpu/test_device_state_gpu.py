@@ -1,6 +1,6 @@
 """The harness resets GPU state a candidate leaves for the timed calls (issue 30 item 3):
 the persisting-L2 carve-out and the harness stream's access-policy window, and raised
-device limits (evaluators/device_state.py). Candidate: tests/fixtures/sandbox/persisting_l2.cu
+device limits (evaluators/child/device_state.py). Candidate: tests/fixtures/sandbox/persisting_l2.cu
 (a correct ReLU that sets all of them on every call)."""
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def test_timed_calls_start_without_the_candidates_l2_state(built):
 _DIRECT = textwrap.dedent(r'''
     import ctypes, json, sys
     import torch
-    from evaluators import abi
-    from evaluators.device_state import DeviceGuard
+    from evaluators.child import abi
+    from evaluators.child.device_state import DeviceGuard
     torch.cuda.set_device(0)
     stream = torch.cuda.Stream()
     x = torch.randn(1 << 20, device="cuda"); y = torch.empty_like(x)

@@ -1,4 +1,4 @@
-"""The profiled program: ``python -m evaluators.profile_child JOBDIR`` (run under ncu).
+"""The profiled program: ``python -m evaluators.child.profile JOBDIR`` (run under ncu).
 
 Spawned by :func:`evaluators.profile.profile_candidate` inside ``ncu``; it calls a built,
 already-correct candidate on one benchmark shape so ncu can capture exactly its kernels:
@@ -6,7 +6,7 @@ already-correct candidate on one benchmark shape so ncu can capture exactly its 
 1. read ``JOBDIR/job.json`` (task, task files, shape, seed, warm-up count, range name);
 2. build the task's inputs on the GPU (first distribution, fixed seed) and size the outputs
    by running the reference once (these torch kernels run *outside* the NVTX range);
-3. ``ctypes``-load ``JOBDIR/kernel.so`` (:mod:`evaluators.abi`), call it ``warmup`` times,
+3. ``ctypes``-load ``JOBDIR/kernel.so`` (:mod:`evaluators.child.abi`), call it ``warmup`` times,
    synchronise;
 4. call it once between ``torch.cuda.nvtx.range_push(<range>)`` and ``range_pop()``, on
    the same thread (ncu's NVTX filter matches ranges of the launching thread), synchronise;
@@ -35,7 +35,7 @@ def _write(jobdir: Path, data: dict[str, Any]) -> None:
 
 
 def _load_task(name: str, files: list[str]) -> Any:
-    from evaluators.harness import _load_task as load  # one rule for every child
+    from evaluators.child.harness import _load_task as load  # one rule for every child
 
     return load(name, files)
 
@@ -44,7 +44,7 @@ def run(jobdir: Path) -> dict[str, Any]:
     """Do the job; returns the result dict (raises only for setup failures)."""
     import torch
 
-    from evaluators import abi
+    from evaluators.child import abi
 
     t0 = time.monotonic()
     job = json.loads((jobdir / "job.json").read_text())
@@ -99,7 +99,7 @@ def run(jobdir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m evaluators.profile_child JOBDIR", file=sys.stderr)
+        print("usage: python -m evaluators.child.profile JOBDIR", file=sys.stderr)
         return 2
     jobdir = Path(argv[0])
     try:

@@ -1,4 +1,4 @@
-"""The isolated GPU harness: ``python -m evaluators.harness JOBDIR`` (spawned by isolation.py).
+"""The isolated GPU harness: ``python -m evaluators.child.harness JOBDIR`` (spawned by isolation.py).
 
 Runs in a fresh process that owns nothing but one candidate. Steps:
 
@@ -9,13 +9,13 @@ Runs in a fresh process that owns nothing but one candidate. Steps:
    large block back to the driver, so memory a kernel allocates holds NaN, not old results);
    install the seccomp filter (:func:`_confine`: no exec, fork, socket, ptrace... from here
    on, in every thread; failing that, a harness error of kind ``sandbox``);
-3. ``ctypes``-load ``JOBDIR/kernel.so`` (``evaluators.abi``);
-4. correctness (``evaluators.correctness``) unless ``time-only``; timing
-   (``evaluators.timing``) for ``check+time`` / ``time-only`` once correctness passed;
+3. ``ctypes``-load ``JOBDIR/kernel.so`` (``evaluators.child.abi``);
+4. correctness (``evaluators.child.correctness``) unless ``time-only``; timing
+   (``evaluators.child.timing``) for ``check+time`` / ``time-only`` once correctness passed;
 5. write ``result.json`` atomically and exit 0 — a failing candidate is data.
 
 Failure mapping: an exception before the candidate's first call is the harness's own bug:
-``error.json`` + exit :data:`~evaluators.isolation.HARNESS_BUG_EXIT`. After the first call,
+``error.json`` + exit :data:`~evaluators.child.protocol.HARNESS_BUG_EXIT`. After the first call,
 any exception is charged to the candidate as ``crash`` (a sticky CUDA error surfaces at
 whatever CUDA call comes next, often in harness code), with the traceback kept as an
 artifact. Before each candidate call ``progress.json`` records where we are, so the parent
@@ -35,10 +35,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from evaluators.isolation import HARNESS_BUG_EXIT, PROTOCOL_VERSION, stage_to_json
+from evaluators.child.protocol import HARNESS_BUG_EXIT, PROTOCOL_VERSION, stage_to_json
 from evo.records import StageResult, Status
 
-log = logging.getLogger("evaluators.harness")
+log = logging.getLogger("evaluators.child.harness")
 
 _POISON_MAX_BYTES = 8 << 30
 
@@ -244,9 +244,9 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     """Do the job; return the result dict. Raises only for harness bugs (before the candidate ran)."""
     import torch
 
-    from evaluators import abi
-    from evaluators.correctness import CandidateFault, check_correctness
-    from evaluators.timing import time_shapes
+    from evaluators.child import abi
+    from evaluators.child.correctness import CandidateFault, check_correctness
+    from evaluators.child.timing import time_shapes
 
     settings = job["settings"]
     mode = job["mode"]
@@ -269,9 +269,9 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     if job.get("gate"):
         _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
-    from evaluators.device_state import DeviceGuard
+    from evaluators.child.device_state import DeviceGuard
 
-    # limits as they are before the candidate ran: timing restores them (evaluators.device_state)
+    # limits as they are before the candidate ran: timing restores them (evaluators.child.device_state)
     guard = DeviceGuard(int(stream.cuda_stream))
     env["seccomp"] = _confine()
     stages: list[StageResult] = []
@@ -371,7 +371,7 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m evaluators.harness JOBDIR", file=sys.stderr)
+        print("usage: python -m evaluators.child.harness JOBDIR", file=sys.stderr)
         return 2
     jobdir = Path(argv[0])
     faulthandler.enable()

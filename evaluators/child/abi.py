@@ -1,6 +1,6 @@
 """The kernel ABI on the Python side: ``EvoTensor`` as a ctypes struct and the .so loader.
 
-The C header ``evo/tasks/kernels/evo_abi.h`` is the source of the ABI; this module is its one
+The C header ``evaluators/child/evo_abi.h`` is the source of the ABI; this module is its one
 Python statement: the struct's fields (:data:`EVO_TENSOR_FIELDS`), the dtype codes
 (:data:`EVO_DTYPES`) and the entry points' signatures (:data:`LAUNCH_ARGS` and friends), as
 plain data. :class:`EvoTensor` and :func:`load_kernel` are built from that data, and so is the
@@ -8,7 +8,7 @@ copy of the struct in every exported ``op.py`` (``evo/export.py`` renders it fro
 ``tests/test_abi_header.py`` parses the header and fails on any difference. Change the header,
 then this data, never the struct anywhere else.
 
-Used only inside the isolated harness process (``evaluators/harness.py``): the parent never
+Used only inside the isolated harness process (``evaluators/child/harness.py``): the parent never
 loads a candidate's shared object.
 
 Nothing here initialises CUDA. :func:`describe` takes anything tensor-like

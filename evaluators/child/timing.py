@@ -9,7 +9,7 @@ rep so clock and thermal drift hit both alike:
   the harness stream) -> start event -> call -> end event, all on the harness stream, then a
   device-wide ``synchronize`` so nothing of one rep spills into the next;
 - GPU state the candidate could carry into timed calls is reset (``device_guard``,
-  :mod:`evaluators.device_state`): limits restored and the persisting-L2 carve-out and the
+  :mod:`evaluators.child.device_state`): limits restored and the persisting-L2 carve-out and the
   stream's access-policy window cleared before each shape, persisting lines reset before
   every rep (they would survive the flush);
 - a side-stream probe: a few untimed calls from an idle device, each followed by waiting for
@@ -180,7 +180,7 @@ def _verify_timed_output(task: Any, shape: dict[str, int], outputs: Sequence[Any
     their seed) fail the task's tolerance against the ground truth."""
     import torch
 
-    from evaluators.correctness import first_wrong_output, ground_truth
+    from evaluators.child.correctness import first_wrong_output, ground_truth
 
     gen = torch.Generator(device=device)
     gen.manual_seed(gen_seed)
@@ -209,18 +209,18 @@ def time_shapes(
 ) -> StageResult:
     """Time candidate and reference on the task's benchmark shapes (CUDA only).
 
-    ``kernel`` is an :class:`evaluators.abi.KernelLibrary`; ``stream`` a ``torch.cuda.Stream``
-    that is current. Raises :class:`evaluators.correctness.CandidateFault` or CUDA errors on
+    ``kernel`` is an :class:`evaluators.child.abi.KernelLibrary`; ``stream`` a ``torch.cuda.Stream``
+    that is current. Raises :class:`evaluators.child.correctness.CandidateFault` or CUDA errors on
     a fault (the harness maps them to ``crash``). ``device_guard``: an
-    :class:`evaluators.device_state.DeviceGuard` made before the candidate was loaded; its
+    :class:`evaluators.child.device_state.DeviceGuard` made before the candidate was loaded; its
     ``restore`` runs before each shape's warm-up and ``between_reps`` before every timed rep,
     so no persisting-L2 line, access-policy window or raised limit of the candidate's carries
     into a timed call (what it reset is in ``metrics["device_resets"]``).
     """
     import torch
 
-    from evaluators import abi
-    from evaluators.correctness import CandidateFault, poison_, trial_seed
+    from evaluators.child import abi
+    from evaluators.child.correctness import CandidateFault, poison_, trial_seed
 
     t_start = time.monotonic()
     dev = torch.device("cuda")
