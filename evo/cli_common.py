@@ -1,5 +1,6 @@
-"""Helpers shared by the CLI modules (evo.cli, evo.cli_inspect): output, errors, the DB path,
-logging, id resolution and tables.
+"""Helpers shared by the CLI modules (evo.cli, evo.cli_search, evo.cli_inspect,
+evo.cli_kernels): output, errors, the DB path, logging and id resolution (tables and values
+are :mod:`evo.results.tables`).
 
 Errors print as one red ``error:`` line on stderr and exit with code 2; JSON goes to stdout.
 
@@ -8,9 +9,6 @@ from cute-evo's own packages, and errors from anyone; every record, third-party 
 notices included (Ray's token-authentication notice, "Started a local Ray instance"), goes
 to the log file :func:`log_path` (``$EVO_LOG``, default ``.evo/evo.log``), created on the
 first record.
-
-Tables (:func:`table`): id columns never wrap or shrink (a user types those ids next);
-the other columns wrap (fold) instead of being cut with an ellipsis.
 """
 
 from __future__ import annotations
@@ -20,16 +18,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, NoReturn, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 __all__ = ["DEFAULT_DB", "DbOpt", "JsonOpt", "console", "err_console", "fail", "db_path", "open_reader",
-           "emit_json", "fmt", "setup_logging", "log_path", "OWN_PACKAGES", "store_error_text",
-           "distinguishable_ids", "resolve_run", "resolve_candidate", "table", "short_time", "ProgressOpt"]
+           "emit_json", "setup_logging", "log_path", "OWN_PACKAGES", "store_error_text",
+           "distinguishable_ids", "resolve_run", "resolve_candidate", "ProgressOpt"]
 
 DEFAULT_DB = "runs/evo.db"
 DbOpt = typer.Option(
@@ -64,14 +61,6 @@ def open_reader(db: Optional[str]):
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def fmt(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 # --------------------------------------------------------------------------- logging
@@ -203,7 +192,7 @@ def store_error_text(e: Exception) -> str:
 
 def resolve_run(store: Any, text: str) -> str:
     """The full id of the run ``text`` names (id or unique prefix), else :func:`fail`."""
-    from evo.status import resolve_run as _resolve
+    from evo.results.status import resolve_run as _resolve
     from evo.store import StoreError
 
     try:
@@ -220,58 +209,3 @@ def resolve_candidate(store: Any, text: str) -> str:
         return store.resolve_id(text)
     except StoreError as e:
         fail(store_error_text(e))
-
-
-# --------------------------------------------------------------------------- tables
-
-
-class _IdTable(Table):
-    """A Table whose id columns' minimum width follows their longest value, so that even
-    the last-resort even shrinking of an over-wide table leaves every id whole."""
-
-    id_columns: tuple[int, ...] = ()
-
-    def add_row(self, *renderables: Any, **kw: Any) -> None:
-        from rich.text import Text
-
-        for i in self.id_columns:
-            if i < len(renderables) and renderables[i] is not None:
-                cell = renderables[i]
-                width = (Text.from_markup(cell) if isinstance(cell, str) else Text(str(cell))).cell_len
-                col = self.columns[i]
-                col.min_width = max(col.min_width or 0, width)
-        super().add_row(*renderables, **kw)
-
-
-def table(title: str, columns: Iterable[str | tuple[str, str]], **kw: Any) -> Table:
-    """A rich table whose columns are ``name`` (text: wraps, folds long words, never cut)
-    or ``(name, kind)`` with kind ``"id"`` (never wraps or shrinks: the value is typed next),
-    ``"num"`` (right-aligned, no wrap), ``"word"`` (a short word: no wrap) or ``"text"``."""
-    from rich import box
-
-    # A header rule and single spaces between columns (no vertical borders): 80 columns fit
-    # six or seven columns with every id whole.
-    style: dict[str, Any] = {"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False}
-    t = _IdTable(title=title, **{**style, **kw})
-    ids = []
-    for col in columns:
-        name, kind = (col, "text") if isinstance(col, str) else col
-        if kind == "id":
-            ids.append(len(t.columns))
-            t.add_column(name, no_wrap=True, overflow="fold", min_width=len(name))
-        elif kind == "num":
-            t.add_column(name, no_wrap=True, justify="right")
-        elif kind == "word":
-            t.add_column(name, no_wrap=True, overflow="fold")
-        elif kind == "text":
-            t.add_column(name, overflow="fold")
-        else:  # pragma: no cover - programming error
-            raise ValueError(f"column kind {kind!r}: use 'id', 'num', 'word' or 'text'")
-    t.id_columns = tuple(ids)
-    return t
-
-
-def short_time(iso: Any) -> str:
-    """``2026-12-03T07:30:12.345+00:00`` -> ``2026-12-03 07:30`` (tables; JSON keeps the full value)."""
-    text = "" if iso is None else str(iso)
-    return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text

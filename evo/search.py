@@ -167,7 +167,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None) -> dict:
     if resume:
         from pathlib import Path
 
-        from evo.status import resolve_run
+        from evo.results.status import resolve_run
         from evo.store import Store, StoreError
 
         if not Path(cfg.run.db).is_file():
@@ -225,7 +225,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     from evo.store import Store, StoreError
 
     from evo.paths import LocationError, check_db_location
-    from evo.status import resolve_run
+    from evo.results.status import resolve_run
 
     names = _task_names(cfg)
     seeds = seeds_for(names, cfg.mutator.kind)  # before any run exists: a seedless task fails here

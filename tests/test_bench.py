@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessReport, ShapeTiming
-from evo.bench import _rows_for, results_table, write_results
+from evo.results.bench import _rows_for, results_table, write_results
 from evo.records import Candidate, StageResult, Status
 
 
@@ -62,7 +62,7 @@ def test_cli_bench_without_gpu_says_so(monkeypatch):
 # ---------------------------------------------------------------- targets and family summary
 
 def _row(task, shape, speedup, status="ok"):
-    from evo.bench import BenchRow
+    from evo.results.bench import BenchRow
 
     dims = tuple((k, int(v)) for k, v in (p.split("=") for p in shape.split(" x "))) if shape else ()
     return BenchRow(task, shape, "float32", 1.0, None if speedup is None else 1.0 / speedup, speedup,
@@ -72,7 +72,7 @@ def _row(task, shape, speedup, status="ok"):
 def test_targets_file_parses_and_rejects_bad_fields(tmp_path):
     import pytest
 
-    from evo.bench import TargetsError, load_targets
+    from evo.results.bench import TargetsError, load_targets
 
     t = load_targets("benchmarks/targets.toml")
     assert t.for_row("kb01_square", "M=4096 x N=4096 x K=4096") == 1.8
@@ -93,7 +93,7 @@ def test_targets_file_parses_and_rejects_bad_fields(tmp_path):
 
 
 def test_table_shows_target_and_gap_and_family_summary(tmp_path):
-    from evo.bench import Targets, family_summary, results_table
+    from evo.results.bench import Targets, family_summary, results_table
 
     tg = Targets(task={"kb01_square": 1.8, "kb19_relu": 0.98}, family={"kernelbench-l1": (1.5, 0.9)})
     rows = [_row("kb01_square", "M=1 x N=1 x K=1", 0.9), _row("kb19_relu", "R=1 x C=1", 1.0),
@@ -109,7 +109,7 @@ def test_table_shows_target_and_gap_and_family_summary(tmp_path):
 
 
 def test_results_file_has_families_and_why_sections(tmp_path):
-    from evo.bench import Targets
+    from evo.results.bench import Targets
 
     rows = [_row("kb01_square", "M=1 x N=1 x K=1", 0.9)]
     path = tmp_path / "R.md"
@@ -135,7 +135,7 @@ def test_cli_bench_profile_misses_needs_targets_and_bad_targets_are_named(tmp_pa
 
 def test_profile_misses_profiles_each_missing_task_once_and_reports_profiler_errors(monkeypatch):
     import evaluators.profile as prof
-    from evo.bench import Targets, _profile_misses
+    from evo.results.bench import Targets, _profile_misses
 
     calls = []
 
@@ -162,7 +162,7 @@ def test_profile_misses_profiles_each_missing_task_once_and_reports_profiler_err
 def test_gap_marks_a_target_beyond_the_speed_of_light():
     """silu_bf16 on an H200: 1.25x over torch's 1.605 ms needs 1.284 ms, under the 1.342 ms
     bound at datasheet bandwidth; a reachable miss keeps its plain percentage."""
-    from evo.bench import BenchRow, Targets, results_table
+    from evo.results.bench import BenchRow, Targets, results_table
 
     def row(task, torch_ms, ours_ms, sol_ms):
         return BenchRow(task, "R=1 x C=1", "bfloat16", torch_ms, ours_ms, torch_ms / ours_ms, "-",

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 from _inspect_run import BAD_TASK, TASK, build_run
 from standalone import ENGINE_IMPORT_BLOCKER  # tests/ is on sys.path
 from typer.testing import CliRunner
 
 from evaluators.base import CompileSettings
-from evo.cli_inspect import register
-from evo.export import (
+from evo.cli import app as evo_app
+from evo.results.export import (
     ExportError,
     NotStandaloneError,
     bake_params,
@@ -242,13 +241,7 @@ def test_unknown_target_names_near_runs_and_candidates(tmp_path):
 
 def test_cli_export(tmp_path):
     built = build_run(tmp_path / "evo.db", tmp_path / "cache")
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    register(app)
+    app = evo_app
     runner = CliRunner()
     res = runner.invoke(app, ["export", built.run_id, "--out", str(tmp_path / "o"), "--no-build",
                               "--db", str(built.db)])
@@ -311,14 +304,14 @@ def test_every_registered_task_has_a_standalone_reference_and_io_dims():
     """Each built-in task's reference.py executes on its own, and op.py gets input and
     output dims (so shape checks and output allocation need no engine code)."""
     import evo.tasks as T
-    from evo.export import _io_dims, _reference_module
+    from evo.results.export.task_io import io_dims, reference_module
 
     for name in T.task_names():
         task = T.get_task(name)
-        text, note = _reference_module(task)
+        text, note = reference_module(task)
         assert note == "", (name, note)
         ns: dict = {}
         exec(compile(text, f"{name}/reference.py", "exec"), ns)
         assert callable(ns["reference"]) and callable(ns["make_inputs"]) and callable(ns["check"])
-        ins, outs, n = _io_dims(task)
+        ins, outs, n = io_dims(task)
         assert ins is not None and outs is not None and n == len(ins), name

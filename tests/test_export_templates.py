@@ -1,9 +1,10 @@
-"""evo export's generated files come from template files (``evo/export_templates/*.tmpl``).
+"""evo export's generated files come from template files (``evo/results/export/templates/*.tmpl``).
 
-Contract of :func:`evo.export.render_template`: ``${name}`` with a lower-case name is a field,
-every other ``$`` (bash's ``$VAR`` / ``${VAR:-x}``) is left alone; the fields given must be
-exactly the template's, else :class:`~evo.export.ExportTemplateError` names the missing and the
-unused ones; values are inserted verbatim, once. The templates ship as package data.
+Contract of :func:`evo.results.export.render.render_template`: ``${name}`` with a lower-case name
+is a field, every other ``$`` (bash's ``$VAR`` / ``${VAR:-x}``) is left alone; the fields given
+must be exactly the template's, else :class:`~evo.results.export.errors.ExportTemplateError`
+names the missing and the unused ones; values are inserted verbatim, once. The templates ship
+as package data.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import evo.export as X
+import evo.results.export.render as X
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ("op.py", "test_op.py", "reference.py", "tensor_inputs.py", "build.sh")
@@ -48,7 +49,7 @@ def test_missing_and_unused_fields_are_named(monkeypatch, tmp_path):
 
 def test_a_missing_template_says_the_install_is_incomplete(monkeypatch, tmp_path):
     monkeypatch.setattr(X, "TEMPLATES_DIR", tmp_path)
-    with pytest.raises(X.ExportTemplateError, match="package data evo/export_templates"):
+    with pytest.raises(X.ExportTemplateError, match="package data evo/results/export/templates"):
         X.render_template("op.py")
 
 
@@ -67,7 +68,7 @@ def test_wrap_items_breaks_before_the_item_that_would_pass_the_width():
 
 
 def test_op_template_gets_the_abi_from_evaluators_abi():
-    from evaluators import abi
+    from evaluators.child import abi
 
     f = X.abi_fields()
     assert set(f) <= X.template_fields("op.py")
@@ -82,5 +83,5 @@ def test_op_template_gets_the_abi_from_evaluators_abi():
 def test_templates_are_shipped_as_package_data():
     assert sorted(p.name for p in X.TEMPLATES_DIR.glob("*.tmpl")) == sorted(f"{n}.tmpl" for n in TEMPLATES)
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "export_templates/*.tmpl" in data.get("evo", []), (
-        'pyproject.toml [tool.setuptools.package-data] "evo" must list "export_templates/*.tmpl"')
+    assert "templates/*.tmpl" in data.get("evo.results.export", []), (
+        'pyproject.toml [tool.setuptools.package-data] "evo.results.export" must list "templates/*.tmpl"')

@@ -1,10 +1,10 @@
-"""Tests of evo.lineage over a real (temporary) SQLite store."""
+"""Tests of evo.results.lineage over a real (temporary) SQLite store."""
 
 from __future__ import annotations
 
 import pytest
 
-from evo.lineage import first_parent_chain, params_diff, source_diff
+from evo.results.lineage import first_parent_chain, params_diff, source_diff
 from evo.records import Candidate, Evaluation, Operator, StageResult, Status
 from evo.store import Store, UnknownIdError
 

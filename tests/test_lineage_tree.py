@@ -1,4 +1,4 @@
-"""evo.lineage.lineage_tree / candidate_details and their renderers (evo lineage --diff, evo show)."""
+"""evo.results.lineage.lineage_tree / candidate_details and their renderers (evo lineage --diff, evo show)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from rich.console import Console
 
 from _inspect_run import TASK, build_run
-from evo.cli_inspect import print_lineage, print_show, render_lineage
-from evo.lineage import candidate_details, diff_stat, lineage_tree, profile_delta
+from evo.cli_inspect import print_lineage, print_show
+from evo.results.lineage import candidate_details, diff_stat, lineage_tree, profile_delta
+from evo.results.views import render_lineage
 from evo.store import Store
 
 

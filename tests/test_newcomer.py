@@ -223,7 +223,7 @@ def test_bench_reports_compile_and_measure_progress(monkeypatch, tmp_path):
     import evaluators.compile as comp
     import evaluators.isolation as iso
     from evaluators.base import CompileSettings, HarnessSettings
-    from evo.bench import bench, seed_candidates
+    from evo.results.bench import bench, seed_candidates
 
     class Outcome:
         cached = False

@@ -13,12 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from _inspect_run import TASK, build_run
-from evo.cli_inspect import register
-from evo.report import PLOTS, build_report, progress_series
+from evo.cli import app as evo_app
+from evo.results.report import PLOTS, build_report, progress_series
 from evo.store import Store, UnknownIdError
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -94,13 +93,7 @@ def test_unknown_run_and_report_for_a_run_without_timings(tmp_path):
 
 def test_cli_report(report, tmp_path):
     built, _ = report
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    register(app)
+    app = evo_app
     res = CliRunner().invoke(app, ["report", built.run_id, "--out", str(tmp_path / "r"), "--db", str(built.db),
                                    "--json"])
     assert res.exit_code == 0, res.output

@@ -1,4 +1,4 @@
-"""evo.status.run_status and `evo status` over a synthetic run (tests/_inspect_run.py)."""
+"""evo.results.status.run_status and `evo status` over a synthetic run (tests/_inspect_run.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from _inspect_run import BAD_TASK, TASK, build_run
-from evo.cli_inspect import register
-from evo.status import failure_funnel, run_status
+from evo.cli import app as evo_app
+from evo.results.status import failure_funnel, run_status
 from evo.store import Store, UnknownIdError
 
 
@@ -22,14 +22,7 @@ def built(tmp_path):
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:  # a group, as in evo.cli
-        pass
-
-    register(app)
-    return app
+    return evo_app
 
 
 def test_run_status_counts_failures_best_spend_and_rates(built):

@@ -403,7 +403,7 @@ def test_zero_dim_outputs_work_like_any_other():
 def test_export_of_a_user_task_run_loads_its_task_file_and_keeps_integer_outputs(tmp_path):
     """`evo export` of a run of user tasks finds the tasks through the run's stored config
     (no --task-file), and an integer output stays int64 in the exported op and its check."""
-    from evo.export import export
+    from evo.results.export import export
     from evo.records import Candidate, Evaluation, Operator, StageResult
     from evo.store import Store
 
@@ -420,7 +420,7 @@ def test_export_of_a_user_task_run_loads_its_task_file_and_keeps_integer_outputs
         store.set_champion(rid, "rowargmax", cand.id, 1.1, {"confirmed": True})
     # a fresh process: nothing registered rowargmax before the export
     code = textwrap.dedent(f"""
-        from evo.export import export
+        from evo.results.export import export
         from evo.store import Store
         with Store.open_reader({str(db)!r}) as s:
             res = export(s, {rid!r}, {str(tmp_path / 'out')!r}, build=False)

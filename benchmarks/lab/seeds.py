@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; ACCEPTED (evaluator hole): {[(r.task, r.kernel) for r in holes]}" if holes else ""))
         return 1 if holes else 0
 
-    from evo.bench import bench, seed_candidates
+    from evo.results.bench import bench, seed_candidates
 
     rows = bench(seed_candidates(tasks), cs, hs, table=Path(args.table), command=command,
                  title="Seed kernels vs PyTorch references", jobs=args.jobs, log_dir=out,

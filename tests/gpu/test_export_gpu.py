@@ -39,7 +39,7 @@ def exported(request, tmp_path_factory):
     from evaluators.compile import compile_candidate
     from evaluators.pipeline import evaluate_built
     from evaluators.policy import check_policy
-    from evo.export import export
+    from evo.results.export import export
     from evo.store import Store
     from evo.tasks.seeds import seed_params, seed_source
 

@@ -7,7 +7,7 @@ state, no display needed):
 ``progress.png``   best speedup so far against the run's evaluation count, one panel per
                    task, one line per island (the dashed line is the task's overall best);
 ``funnel.png``     the failure funnel: per cascade stage, evaluations that reached it, passed,
-                   and failed by verdict (:func:`evo.status.failure_funnel`);
+                   and failed by verdict (:func:`evo.results.status.failure_funnel`);
 ``lineage.png``    the ancestry of each task's champion: generation on x, fitness on y,
                    edges to parents, colour by operator; unevaluated or failed ancestors sit
                    on the bottom line as crosses;
@@ -17,7 +17,7 @@ state, no display needed):
                    from :class:`evo.tasks.gpus.GpuSpec` (measured copy bandwidth; bf16 or tf32
                    tensor-core peak by task dtype). The reference's point is drawn hollow.
 
-The page also carries the tables of :func:`evo.status.run_status` (counts, failures, best
+The page also carries the tables of :func:`evo.results.status.run_status` (counts, failures, best
 per task, spend). Anything that cannot be drawn (a task unknown to this install, a champion
 without timing metrics) is listed under "Notes" rather than failing the report.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from evo.records import Candidate, Evaluation
-from evo.status import run_status
+from evo.results.status import run_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
@@ -432,10 +432,10 @@ def build_report(store: "Store", run_id: str, out_dir: str | Path, *, gpu: str |
     kernel where a task has none. Raises :class:`~evo.store.UnknownIdError` for an unknown
     run and :class:`ReportError` when matplotlib is missing or ``out_dir`` is not writable.
     """
-    from evo.lineage import lineage_tree
+    from evo.results.lineage import lineage_tree
 
     _figure_class()  # fail before doing any work
-    from evo.status import resolve_run
+    from evo.results.status import resolve_run
 
     rid = resolve_run(store, run_id)
     out = Path(out_dir)

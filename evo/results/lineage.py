@@ -113,7 +113,7 @@ def first_parent_chain(store: "Store", cid: str, *, run_id: str | None = None) -
 
 # --------------------------------------------------------------------------------------
 # The full ancestry as a tree of edges (``evo lineage ID [--diff]``) and one candidate's
-# details (``evo show ID``). Plain data: JSON-ready dicts; rendering is in evo.cli_inspect.
+# details (``evo show ID``). Plain data: JSON-ready dicts; rendering is in evo.results.views.
 # --------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,416 @@
+"""Kernel commands of the ``evo`` CLI: ``tasks`` (the task suite), ``check`` (the cascade on one
+kernel file), ``tune`` (Optuna over a kernel's tunables) and ``bench`` (re-measuring seeds or
+a run's champions); each a thin layer over the Python API, registered by :mod:`evo.cli`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import RenderableType
+from rich.markup import escape
+from rich.table import Table
+
+from evo.cli_common import DbOpt, JsonOpt, ProgressOpt, console
+from evo.cli_common import db_path as _db_path
+from evo.cli_common import emit_json as _emit_json
+from evo.cli_common import fail as _fail
+from evo.cli_common import open_reader as _open_reader
+from evo.results.tables import fmt as _fmt
+from evo.results.tables import table as _table
+
+__all__ = ["tasks", "check", "tune", "bench"]
+
+log = logging.getLogger(__name__)
+
+
+def tasks(
+    family: Optional[str] = typer.Option(None, "--family", help="Only this family (kernelbench-l1, modern, user)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for speed-of-light times (default: detected, else H200)."),
+    task_file: list[Path] = typer.Option([], "--task-file", help="Also load user tasks from this .py file."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List the task suite with shapes, dtype and speed-of-light time.
+
+    Example: evo tasks --family modern --gpu H200
+    """
+    import evo.tasks as T
+    from evo.tasks import gpus
+
+    for f in task_file:
+        try:
+            T.load_task_file(f)
+        except (OSError, ValueError, TypeError) as e:
+            _fail(str(e))
+    try:
+        spec = gpus.get_gpu(gpu) if gpu else (gpus.detect_gpu() or gpus.get_gpu("H200"))
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    rows = T.task_table(spec)
+    if family:
+        check_family(family, T.families(), task_file)
+        rows = [r for r in rows if r["family"] == family]
+    if as_json:
+        _emit_json({"gpu": spec.name, "tasks": tasks_json(rows)})
+        return
+    console.print(render_tasks(rows, spec.name))
+
+
+def check(
+    kernel: Path = typer.Argument(..., help="A .cu file defining evo_launch (see docs/kernels.md)."),
+    task: str = typer.Option(..., "--task", help="Task the kernel implements (see `evo tasks`)."),
+    params: list[str] = typer.Option([], "--params", help="Tunable values NAME=VALUE (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    task_file: list[Path] = typer.Option([], "--task-file", help="Load user tasks from this .py file."),
+    timing: bool = typer.Option(True, "--timing/--no-timing",
+                                help="--no-timing: correctness only (quicker while iterating on a kernel)."),
+    shapes: Optional[str] = typer.Option(
+        None, "--shapes", help="Check only these shape indices, e.g. 1,2 (`evo tasks` lists the shapes; "
+        "0 is the first). Default: every shape."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Run the evaluation cascade on one kernel file and print each stage's verdict.
+
+    Policy and compile run anywhere (nvcc needed); correctness and timing need a CUDA GPU
+    and are reported as skipped without one. `--params` are checked against the tunables
+    and constraints the kernel declares before anything is built. Run this before seeding a
+    search with a hand-written kernel.
+
+    Example: evo check my_relu.cu --task kb19_relu --params BLOCK=256 --no-timing
+    """
+    from dataclasses import replace as _replace
+
+    import evo.tasks as T
+    from evaluators.pipeline import check_kernel
+
+    if not kernel.is_file():
+        _fail(f"{kernel}: no such file")
+    for f in task_file:
+        try:
+            T.load_task_file(f)
+        except (OSError, ValueError) as e:
+            _fail(str(e))
+    try:
+        task_obj = T.get_task(task)
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    kv: dict[str, str] = {}
+    for p in params:
+        if "=" not in p:
+            _fail(f"--params {p!r}: expected NAME=VALUE")
+        k, v = p.split("=", 1)
+        kv[k.strip()] = v.strip()
+    source = kernel.read_text()
+    problems = _param_problems(source, kv)
+    if problems:
+        _fail("\n".join(f"{kernel}: --params: {m}" for m in problems))
+    shape_idx: tuple[int, ...] | None = None
+    if shapes is not None:
+        try:
+            shape_idx = tuple(int(x) for x in shapes.split(",") if x.strip())
+        except ValueError:
+            _fail(f"--shapes {shapes!r}: expected comma-separated shape indices, e.g. 0,2")
+        bad = [i for i in shape_idx if not 0 <= i < len(task_obj.shapes)]
+        if bad or not shape_idx:
+            _fail(f"--shapes {shapes!r}: task {task} has shapes 0..{len(task_obj.shapes) - 1}")
+    cs, hs = _stage_settings(config)
+    if not timing:
+        hs = _replace(hs, check_only=True)
+    try:
+        stages = check_kernel(source, task, kv, compile_settings=cs, harness_settings=hs,
+                              task_files=tuple(str(f.resolve()) for f in task_file), shapes=shape_idx)
+    except ValueError as e:
+        _fail(str(e))
+    except RuntimeError as e:  # the harness itself (evaluators.base.InfrastructureError)
+        one = getattr(e, "one_line", None)
+        _fail(one() if callable(one) else str(e))
+    stages = tuple(_name_user_file(s, kernel) for s in stages)
+    if as_json:
+        _emit_json([{"stage": s.stage, "status": s.status.value, "reason": s.reason,
+                     "metrics": s.metrics, "seconds": s.seconds} for s in stages])
+    else:
+        t = Table(title=f"{kernel} on {task}")
+        for col in ("stage", "verdict", "seconds", "reason"):
+            t.add_column(col)
+        for s in stages:
+            style = "green" if s.passed else ("yellow" if s.status.value == "skipped" else "red")
+            t.add_row(s.stage, f"[{style}]{s.status.value}[/]", _fmt(s.seconds, 2), s.reason)
+        console.print(t)
+        for s in stages:
+            if not s.passed and s.artifacts.get("errors"):
+                console.rule(f"{s.stage} errors")
+                console.print(s.artifacts["errors"], markup=False, highlight=False)
+    failed = [s for s in stages if not s.passed and s.status.value != "skipped"]
+    raise typer.Exit(1 if failed else 0)
+
+
+def _param_problems(source: str, params: dict[str, str]) -> list[str]:
+    """Every problem with ``--params`` for this source: unknown names, values outside their
+    declared set, violated constraints (one message each; empty when all is well)."""
+    from evo.tunables import TunableError, parse_tunables, violated_constraints
+
+    try:
+        tunables = {t.name: t for t in parse_tunables(source)}
+    except TunableError as e:
+        return [f"the kernel's @tunable annotations: {e}"]
+    out = []
+    for name, value in params.items():
+        t = tunables.get(name)
+        if t is None:
+            known = ", ".join(sorted(tunables)) or "none"
+            out.append(f"unknown tunable {name!r}; the kernel declares: {known}")
+        elif value not in t.choices:
+            out.append(f"{name} = {value!r} is not allowed; choose one of {{{', '.join(t.choices)}}}")
+    if out:
+        return out
+    try:
+        return [f"constraint violated at {c}" for c in violated_constraints(source, params)]
+    except TunableError as e:
+        return [str(e)]
+
+
+def _name_user_file(stage, kernel: Path):
+    """Compile messages say ``candidate.cu`` (the job's file name); show the user's file."""
+    from dataclasses import replace as _replace
+
+    def sub(text: str) -> str:
+        return text.replace("candidate.cu", str(kernel)) if isinstance(text, str) else text
+
+    return _replace(stage, reason=sub(stage.reason),
+                    artifacts={k: sub(v) for k, v in stage.artifacts.items()})
+
+
+def tune(
+    id: str = typer.Argument(..., help="Candidate id or unique prefix (a correct kernel with tunables)."),
+    trials: int = typer.Option(16, "--trials", help="Evaluated trials to run in this session."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run (id or prefix) to record trials in (default: the candidate's latest run)."),
+    db: Optional[str] = DbOpt,
+    progress: bool = ProgressOpt,
+) -> None:
+    """Tune a kernel's declared tunables with Optuna (TPE), resuming its study if one exists.
+
+    Trials are compiled and evaluated on this machine's GPU, recorded as children with
+    operator `optuna` in the run, and the study is stored next to the database, so running
+    the command again continues it without repeating a point.
+
+    Example: evo tune 3fa9c2e1b7d0 --trials 24
+    """
+    from evaluators.pipeline import gpu_available
+    from evo.store import Store, StoreError
+    from evo.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
+
+    from evo.cli_common import store_error_text
+    from evo.progress import StepProgress, progress_enabled
+    from evo.results.status import resolve_run
+
+    if trials < 1:
+        _fail(f"--trials {trials}: must be at least 1")
+    path = _db_path(db)
+    if not Path(path).is_file():  # Store(path) would create an empty database
+        _fail(f"lineage database not found: {path} (pass --db, or run `evo search` first)")
+    cs, hs = _stage_settings(config)
+    try:
+        store = Store(path)
+    except StoreError as e:
+        _fail(str(e))
+    with store:
+        try:
+            cid = store.resolve_id(id)
+            cand = store.get_candidate(cid)
+            run_id = resolve_run(store, run) if run else _latest_run_of(store, cid)
+            ev = store.get_evaluation(cid, run_id)
+            store.acquire_lease(run_id)  # one writer per run: not while a search of it is live
+        except StoreError as e:
+            _fail(store_error_text(e))
+        if ev is None or not ev.correct:
+            _fail(f"{cid[:12]} has no correct evaluation in run {run_id}; tune a correct kernel (see `evo top {run_id}`)")
+        if not gpu_available():
+            _fail("no CUDA GPU found on this machine: tuning trials are evaluated on the GPU. Run `evo tune` "
+                  "on a GPU machine, or enable [tuning] in a search config.")
+        from dataclasses import replace as _replace
+
+        from evo.tasks.user import TaskFileError, load_run_task_files
+
+        try:  # trials of a user task: every trial's child imports the run's task files
+            hs = _replace(hs, task_files=load_run_task_files(store.get_run(run_id).get("config"), run_id))
+        except TaskFileError as e:
+            _fail(str(e))
+        evaluate = make_local_evaluate(cs, hs)
+        bar = StepProgress(f"tuning {cid[:12]}: trial", trials, enabled=progress_enabled(progress))
+        n_done = [0]
+
+        def evaluate_and_record(c):
+            bar.update(c.short_id, n_done[0])
+            store.add_candidate(run_id, c)
+            e = evaluate(c)
+            store.add_evaluation(run_id, e)
+            n_done[0] += 1
+            bar.update(c.short_id, n_done[0])
+            return e
+
+        try:
+            study = TuningStudy(journal_path(path, run_id), run_id, cand, seed=0, n_trials=trials,
+                                parent_fitness=ev.fitness, lookup=lambda x: store.get_evaluation(x, run_id),
+                                on_trial=lambda r: store.add_tuning_trial(run_id, cand.id, r.number, r.params,
+                                                                          r.value, r.status, r.candidate_id))
+        except TuningError as e:
+            _fail(str(e))
+        with bar:
+            summary = tune_once(study, evaluate_and_record)
+    console.print(f"study {summary.study}: {summary.evaluated} trial(s) evaluated; parent "
+                  f"{_fmt(summary.parent_fitness)}x, best {_fmt(summary.best_fitness)}x "
+                  f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
+
+
+def _latest_run_of(store, cid: str) -> str:
+    runs = [r["id"] for r in store.list_runs() if cid in store.evaluated_ids(r["id"])]
+    if not runs:
+        from evo.store import UnknownIdError
+
+        raise UnknownIdError(f"{cid[:12]} was never evaluated in any run of this database")
+    return runs[0]  # list_runs is newest first
+
+
+def bench(
+    task: list[str] = typer.Option([], "--task", help="Benchmark this task's seed (repeatable)."),
+    family: Optional[str] = typer.Option(None, "--family", help="Benchmark the seeds of a whole family."),
+    run: Optional[str] = typer.Option(None, "--run", help="Benchmark this run's champions instead of seeds (id or prefix)."),
+    out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", help="Markdown table to write."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
+    jobs: int = typer.Option(os.cpu_count() or 4, "--jobs", help="Parallel compiles."),
+    targets: Optional[Path] = typer.Option(
+        None, "--targets", help="TOML of minimum speedups (benchmarks/targets.toml): adds target and gap columns."),
+    profile_misses: bool = typer.Option(
+        False, "--profile-misses", help="Profile (ncu) each task that misses its --targets minimum; say why."),
+    db: Optional[str] = DbOpt,
+    progress: bool = ProgressOpt,
+) -> None:
+    """Re-measure champions (--run) or seeds (--task/--family) against their torch references
+    in one run, one fresh process per kernel, and write a results table naming GPU, driver,
+    CUDA, torch, date and the command, with a per-family geometric-mean summary.
+
+    Example: evo bench --targets benchmarks/targets.toml --profile-misses --out benchmarks/RESULTS.md
+    """
+    import shlex
+
+    import evo.tasks as T
+    from evaluators.pipeline import gpu_available
+    from evo.results.bench import bench as run_bench
+    from evo.results.bench import run_candidates, seed_candidates
+    from evo.store import StoreError
+
+    cs, hs = _stage_settings(config)
+    from evo.results.bench import TargetsError, load_targets
+
+    if profile_misses and targets is None:
+        _fail("--profile-misses needs --targets (a miss is a speedup below a target)")
+    try:
+        tg = load_targets(targets) if targets is not None else None
+    except TargetsError as e:
+        _fail(str(e))
+    try:
+        names = [T.get_task(t).name for t in task] + (T.task_names(family) if family else [])
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e))
+    if run:
+        from evo.cli_common import resolve_run
+
+        from dataclasses import replace as _replace
+
+        from evo.tasks.user import TaskFileError, load_run_task_files
+
+        with _open_reader(db) as store:
+            run = resolve_run(store, run)
+            try:
+                files = load_run_task_files(store.get_run(run).get("config"), run)
+                cands = run_candidates(store, run, set(names) or None)
+            except (StoreError, TaskFileError) as e:
+                _fail(str(e))
+        hs = _replace(hs, task_files=files)  # every bench child imports the run's task files
+        title = f"Champions of run {run} vs PyTorch references"
+    else:
+        cands = seed_candidates(names or T.task_names())
+        title = "Seed kernels vs PyTorch references"
+    if not cands:
+        _fail("nothing to benchmark: the run has no correct kernel for the chosen tasks")
+    if not gpu_available():
+        _fail("no CUDA GPU found on this machine: `evo bench` times kernels on the GPU it runs on")
+    command = "evo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    ps = None
+    if profile_misses:
+        from evaluators.profile import ProfileSettings
+        from evo.config import load_config
+
+        ps = load_config(config).profile_settings() if config is not None else ProfileSettings()
+    from evo.progress import StepProgress, progress_enabled
+
+    with StepProgress("bench", len(cands), enabled=progress_enabled(progress)) as bar:
+        rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,
+                         profile_settings=ps,
+                         on_row=lambda r: console.print(
+                             f"{r.task:24s} {r.shape:32s} {r.status:10s} "
+                             f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False),
+                         on_progress=lambda step, i, n: bar.update(
+                             {"compile": "compiling", "done": "done"}.get(step, f"measuring {step}"), i, n))
+    console.print(f"wrote {out} ({len(rows)} rows)")
+    raise typer.Exit(0 if all(r.status == "ok" for r in rows) else 1)
+
+
+def _stage_settings(config: Optional[Path]):
+    """``[compile]`` and ``[evaluator]`` settings from a config file, else the defaults."""
+    from evaluators.base import CompileSettings, HarnessSettings
+
+    if config is None:
+        return CompileSettings(), HarnessSettings()
+    from evo.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        _fail(str(e))
+    return cfg.compile_settings(), cfg.harness_settings()
+
+
+def check_family(family: str, families: list[str], task_files: list[Path]) -> None:
+    """One error line for an unknown ``--family``; ``user`` without ``--task-file`` says how."""
+    if family in families:
+        return
+    if family == "user" and not task_files:
+        _fail("--family user: user tasks come from task files; name one with --task-file FILE.py "
+              "(e.g. evo tasks --family user --task-file my_tasks.py; docs/tasks.md)")
+    if family == "user":
+        _fail(f"--family user: the task files given ({', '.join(map(str, task_files))}) define no task of "
+              "family 'user'")
+    _fail(f"unknown family {family!r}; known: {', '.join(families)}"
+          + ("" if "user" in families else ", user (with --task-file)"))
+
+
+def tasks_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``evo tasks --json`` rows: :func:`evo.tasks.task_table`'s, with ``shapes`` and
+    ``bench_shapes`` as lists of ``{dim: int}`` objects instead of printed strings."""
+    import evo.tasks as T
+
+    out = []
+    for r in rows:
+        task = T.get_task(r["name"])
+        d = {k: v for k, v in r.items() if k not in ("shapes", "bench_shape")}
+        d["shapes"] = [dict(s) for s in task.shapes]
+        d["bench_shapes"] = [dict(s) for s in task.benchmark_shapes]
+        out.append(d)
+    return out
+
+
+def render_tasks(rows: list[dict[str, Any]], gpu_name: str) -> RenderableType:
+    """``evo tasks``: the task name (what --task and configs take) always whole."""
+    t = _table(f"tasks (speed-of-light on {gpu_name})", [("task", "id"), "family", ("dtype", "word"),
+                                                          "benchmark shape", ("shapes", "num"), ("SOL ms", "num")])
+    for r in rows:
+        t.add_row(r["name"], r["family"], r["dtype"], escape(str(r["bench_shape"])), str(r["n_shapes"]),
+                  _fmt(r["sol_ms"], 4))
+    return t

@@ -1,0 +1,142 @@
+"""Search commands of the ``evo`` CLI: ``search`` (a run, or its ``--dry-run``) and
+``fake-llm`` (the local fake endpoint a search's LLM mutator can talk to); registered by
+:mod:`evo.cli`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from evo.cli_common import console
+from evo.cli_common import fail as _fail
+from evo.results.tables import fmt as _fmt
+
+__all__ = ["search", "fake_llm"]
+
+log = logging.getLogger(__name__)
+
+
+def search(
+    config: Path = typer.Argument(..., help="TOML config, e.g. configs/demo.toml."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Join an existing Ray cluster (also $RAY_ADDRESS); default: start a local one."
+    ),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN from its database."),
+    max_evals: Optional[int] = typer.Option(None, "--max-evals", help="Override search.max_evaluations."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate config, render seeds, run policy and compile them; no GPU needed."
+    ),
+    db: Optional[str] = typer.Option(None, "--db", help="Override run.db."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress table."),
+) -> None:
+    """Run an evolutionary search over the config's tasks (the main job).
+
+    Starts a local Ray instance unless --address/RAY_ADDRESS names a cluster, seeds one or
+    more islands per task, and keeps GPUs busy until the evaluation or time budget is spent.
+    Ctrl-C stops gracefully: in-flight work is recorded, nothing is half-written, and
+    `--resume RUN` continues later.
+
+    Example: evo search configs/demo.toml --max-evals 50
+    """
+    from evo.config import ConfigError, load_config
+
+    overrides: dict[str, Any] = {}
+    if max_evals is not None:
+        overrides["search.max_evaluations"] = max_evals
+    if db is not None:
+        overrides["run.db"] = db
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+    from evo import search as engine_mod
+
+    if dry_run:
+        from evo.progress import StepProgress, progress_enabled
+
+        try:
+            with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,
+                              enabled=progress_enabled(progress)) as bar:
+                report = engine_mod.dry_run(cfg, resume=resume,
+                                            on_progress=lambda t, i, n: bar.update(t, i, n))
+        except engine_mod.SearchError as e:
+            _fail(str(e))
+        _print_dry_run(report)
+        raise typer.Exit(0 if report["ok"] else 1)
+
+    from evaluators.pipeline import gpu_available
+
+    addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    if not addr and not gpu_available():
+        _fail(
+            "no CUDA GPU found on this machine (nvidia-smi lists none), and no Ray cluster was "
+            "named. `evo search` evaluates kernels on GPUs. Options: run on a machine with an "
+            "NVIDIA GPU (sm_90a: H100/H200), join a cluster that has GPUs with --address, or "
+            f"check the config, seeds and compiler here with: evo search {config} --dry-run"
+        )
+    try:
+        summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress)
+    except engine_mod.SearchError as e:
+        _fail(str(e))
+    console.print(f"run [bold]{summary.run_id}[/]: {summary.evaluations} evaluations, "
+                  f"{summary.correct} correct, stopped: {summary.stop_reason}")
+    _print_best(summary.best)
+    console.print(f"inspect: evo top {summary.run_id} --db {cfg.run.db}")
+
+
+def _print_dry_run(report: dict) -> None:
+    from evo.results.tables import table
+
+    t = table("dry run: seeds through policy and compile (no GPU used)",
+              [("task", "id"), ("policy", "word"), ("compile", "word"), ("seconds", "num"), "note"])
+    for row in report["seeds"]:
+        t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
+    console.print(t)
+    console.print(report["plan"])
+
+
+def _print_best(best: dict) -> None:
+    if not best:
+        return
+    from evo.results.tables import table
+
+    t = table("best per task", [("task", "id"), ("candidate", "id"), ("speedup", "num"), "operator"])
+    for task, row in sorted(best.items()):
+        t.add_row(task, row["id"][:12], _fmt(row["fitness"]), row["operator"])
+    console.print(t)
+
+
+def fake_llm(
+    cassette: Path = typer.Option(..., "--cassette", help="JSONL file of scripted answers (docs/llm.md)."),
+    port: int = typer.Option(8000, "--port", help="TCP port on 127.0.0.1 (0 = any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    dialect: str = typer.Option("lenient", "--dialect",
+                                help="lenient, openai (api.openai.com's parameter rules and error bodies) or vllm."),
+    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="Answer 400 over this window."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Answer 401 unless this bearer token is sent."),
+    models: str = typer.Option("", "--models", help="Comma-separated model ids served (others: 404)."),
+) -> None:
+    """Serve a cassette as a local OpenAI-compatible endpoint (demos and tests; no model).
+
+    Point a config's [[llm.models]] base_url at the printed URL. Ctrl-C stops it.
+
+    Example: evo fake-llm --cassette tests/fixtures/llm/lineage.jsonl --port 8011 --dialect openai
+    """
+    from mutators.fake_server import DIALECTS
+    from mutators.fake_server import main as serve
+
+    if not cassette.is_file():
+        _fail(f"{cassette}: no such cassette file")
+    if dialect not in DIALECTS:
+        _fail(f"--dialect {dialect}: unknown; known: {', '.join(DIALECTS)}")
+    argv = ["--cassette", str(cassette), "--port", str(port), "--host", host, "--dialect", dialect,
+            "--models", models]
+    argv += ["--context-tokens", str(context_tokens)] if context_tokens is not None else []
+    argv += ["--api-key", api_key] if api_key is not None else []
+    raise typer.Exit(serve(argv))

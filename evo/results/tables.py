@@ -1,0 +1,73 @@
+"""Terminal tables and values of the after-run views and the CLI.
+
+Tables (:func:`table`): id columns never wrap or shrink (a user types those ids next); the
+other columns wrap (fold) instead of being cut with an ellipsis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.table import Table
+
+__all__ = ["table", "fmt", "short_time"]
+
+
+def fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+class _IdTable(Table):
+    """A Table whose id columns' minimum width follows their longest value, so that even
+    the last-resort even shrinking of an over-wide table leaves every id whole."""
+
+    id_columns: tuple[int, ...] = ()
+
+    def add_row(self, *renderables: Any, **kw: Any) -> None:
+        from rich.text import Text
+
+        for i in self.id_columns:
+            if i < len(renderables) and renderables[i] is not None:
+                cell = renderables[i]
+                width = (Text.from_markup(cell) if isinstance(cell, str) else Text(str(cell))).cell_len
+                col = self.columns[i]
+                col.min_width = max(col.min_width or 0, width)
+        super().add_row(*renderables, **kw)
+
+
+def table(title: str, columns: Iterable[str | tuple[str, str]], **kw: Any) -> Table:
+    """A rich table whose columns are ``name`` (text: wraps, folds long words, never cut)
+    or ``(name, kind)`` with kind ``"id"`` (never wraps or shrinks: the value is typed next),
+    ``"num"`` (right-aligned, no wrap), ``"word"`` (a short word: no wrap) or ``"text"``."""
+    from rich import box
+
+    # A header rule and single spaces between columns (no vertical borders): 80 columns fit
+    # six or seven columns with every id whole.
+    style: dict[str, Any] = {"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False}
+    t = _IdTable(title=title, **{**style, **kw})
+    ids = []
+    for col in columns:
+        name, kind = (col, "text") if isinstance(col, str) else col
+        if kind == "id":
+            ids.append(len(t.columns))
+            t.add_column(name, no_wrap=True, overflow="fold", min_width=len(name))
+        elif kind == "num":
+            t.add_column(name, no_wrap=True, justify="right")
+        elif kind == "word":
+            t.add_column(name, no_wrap=True, overflow="fold")
+        elif kind == "text":
+            t.add_column(name, overflow="fold")
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"column kind {kind!r}: use 'id', 'num', 'word' or 'text'")
+    t.id_columns = tuple(ids)
+    return t
+
+
+def short_time(iso: Any) -> str:
+    """``2026-12-03T07:30:12.345+00:00`` -> ``2026-12-03 07:30`` (tables; JSON keeps the full value)."""
+    text = "" if iso is None else str(iso)
+    return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text
