@@ -85,7 +85,7 @@ def test_a_result_file_from_a_child_that_died_is_a_crash(tmp_path):
 
 def test_the_harness_loads_task_files_and_siblings_in_a_fresh_process():
     code = textwrap.dedent(f"""
-        from evaluators.harness import _load_task, TaskLoadError
+        from evaluators.child.harness import _load_task, TaskLoadError
         t = _load_task("rowargmax", [{str(ARGMAX_TASK)!r}])
         assert t.family == "user" and t.seed.endswith("my_argmax_seed.cu"), t
         try:
@@ -335,7 +335,7 @@ def _argmax_task(**kw):
 
 
 def _run(task, kernel):
-    from evaluators.correctness import check_correctness
+    from evaluators.child.correctness import check_correctness
 
     return check_correctness(task, kernel, device="cpu", trials=3, seed=1)
 
@@ -374,7 +374,7 @@ def test_boolean_outputs_catch_unwritten_elements():
     from evo.tasks.tolerance import check, check_deterministic
 
     ref = torch.tensor([True, False, True])
-    from evaluators.correctness import poison_
+    from evaluators.child.correctness import poison_
 
     out = poison_(torch.empty(3, dtype=torch.bool))
     out[1] = False  # two elements unwritten
