@@ -16,7 +16,6 @@ hole in the evaluator. Used by ``tests/gpu/test_selftest.py`` and ``benchmarks/l
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import logging
 import os
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evaluators.isolation import HarnessJob, run_isolated
+from evaluators.pipeline import compile_all, run_built
 from evo.records import Candidate, Operator, StageResult, Status
 
 __all__ = ["SELFTEST_KERNELS", "SelftestRow", "selftest_sources", "run_selftest"]
@@ -155,14 +154,6 @@ class SelftestRow:
         return self.stage.status is not Status.OK and self.stage.status is not Status.SKIPPED
 
 
-def _build(task: str, name: str, source: str, params: dict[str, str],
-           settings: CompileSettings) -> tuple[str, str, Candidate, object]:
-    from evaluators.compile import compile_candidate
-
-    cand = Candidate.create(task, source, params, operator=Operator.USER, notes=f"selftest:{name}")
-    return task, name, cand, compile_candidate(cand, settings)
-
-
 def run_selftest(
     tasks: Iterable[str],
     compile_settings: CompileSettings,
@@ -195,20 +186,15 @@ def run_selftest(
     rows: list[SelftestRow] = []
     log.info("self-test: building %d kernels for %d tasks", len(builds), len(tasks))
     t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 4) as pool:
-        futs = [pool.submit(_build, t, n, s, p, compile_settings) for t, n, s, p in builds]
-        built = [f.result() for f in futs]
+    cands = [Candidate.create(t, s, p, operator=Operator.USER, notes=f"selftest:{n}") for t, n, s, p in builds]
+    outcomes = compile_all(cands, compile_settings, jobs=jobs or os.cpu_count() or 4)
     log.info("self-test: built in %.0f s; checking each on the GPU", time.monotonic() - t0)
-    for task, name, cand, outcome in built:
-        res = outcome.result  # type: ignore[attr-defined]
-        if not res.passed or not outcome.so_bytes:  # type: ignore[attr-defined]
+    for (task, name, _, _), cand, outcome in zip(builds, cands, outcomes):
+        res = outcome.result
+        if not res.passed or not outcome.so_bytes:
             raise RuntimeError(f"self-test kernel {name!r} for {task} did not compile: "
                                f"{res.reason}\n{res.artifacts.get('log', '')[:2000]}")
-        rep = run_isolated(
-            HarnessJob(task=task, candidate_id=cand.id, so_bytes=outcome.so_bytes,  # type: ignore[attr-defined]
-                       params=cand.params, mode="check"),
-            hs,
-        )
+        rep = run_built(cand, outcome.so_bytes, hs, mode="check")
         st = rep.stage("correctness") or rep.stages[0]
         rows.append(SelftestRow(task, name, st))
         log.info("selftest %-22s %-9s -> %s: %s", task, name, st.status.value, st.reason[:160])

@@ -28,7 +28,6 @@ This is a development tool: benchmarks/RESULTS.md comes from ``evo bench``.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import dataclasses
 import json
 import logging
@@ -93,11 +92,9 @@ def parse_variant(item: str) -> tuple[str, dict[str, str]]:
 def _compile_all(cands: list, jobs: int) -> list:
     """Compile outcomes of ``cands`` (same order), built in parallel into ``.evo/cache``."""
     from evaluators.base import CompileSettings
-    from evaluators.compile import compile_candidate
+    from evaluators.pipeline import compile_all
 
-    cs = CompileSettings(cache_dir=str(ROOT / ".evo" / "cache"))
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda c: compile_candidate(c, cs), cands))
+    return compile_all(cands, CompileSettings(cache_dir=str(ROOT / ".evo" / "cache")), jobs=jobs)
 
 
 def seed_and_reference(name: str, so: Path, shape: dict, device):
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     from evaluators.base import HarnessSettings
-    from evaluators.isolation import HarnessJob, run_isolated
+    from evaluators.pipeline import run_built
     from evo.records import Status
     from evo.tasks import get_task
 
@@ -186,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(f"| {e['label']} | {e['task']} | | | | | | compile {b.result.status.value}: "
                         f"{b.result.reason[:160].replace('|', '/')} |")
             continue
-        rep = run_isolated(HarnessJob(task=e["task"], candidate_id=c.id, so_bytes=b.so_bytes,
-                                      params=c.params, mode=e["mode"]), hs)
+        rep = run_built(c, b.so_bytes, hs, mode=e["mode"])
         (args.out / f"{i:03d}.json").write_text(json.dumps(
             {"entry": e, "fitness": rep.fitness, "env": rep.env,
              "stages": [dataclasses.asdict(s) for s in rep.stages]}, default=str, indent=1))

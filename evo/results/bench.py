@@ -10,7 +10,6 @@ and the command, and is rewritten after every kernel so a run cut short keeps it
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import datetime as dt
 import logging
@@ -319,8 +318,7 @@ def bench(
     """
     import json
 
-    from evaluators.compile import compile_candidate
-    from evaluators.isolation import HarnessJob, run_isolated
+    from evaluators.pipeline import compile_all, run_built
 
     total = len(candidates)
 
@@ -329,11 +327,8 @@ def bench(
             on_progress(step, done, total)
 
     note("compile", 0)
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(compile_candidate, c, compile_settings) for c in candidates]
-        for n, _ in enumerate(cf.as_completed(futures), 1):
-            note("compile", n)
-        built = [(c, f.result()) for c, f in zip(candidates, futures)]
+    outcomes = compile_all(candidates, compile_settings, jobs=jobs, on_built=lambda n: note("compile", n))
+    built = list(zip(candidates, outcomes))
     rows: list[BenchRow] = []
     env: dict[str, str] = {}
     sos: dict[str, bytes] = {}
@@ -346,8 +341,7 @@ def bench(
         else:
             sos[cand.id] = outcome.so_bytes
             log.info("checking and timing %s (%s)", cand.task, cand.short_id)
-            report = run_isolated(HarnessJob(task=cand.task, candidate_id=cand.id, so_bytes=outcome.so_bytes,
-                                             params=cand.params, mode="check+time"), harness_settings)
+            report = run_built(cand, outcome.so_bytes, harness_settings, mode="check+time")
             env = env or dict(report.env)
             if log_dir is not None:
                 log_dir.mkdir(parents=True, exist_ok=True)
