@@ -116,7 +116,7 @@ def _task_registry_restored():
     import sys
 
     reg = sys.modules.get("evo.tasks.registry")
-    cfg = sys.modules.get("evo.config")
+    cfg = sys.modules.get("evo.config.sections")
     saved = dict(reg._REGISTRY) if reg is not None else None
     memo = set(cfg._LOADED_TASK_FILES) if cfg is not None else None
     yield
@@ -127,7 +127,7 @@ def _task_registry_restored():
                 saved = {k: t for k, t in reg._REGISTRY.items() if t.family != "user"}
             reg._REGISTRY.clear()
             reg._REGISTRY.update(saved)
-    cfg = sys.modules.get("evo.config")
+    cfg = sys.modules.get("evo.config.sections")
     if cfg is not None:
         cfg._LOADED_TASK_FILES.clear()
         cfg._LOADED_TASK_FILES.update(memo or ())

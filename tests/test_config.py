@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import evo.config as config_mod
+import evo.config.sections as config_mod
 import evo.tasks
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.config import (
@@ -645,7 +645,7 @@ def test_removed_key_says_what_to_do(registry):
 def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
     """The generator's contract, on a record of its own: key names and order, defaults
     (scaled), bounds, patterns and path keys come from the ``config_key`` declarations."""
-    from evo.config import _record, section_model
+    from evo.config.fields import record, section_model
     from evo.settings import config_key
 
     @dataclasses.dataclass(frozen=True)
@@ -660,8 +660,8 @@ def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
     assert list(model.model_fields) == ["n", "wall_minutes", "tag", "out"]
     sec = model()
     assert (sec.n, sec.wall_minutes, sec.tag, sec.out) == (5, 2.0, "ab", Path.cwd() / "x/out")
-    assert _record(sec, Rec, by_code="set") == Rec(out=str(Path.cwd() / "x/out"), by_code="set")
-    assert _record(model(wall_minutes=1.5), Rec).wall_s == 90.0
+    assert record(sec, Rec, by_code="set") == Rec(out=str(Path.cwd() / "x/out"), by_code="set")
+    assert record(model(wall_minutes=1.5), Rec).wall_s == 90.0
     for bad in ({"n": 2}, {"n": 10}, {"wall_minutes": 0}, {"tag": "A"}, {"by_code": "x"}):
         with pytest.raises(ValidationError):
             model(**bad)
