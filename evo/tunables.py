@@ -29,7 +29,7 @@ import ast
 import logging
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 __all__ = [
     "Tunable",
@@ -42,6 +42,7 @@ __all__ = [
     "violated_constraints",
     "evaluate_constraint",
     "check_tunable_defaults",
+    "constraint_checker",
 ]
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,27 @@ def violated_constraints(source: str, params: Mapping[str, object] | None = None
         if not ok:
             out.append(f"line {c.line}: {c.expr}")
     return out
+
+
+def constraint_checker(source: str) -> Callable[[Mapping[str, object]], bool]:
+    """``ok(values)``: does a full assignment of ``source``'s tunables satisfy every
+    ``@constraint``? Parsed and compiled once, for callers that check many points (the
+    tuning sampler, enumerating a space); an expression that cannot be evaluated counts as
+    violated, as in :func:`violated_constraints`."""
+    consts = parse_int_constants(source)
+    trees = [_compile_expr(c.expr, c.line) for c in parse_constraints(source)]
+
+    def ok(values: Mapping[str, object]) -> bool:
+        env: dict[str, int | str] = dict(consts)
+        for name, value in values.items():
+            v = _as_str(value)
+            env[name] = int(v) if _INT_RE.match(v) else v
+        try:
+            return all(_Evaluator(env).visit(tree) for tree in trees)
+        except TunableError:
+            return False
+
+    return ok
 
 
 def evaluate_constraint(expr: str, values: Mapping[str, int | str]) -> int:

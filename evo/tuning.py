@@ -8,11 +8,22 @@ A survivor (a correct candidate that entered its island's top-k, see
 - **parent first**: the survivor's own values are enqueued as the first trial; when the
   caller knows its fitness (``parent_fitness``) that trial is told at once, without a
   compile, so every later trial is compared against a real, stored number;
-- **constraints before compiling**: a sampled point violating an ``// @constraint`` is
-  told ``PRUNED`` (reason in the trial's user attributes) and never leaves :meth:`ask`;
+- **constraint-aware sampling**: the sampler is :class:`FeasibleSampler`, which draws each
+  tunable in declaration order and keeps the TPE choice only when the point stays feasible
+  with the tunables not drawn yet at the parent's values, else the nearest feasible choice;
+  so every point it returns satisfies the ``// @constraint`` lines and no trial is spent
+  on an infeasible point. A point that still violates one (a parent that breaks its own
+  constraints) is told ``PRUNED`` (reason in the trial's user attributes) and never leaves
+  :meth:`ask`;
+- **seeded with known points**: ``known`` (the run's evaluations of the same task and
+  source, :class:`evo.survivors.Survivors` passes them) are added to the study as finished
+  trials before the first ask, so TPE starts from what the search already measured and a
+  known configuration is never evaluated again;
 - **no repeats**: a point equal to an earlier trial's (TPE may resample a categorical
-  point) is told that trial's outcome again, also without a compile; a point whose
-  candidate id the caller already evaluated (``lookup``) is told that evaluation;
+  point) is told that trial's outcome again, also without a compile, and the nearest
+  untried feasible point (one tunable moved) is enqueued as the next trial, so a TPE that
+  has settled on its best keeps exploring around it; a point whose candidate id the caller
+  already evaluated (``lookup``) is told that evaluation;
 - **failures are data**: :meth:`tell` records compile errors, incorrect results, crashes
   and timeouts as ``FAIL`` trials with ``status``, ``stage`` and ``reason`` attributes;
   correct ones complete with value = fitness (maximised);
@@ -40,7 +51,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import optuna
 
@@ -54,7 +65,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from evo.records import Candidate, Evaluation, Operator, canonical_params
-from evo.tunables import parse_tunables, resolve_params, violated_constraints
+from evo.tunables import TunableError, constraint_checker, parse_tunables, resolve_params, violated_constraints
 from evo.tuning_settings import TuningSettings  # the [tuning] record; defined apart so evo.config need not import Optuna
 
 __all__ = [
@@ -63,6 +74,7 @@ __all__ = [
     "TrialRecord",
     "TuneSummary",
     "TuningStudy",
+    "FeasibleSampler",
     "study_name",
     "journal_path",
     "open_storage",
@@ -75,6 +87,21 @@ log = logging.getLogger(__name__)
 #: How many asks that need no evaluation (pruned, duplicate, known) one evaluated trial may
 #: cost at most before a study gives up: a guard for nearly-infeasible spaces.
 DEFAULT_ASK_FACTOR = 20
+
+
+#: Spaces up to this many points have their feasible points counted when a study opens
+#: (so a study knows when it has tried them all); larger ones stop on ``max_asks``.
+COUNT_FEASIBLE_UP_TO = 20_000
+
+
+def _feasible_size(source: str, tunables, space_size: int) -> int | None:
+    if space_size > COUNT_FEASIBLE_UP_TO:
+        return None
+    import itertools
+
+    ok = constraint_checker(source)
+    names = [t.name for t in tunables]
+    return sum(1 for combo in itertools.product(*(t.choices for t in tunables)) if ok(dict(zip(names, combo))))
 
 
 class TuningError(ValueError):
@@ -141,6 +168,56 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return canonical_params(params)
 
 
+class FeasibleSampler(optuna.samplers.BaseSampler):
+    """A sampler (``base``, TPE by default) that only returns points satisfying ``source``'s
+    constraints, given a feasible ``anchor`` point (the parent's values).
+
+    Tunables are drawn one at a time, in the order of ``anchor`` (the declaration order);
+    the invariant is that the values drawn so far, with every tunable not drawn yet at the
+    anchor's value, are feasible. The base sampler's choice is kept when it keeps that
+    invariant, else the nearest choice (by position in the declared set, lower first on a
+    tie) that does; the anchor's own value always does, so a point is always found and
+    every drawn point is feasible. Relative (multivariate) sampling is off: each parameter
+    goes through :meth:`sample_independent`, where the check happens. With an infeasible
+    anchor the base's choices are kept as they are.
+    """
+
+    def __init__(self, source: str, anchor: Mapping[str, str], base: optuna.samplers.BaseSampler | None = None,
+                 *, seed: int = 0) -> None:
+        self.base = base or optuna.samplers.TPESampler(seed=seed)
+        self.anchor = dict(anchor)
+        self.ok = constraint_checker(source)
+        self.anchor_feasible = self.ok(self.anchor)
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        value = self.base.sample_independent(study, trial, param_name, param_distribution)
+        if not self.anchor_feasible or param_name not in self.anchor:
+            return value
+        choices = list(param_distribution.choices)
+        at = choices.index(value)
+        drawn = {k: str(v) for k, v in trial.params.items()}
+        for i in sorted(range(len(choices)), key=lambda i: (abs(i - at), i)):
+            point = {**self.anchor, **drawn, param_name: str(choices[i])}
+            if self.ok(point):
+                return choices[i]
+        return value  # unreachable with a feasible anchor (its own value keeps the invariant)
+
+    def before_trial(self, study, trial):
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values):
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
 class TuningStudy:
     """One Optuna study over ``parent``'s tunables (see the module docstring).
 
@@ -148,8 +225,11 @@ class TuningStudy:
     object may send to evaluation (resumed studies run ``n_trials`` more). ``parent_fitness``:
     the survivor's fitness when known (its trial is then told without an evaluation).
     ``lookup(candidate_id) -> Evaluation | None``: evaluations the caller already has
-    (e.g. the run's store), told without re-evaluating. ``on_trial(record)``: called for
-    every trial this object finishes (store it). ``max_asks``: cap on asks (default
+    (e.g. the run's store), told without re-evaluating. ``known``: ``(params, evaluation)``
+    of points already evaluated with the parent's source, added to the study as finished
+    trials (``origin = known``) before the first ask; points outside the declared sets and
+    points the study holds already are skipped. ``on_trial(record)``: called for every
+    trial this object finishes or adds (store it). ``max_asks``: cap on asks (default
     ``DEFAULT_ASK_FACTOR * n_trials``).
     """
 
@@ -163,6 +243,7 @@ class TuningStudy:
         n_trials: int = 16,
         parent_fitness: float | None = None,
         lookup: Callable[[str], Evaluation | None] | None = None,
+        known: Iterable[tuple[Mapping[str, Any], Evaluation]] = (),
         on_trial: Callable[[TrialRecord], None] | None = None,
         max_asks: int | None = None,
         quiet: bool = True,
@@ -182,6 +263,8 @@ class TuningStudy:
         self.parent_fitness = parent_fitness
         self.distributions = {t.name: CategoricalDistribution(list(t.choices)) for t in self.tunables}
         self.space_size = math.prod(len(t.choices) for t in self.tunables)
+        self.feasible_size = _feasible_size(parent.source, self.tunables, self.space_size)
+        self._ok = constraint_checker(parent.source)
         self.lookup = lookup
         self.on_trial = on_trial
         self.max_asks = int(max_asks) if max_asks is not None else DEFAULT_ASK_FACTOR * max(self.n_trials, 1)
@@ -191,7 +274,7 @@ class TuningStudy:
         self.storage = open_storage(storage)
         self.study = optuna.create_study(
             storage=self.storage, study_name=self.name, direction="maximize",
-            sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True,
+            sampler=FeasibleSampler(parent.source, self.parent_params, seed=seed), load_if_exists=True,
         )
         attrs = self.study.user_attrs
         if attrs.get("parent_id") not in (None, parent.id):
@@ -222,7 +305,29 @@ class TuningStudy:
                 self._asked_points.add(_key(t.params))
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and _key(t.params) not in self._outcome:
                 self._outcome[_key(t.params)] = (t.state, t.value, t.number)
+        self._add_known(known)
         self.study.enqueue_trial(dict(self.parent_params), user_attrs={"origin": "parent"}, skip_if_exists=True)
+
+    def _add_known(self, known: Iterable[tuple[Mapping[str, Any], Evaluation]]) -> None:
+        for raw, ev in known:
+            try:
+                params = resolve_params(self.parent.source, raw)
+            except TunableError:
+                continue  # another source's tunables: not a point of this space
+            key = _key(params)
+            if key in self._asked_points:
+                continue
+            good = ev.correct and ev.fitness is not None and math.isfinite(ev.fitness)
+            state = TrialState.COMPLETE if good else TrialState.FAIL
+            value = float(ev.fitness) if good else None
+            attrs = {"origin": "known", "candidate_id": ev.candidate_id, "evaluated": False}
+            self.study.add_trial(optuna.trial.create_trial(
+                params=dict(params), distributions=self.distributions, value=value, state=state, user_attrs=attrs))
+            number = len(self.study.get_trials(deepcopy=False)) - 1
+            self._asked_points.add(key)
+            self._outcome[key] = (state, value, number)
+            self._emit(TrialRecord(number, dict(params), "complete" if good else "failed", value, ev.candidate_id,
+                                   "known: evaluated before the study", False))
 
     # ------------------------------------------------------------------ state
 
@@ -237,8 +342,15 @@ class TuningStudy:
 
     @property
     def exhausted(self) -> bool:
-        """Every point of the space was tried (or pruned)."""
-        return len(self._asked_points) >= self.space_size
+        """Every point of the space was tried (or pruned), or every feasible point when the
+        space is small enough to count them (:data:`COUNT_FEASIBLE_UP_TO`): the sampler
+        never returns an infeasible one."""
+        tried = len(self._asked_points)
+        return tried >= self.space_size or (self.feasible_size is not None
+                                            and len(self._asked_points & self._feasible_keys()) >= self.feasible_size)
+
+    def _feasible_keys(self) -> set[tuple]:
+        return {k for k in self._asked_points if self._ok(dict(k))}
 
     @property
     def done(self) -> bool:
@@ -295,6 +407,9 @@ class TuningStudy:
             prior = self._outcome.get(key)
             if prior is not None or any(_key(c.params_dict) == key for _, c in self._running.values()):
                 self._tell_repeat(trial, params, prior)
+                step = self._untried_neighbour(params)
+                if step is not None:  # TPE keeps returning a known point: try next to it instead
+                    self.study.enqueue_trial(step, user_attrs={"origin": f"neighbour of trial {trial.number}"})
                 continue
             cand = self._candidate(trial.number, params)
             if cand.id == self.parent.id and self.parent_fitness is not None:
@@ -308,6 +423,22 @@ class TuningStudy:
             self._running[trial.number] = (trial, cand)
             self._issued += 1
             return trial.number, cand
+        return None
+
+    def _untried_neighbour(self, params: Mapping[str, str]) -> dict[str, str] | None:
+        """The feasible point nearest to ``params`` that no trial has tried and none is
+        running: one tunable moved, the smallest move in its declared set first (tunables in
+        declaration order break ties); None when every such point was tried."""
+        running = {_key(c.params_dict) for _, c in self._running.values()}
+        moves = []
+        for order, t in enumerate(self.tunables):
+            at = t.choices.index(params[t.name])
+            moves += [(abs(i - at), order, c) for i, c in enumerate(t.choices) if i != at]
+        for _, order, value in sorted(moves):
+            point = {**params, self.tunables[order].name: value}
+            key = _key(point)
+            if key not in self._asked_points and key not in running and self._ok(point):
+                return point
         return None
 
     def _tell_repeat(self, trial: optuna.Trial, params: dict[str, str], prior) -> None:
@@ -435,19 +566,9 @@ def make_local_evaluate(compile_settings: Any, harness_settings: Any,
     The CLI's evaluate callable for :func:`tune_once`. A failing stage stops the cascade and
     its result is the evaluation (the study records it as a failed trial).
     """
-    from evaluators.compile import compile_candidate
-    from evaluators.pipeline import evaluate_built
-
-    if policy is None:
-        from evaluators.policy import check_policy as policy
+    from evaluators.pipeline import build_and_run
 
     def evaluate(cand: Candidate) -> Evaluation:
-        pol = policy(cand.source)
-        if not pol.passed:
-            return Evaluation(cand.id, (pol,))
-        out = compile_candidate(cand, compile_settings)
-        if not out.result.passed or not out.so_bytes:
-            return Evaluation(cand.id, (pol, out.result))
-        return evaluate_built(cand, out.so_bytes, harness_settings, prior=(pol, out.result))
+        return build_and_run(cand, compile_settings, harness_settings, policy=policy)
 
     return evaluate

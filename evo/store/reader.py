@@ -522,17 +522,21 @@ class StoreReader:
 
     def champions(self, run_id: str) -> list[dict[str, Any]]:
         """Current champions of the run, one per task (task order): run_id, task,
-        candidate_id, fitness, confirmation (dict), updated."""
+        candidate_id, fitness, confirmation (dict), updated, verdict, and gain: the speedup
+        over the baseline it was timed against (ratio, low, high, confidence, rounds, method,
+        baseline) or None when none was measured."""
         with self._snapshot() as conn:
-            return [
-                {"run_id": run_id, "task": t, "candidate_id": c, "fitness": f,
-                 "confirmation": _loads(conf, {}), "updated": u}
-                for t, c, f, conf, u in conn.execute(
-                    "SELECT task, candidate_id, fitness, confirmation, updated FROM champions "
+            out = []
+            for t, c, f, conf, u, ratio, low, high, level, rounds, method, base, verdict in conn.execute(
+                    "SELECT task, candidate_id, fitness, confirmation, updated, gain_ratio, gain_low, gain_high, "
+                    "gain_confidence, gain_rounds, gain_method, gain_baseline, verdict FROM champions "
                     "WHERE run_id = ? ORDER BY task",
-                    [run_id],
-                )
-            ]
+                    [run_id]):
+                gain = None if ratio is None else {"ratio": ratio, "low": low, "high": high, "confidence": level,
+                                                   "rounds": rounds, "method": method, "baseline": base}
+                out.append({"run_id": run_id, "task": t, "candidate_id": c, "fitness": f,
+                            "confirmation": _loads(conf, {}), "updated": u, "verdict": verdict, "gain": gain})
+            return out
 
     # ---- events -------------------------------------------------------------------------
 

@@ -220,7 +220,24 @@ def _m0001_initial(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial_schema", _m0001_initial),)
+#: Columns of a champion's gain over its baseline (``evo.survivors.SpeedupInterval``).
+CHAMPION_GAIN_COLUMNS: dict[str, type] = {
+    "gain_ratio": float, "gain_low": float, "gain_high": float, "gain_confidence": float,
+    "gain_rounds": int, "gain_method": str, "gain_baseline": str, "verdict": str,
+}
+
+
+def _m0002_champion_gain(db: sqlite_utils.Database) -> None:
+    """Champions keep the confidence interval of their speedup over the baseline they were
+    timed against (NULL: no baseline, e.g. the seed itself, or a run from before)."""
+    for name, kind in CHAMPION_GAIN_COLUMNS.items():
+        db["champions"].add_column(name, kind)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial_schema", _m0001_initial),
+    Migration(2, "champion_gain", _m0002_champion_gain),
+)
 
 
 def check_migrations(migrations: Sequence[Migration]) -> int:

@@ -427,17 +427,27 @@ class Store(StoreReader):
         self, run_id: str, task: str, cid: str, fitness: float, confirmation: Mapping[str, Any]
     ) -> None:
         """Make ``cid`` the run's champion for ``task`` (replacing the previous one) and log a
-        ``champion`` event, so the history of champions stays in ``events``."""
+        ``champion`` event, so the history of champions stays in ``events``.
+
+        A ``confirmation`` with a ``gain`` (``evo.survivors.SpeedupInterval.as_dict``: ratio,
+        low, high, confidence, rounds, method) and ``baseline_id`` also fills the champion's
+        gain columns, and its ``verdict``."""
         self._check_writable("set a champion")
+        gain = confirmation.get("gain") or {}
         with self.transaction():
             self._require_run(run_id)
             if self._conn.execute("SELECT 1 FROM candidates WHERE id = ?", [cid]).fetchone() is None:
                 raise UnknownIdError(f"cannot crown unknown candidate {cid[:16]!r}: add it first", query=cid)
             conf = _dumps(dict(confirmation))
             self._conn.execute(
-                "INSERT OR REPLACE INTO champions (run_id, task, candidate_id, fitness, confirmation, updated) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [run_id, task, cid, _float_or_none(fitness), conf, _now()],
+                "INSERT OR REPLACE INTO champions (run_id, task, candidate_id, fitness, confirmation, updated, "
+                "gain_ratio, gain_low, gain_high, gain_confidence, gain_rounds, gain_method, gain_baseline, verdict) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, task, cid, _float_or_none(fitness), conf, _now(),
+                 _float_or_none(gain.get("ratio")), _float_or_none(gain.get("low")),
+                 _float_or_none(gain.get("high")), _float_or_none(gain.get("confidence")),
+                 gain.get("rounds"), gain.get("method"), confirmation.get("baseline_id"),
+                 confirmation.get("verdict")],
             )
             self._event(run_id, "champion", {"task": task, "candidate_id": cid, "fitness": fitness})
 
