@@ -104,3 +104,11 @@ class HarnessSettings:
     timeout_time_s: float | None = None
     #: Why the per-child timeouts have their values (quoted in a timeout's reason).
     timeout_note: str = ""
+    #: What fitness is measured against: the task's reference run eagerly, or under
+    #: ``torch.compile`` (:mod:`evaluators.child.reference`; compiled before the candidate
+    #: is loaded, warm-up outside the clock). Every timing records which, and both speedups
+    #: when both were timed.
+    reference: str = config_key("eager", pattern=r"^(eager|compile)$")
+    #: Also time the compiled reference when fitness is against eager (``evo bench`` sets
+    #: it): the timing then carries both speedups.
+    time_compiled_reference: bool = False

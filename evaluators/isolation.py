@@ -86,6 +86,8 @@ _HARNESS_FIXES = {
     "cuda": "run the GPU stages on a machine whose GPU the harness can see (nvidia-smi, and "
             "`python -c \"import torch; print(torch.cuda.is_available())\"` with the same Python)",
     "sandbox": "see docs/SECURITY.md for the sandbox's switches (EVO_SANDBOX_*)",
+    "reference": "torch.compile cannot compile this task's reference: set [evaluator] reference = "
+                 "\"eager\" (fitness against eager PyTorch), or make the reference compilable",
     "bug": "this is a bug in the harness: report it with the log file's traceback",
 }
 
@@ -130,6 +132,10 @@ class ShapeTiming:
     ref_iqr_ms: float
     speedup: float
     sol_ms: float | None = None
+    #: against the reference under torch.compile, when it was timed (evaluators.child.reference)
+    compile_ref_median_ms: float | None = None
+    compile_ref_iqr_ms: float | None = None
+    compile_speedup: float | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +298,8 @@ def _parse_result(data: Mapping[str, Any], seconds: float, rc: int) -> HarnessRe
             ref_iqr_ms=float(t["ref_iqr_ms"]),
             speedup=float(t["speedup"]),
             sol_ms=None if t.get("sol_ms") is None else float(t["sol_ms"]),
+            **{k: float(t[k]) for k in ("compile_ref_median_ms", "compile_ref_iqr_ms", "compile_speedup")
+               if t.get(k) is not None},
         )
         for t in data.get("timings", [])
     )

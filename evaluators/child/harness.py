@@ -235,6 +235,53 @@ def _sol_fn(task: Any) -> Any:
     return lambda shape: speed_of_light_ms(task, shape, gpu, bandwidth_gbs=gpu.datasheet_bandwidth_gbs)
 
 
+def _prepare_references(task: Any, job: dict[str, Any], settings: dict[str, Any],
+                        env: dict[str, str]) -> list[Any] | None:
+    """The references the timing stage times (:mod:`evaluators.child.reference`), the
+    compiled one already compiled for every benchmark shape; None: eager only.
+
+    Compiling here, before the candidate is loaded and before seccomp, keeps inductor's
+    compilers (they exec) outside the confined part and compile time outside every clock.
+    A compile failure raises :class:`~evaluators.child.reference.ReferenceCompileError` when
+    fitness is against the compiled reference (our failure: the run cannot measure what it
+    was asked to); otherwise it is recorded in ``env["reference_compile_error"]`` and only
+    the eager reference is timed.
+    """
+    import torch
+
+    from evaluators.child.reference import COMPILE_MODE, ReferenceCompileError, references_for, warm_up
+
+    basis = str(settings.get("reference") or "eager")
+    env["reference"] = basis
+    if basis != "compile" and not settings.get("time_compiled_reference"):
+        return None
+    env["reference_compile_mode"] = COMPILE_MODE
+    bench = job.get("bench_shapes")
+    if bench is None:
+        bench = list(range(min(task.bench_shapes, len(task.shapes))))
+    dev = torch.device("cuda")
+    try:
+        refs = references_for(task, basis=basis, time_compiled=True)
+        with torch.no_grad():
+            for si in bench:
+                gen = torch.Generator(device=dev)
+                gen.manual_seed(int(job["seed"]) + si)
+                dist = task.distributions[0] if task.distributions else "normal"
+                ins = tuple(task.make_inputs(dict(task.shapes[si]), gen, dist, dev))
+                warm_up(task.name, refs[1:], [ins], 1, torch.cuda.synchronize)
+                del ins
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except ReferenceCompileError as e:
+        if basis == "compile":
+            raise
+        env["reference_compile_error"] = str(e)
+        log.warning("%s; timing against the eager reference only", e)
+        return None
+    env["reference_compile_s"] = f"{refs[1].compile_s:.3f}"
+    return refs
+
+
 def _crash(stage: str, reason: str, tb: str = "") -> StageResult:
     arts = {"traceback": tb[-4000:]} if tb else {}
     return StageResult(stage, Status.CRASH, reason, {}, arts)
@@ -266,6 +313,8 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     torch.set_float32_matmul_precision("highest")
     stream = torch.cuda.Stream()
     env = _env_info(torch, settings)
+    # Before the gate (off the critical path) and before seccomp (inductor runs compilers):
+    references = _prepare_references(task, job, settings, env) if mode in ("check+time", "time-only") else None
     if job.get("gate"):
         _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
@@ -329,6 +378,7 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
                     warmup=int(settings["warmup"]), reps=int(settings["reps"]),
                     flush_mb=int(settings["flush_mb"]), seed=seed, stream=stream,
                     sol_ms=_sol_fn(task), progress=state.progress, device_guard=guard,
+                    references=references, basis=str(settings.get("reference") or "eager"),
                 )
                 state.candidate_ran = True
                 stages.append(tres)
@@ -336,7 +386,8 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
                     fitness = tres.metrics.get("fitness")
                     timings = [
                         {k: r[k] for k in ("shape", "median_ms", "iqr_ms", "ref_median_ms",
-                                           "ref_iqr_ms", "speedup", "sol_ms")}
+                                           "ref_iqr_ms", "speedup", "sol_ms", "compile_ref_median_ms",
+                                           "compile_ref_iqr_ms", "compile_speedup") if k in r}
                         for r in tres.metrics.get("shapes", [])
                     ]
             elif mode != "check":
@@ -385,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - harness bug: report, exit nonzero
         from evaluators.sandbox import SandboxError
 
-        kind = "task" if isinstance(e, TaskLoadError) else "sandbox" if isinstance(e, SandboxError) else "bug"
+        from evaluators.child.reference import ReferenceCompileError
+
+        kind = ("task" if isinstance(e, TaskLoadError) else "sandbox" if isinstance(e, SandboxError)
+                else "reference" if isinstance(e, ReferenceCompileError) else "bug")
         if "sees no CUDA device" in str(e):
             kind = "cuda"
         _write_json(jobdir / "error.json",

@@ -25,7 +25,10 @@ rep so clock and thermal drift hit both alike:
   ``metrics["needs_reconfirm"]`` (the engine re-times it in a fresh process first).
 
 fitness = geometric mean over shapes of ``ref_median / candidate_median``.
-The reference is the task's own reference on the original-dtype inputs with TF32 off.
+The reference is the task's own reference on the original-dtype inputs with TF32 off, run
+eagerly; with ``[evaluator] reference = "compile"`` (or ``time_compiled_reference``) the same
+function under ``torch.compile`` is timed too, in the same loop after its own flush
+(:mod:`evaluators.child.reference`), and fitness is against the basis the config names.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ class ShapeSamples:
     copies: int
     sol_ms: float | None
     sync_ms: tuple[float, ...] = ()
+    #: the compiled reference's samples (:mod:`evaluators.child.reference`); empty when not timed
+    compile_ref_ms: tuple[float, ...] = ()
 
 
 def side_stream_verdict(shape: dict[str, int], cand_median_ms: float, leftover_ms: float) -> str | None:
@@ -127,10 +132,19 @@ def side_stream_verdict(shape: dict[str, int], cand_median_ms: float, leftover_m
     return None
 
 
-def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
-    """Turn raw samples into the timing StageResult (medians, IQRs, SOL and side-stream checks)."""
+def summarize(samples: Sequence[ShapeSamples], basis: str = "eager") -> StageResult:
+    """Turn raw samples into the timing StageResult (medians, IQRs, SOL and side-stream checks).
+
+    ``speedup`` / ``ref_*`` are against the eager reference, ``compile_*`` against the
+    compiled one when it was timed (every shape or none). ``metrics["fitness"]`` is against
+    ``basis`` (``eager`` or ``compile``); ``fitness_eager`` and, when timed,
+    ``fitness_compile`` are both kept, with ``reference`` naming the basis.
+    """
     rows: list[dict[str, Any]] = []
     speedups: list[float] = []
+    compile_speedups: list[float] = []
+    if basis == "compile" and any(not s.compile_ref_ms for s in samples):
+        raise ValueError("fitness against the compiled reference needs its samples on every shape")
     for s in samples:
         cm, rm = median(s.cand_ms), median(s.ref_ms)
         lo = median(s.leftover_ms) if s.leftover_ms else 0.0
@@ -149,6 +163,14 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
             "samples_ms": list(s.cand_ms),
             "ref_samples_ms": list(s.ref_ms),
         }
+        if s.compile_ref_ms:
+            km = median(s.compile_ref_ms)
+            row.update({
+                "compile_ref_median_ms": km,
+                "compile_ref_iqr_ms": iqr(s.compile_ref_ms),
+                "compile_speedup": km / cm if cm > 0 else float("inf"),
+                "compile_ref_samples_ms": list(s.compile_ref_ms),
+            })
         rows.append(row)
         side = side_stream_verdict(s.shape, cm, lo)
         if side:
@@ -165,12 +187,24 @@ def summarize(samples: Sequence[ShapeSamples]) -> StageResult:
                 {"shapes": rows},
             )
         speedups.append(row["speedup"])
-    fitness = geomean(speedups) if speedups else None
+        if "compile_speedup" in row:
+            compile_speedups.append(row["compile_speedup"])
+    fitness_eager = geomean(speedups) if speedups else None
+    timed_compile = bool(compile_speedups) and len(compile_speedups) == len(speedups)
+    fitness_compile = geomean(compile_speedups) if timed_compile else None
+    basis_speedups = compile_speedups if basis == "compile" else speedups
     metrics: dict[str, Any] = {
         "shapes": rows,
-        "fitness": fitness,
-        "needs_reconfirm": bool(speedups) and max(speedups) > RECONFIRM_SPEEDUP,
+        "fitness": fitness_compile if basis == "compile" else fitness_eager,
+        "reference": basis,
+        "fitness_eager": fitness_eager,
+        "needs_reconfirm": bool(basis_speedups) and max(basis_speedups) > RECONFIRM_SPEEDUP,
     }
+    if timed_compile:
+        from evaluators.child.reference import COMPILE_MODE
+
+        metrics["fitness_compile"] = fitness_compile
+        metrics["compile_mode"] = COMPILE_MODE
     return StageResult("timing", Status.OK, "", metrics)
 
 
@@ -206,6 +240,8 @@ def time_shapes(
     sol_ms: Callable[[dict[str, int]], float | None],
     progress: Callable[[dict[str, Any]], None] = lambda p: None,
     device_guard: Any = None,
+    references: Sequence[Any] | None = None,
+    basis: str = "eager",
 ) -> StageResult:
     """Time candidate and reference on the task's benchmark shapes (CUDA only).
 
@@ -216,11 +252,20 @@ def time_shapes(
     ``restore`` runs before each shape's warm-up and ``between_reps`` before every timed rep,
     so no persisting-L2 line, access-policy window or raised limit of the candidate's carries
     into a timed call (what it reset is in ``metrics["device_resets"]``).
+    ``references``: the :class:`evaluators.child.reference.TimedReference` list to time
+    (default: the eager reference only); the compiled one must have been compiled for these
+    shapes already (the harness does so before the candidate is loaded), its warm-up here
+    is untimed like the candidate's. ``basis`` is what ``fitness`` is against.
     """
     import torch
 
     from evaluators.child import abi
     from evaluators.child.correctness import CandidateFault, poison_, trial_seed
+    from evaluators.child.reference import TimedReference, warm_up
+
+    refs = list(references) if references else [TimedReference("eager", task.reference)]
+    if refs[0].kind != "eager":
+        raise ValueError("the eager reference must be timed first")
 
     t_start = time.monotonic()
     dev = torch.device("cuda")
@@ -261,18 +306,20 @@ def time_shapes(
         if device_guard is not None:
             device_guard.restore()
         progress({"stage": "timing", "shape": shape, "step": "warm-up"})
-        ref_fn = task.reference
         with torch.no_grad():
+            warm_up(task.name, refs, copies, warmup, torch.cuda.synchronize)
             for i in range(max(int(warmup), 1)):
-                ref_fn(*copies[i % n])
                 call(copies[i % n], outs[i % n])
             torch.cuda.synchronize()
             check_last_error(f"shape {shape} warm-up")
             first = [o.clone() for o in outs[0]]
 
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            ref_ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in refs[1:]]
             cand_ms: list[float] = []
             ref_ms: list[float] = []
+            extra_ms: list[list[float]] = [[] for _ in refs[1:]]
             left_ms: list[float] = []
             base_ms: list[float] = []
             progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
@@ -280,11 +327,16 @@ def time_shapes(
                 c = r % n
                 if device_guard is not None:  # the device is idle here (synchronize below)
                     device_guard.between_reps()
-                # reference
+                # references: eager, then compiled (when timed), each after its own flush
                 flush.zero_()
                 ev[0].record(stream)
-                ref_fn(*copies[c])
+                refs[0].fn(*copies[c])
                 ev[1].record(stream)
+                for ref, (e0, e1) in zip(refs[1:], ref_ev):
+                    flush.zero_()
+                    e0.record(stream)
+                    ref.fn(*copies[c])
+                    e1.record(stream)
                 # candidate (its workspace, if any, is made and poisoned before the clock starts)
                 ws = kernel.make_workspace(copies[c], outs[c], scalars)
                 flush.zero_()
@@ -293,6 +345,8 @@ def time_shapes(
                 ev[3].record(stream)
                 torch.cuda.synchronize()  # device-wide: nothing of this rep spills into the next
                 ref_ms.append(ev[0].elapsed_time(ev[1]))
+                for samples, (e0, e1) in zip(extra_ms, ref_ev):
+                    samples.append(e0.elapsed_time(e1))
                 cand_ms.append(ev[2].elapsed_time(ev[3]))
                 del ws
             check_last_error(f"shape {shape} timed calls")
@@ -358,13 +412,17 @@ def time_shapes(
             sol = sol_ms(shape)
         except Exception as e:  # a missing bound must not fail the candidate
             log.warning("no speed-of-light bound for %s %s: %s", task.name, shape, e)
+        compiled = next((tuple(x) for r, x in zip(refs[1:], extra_ms) if r.kind == "compile"), ())
         all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol,
-                                        tuple(base_ms)))
+                                        tuple(base_ms), compiled))
         del first, base
         torch.cuda.empty_cache()
-    res = summarize(all_samples)
+    res = summarize(all_samples, basis)
     metrics = dict(res.metrics)
     metrics.update({"reps": int(reps), "warmup": int(warmup), "flush_mb": int(flush_mb)})
+    compile_s = sum(r.compile_s for r in refs if r.kind == "compile")
+    if compile_s:
+        metrics["reference_compile_s"] = compile_s
     if device_guard is not None:
         metrics.update(device_guard.metrics())
     return StageResult(res.stage, res.status, res.reason, metrics, res.artifacts,
