@@ -30,6 +30,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -256,6 +257,16 @@ def _prepare_references(task: Any, job: dict[str, Any], settings: dict[str, Any]
     if basis != "compile" and not settings.get("time_compiled_reference"):
         return None
     env["reference_compile_mode"] = COMPILE_MODE
+    # Caches in the private temp dir (Landlock lets the child write nowhere else; a cache
+    # shared between candidates' processes could be poisoned by one of them), and no compile
+    # worker pool: a worker forked now would outlive the seccomp filter installed later.
+    tmp = tempfile.gettempdir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tmp, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(tmp, "triton"))
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
     bench = job.get("bench_shapes")
     if bench is None:
         bench = list(range(min(task.bench_shapes, len(task.shapes))))
