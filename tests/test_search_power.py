@@ -1,0 +1,143 @@
+"""benchmarks/search_power.py on CPU: config generation, the dry run, reading a run's store."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from evo.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.store import Store
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "search_power.py"
+
+
+@pytest.fixture(scope="module")
+def sp():
+    spec = importlib.util.spec_from_file_location("search_power", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["search_power"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_default_tasks_cover_every_template_family_and_have_cold_seeds(sp):
+    from evo.tasks.seeds import SEEDS, cold_task
+
+    fams = {SEEDS[t].template for t in sp.DEFAULT_TASKS}
+    assert fams == {"elementwise", "rowreduce", "gemm_bf16_sm90", "gemm_f32_3xtf32", "matvec"}
+    assert {"gelu_bf16", "gemm_bf16", "gemm_bf16_irregular"} <= set(sp.DEFAULT_TASKS)
+    for t in sp.DEFAULT_TASKS:
+        assert cold_task(t).name == f"{t}_cold"
+
+
+def test_generated_config_turns_on_tuning_and_profiling_for_the_cold_task(sp, tmp_path):
+    from evo.config import load_config
+    from evo.tasks.registry import _unregister
+
+    args = sp.parse_args(["--tasks", "kb23_softmax", "--budget", "60", "--wall-minutes", "6"])
+    cfg_path = sp.write_inputs("kb23_softmax", tmp_path, args)
+    try:
+        cfg = load_config(cfg_path)
+        assert list(cfg.tasks.include) == ["kb23_softmax_cold"]
+        assert cfg.mutator.kind == "knobs" and cfg.tuning.enabled and cfg.profile.enabled
+        assert cfg.search.max_evaluations == 60 and cfg.search.max_wall_minutes == 6
+        from evo.search import seed_for
+        from evo.tasks.seeds import cold_params
+
+        assert seed_for("kb23_softmax_cold")[1] == cold_params("kb23_softmax")
+    finally:
+        _unregister("kb23_softmax_cold")
+
+
+def test_dry_run_runs_evo_search_dry_run_per_task(sp, tmp_path):
+    rc = sp.main(["--dry-run", "--tasks", "kb19_relu", "--work", str(tmp_path), "--out", str(tmp_path / "t.md")])
+    log = (tmp_path / "kb19_relu" / "commands.log").read_text()
+    assert rc == 0, log
+    assert "search" in log and "--dry-run" in log and "kb19_relu_cold" in log and "ok" in log
+    assert not (tmp_path / "t.md").exists()  # a dry run measures nothing, so it writes no table
+
+
+def test_unknown_task_fails_before_any_run(sp, tmp_path):
+    from evo.tasks.seeds import UnknownSeedError
+    from evo.tasks.registry import UnknownTaskError
+
+    with pytest.raises((UnknownSeedError, UnknownTaskError)):
+        sp.main(["--dry-run", "--tasks", "nope", "--work", str(tmp_path)])
+
+
+def test_bench_speedup_reads_evo_bench_tables(sp, tmp_path):
+    from evo.results.bench import BenchRow, results_table
+
+    rows = [BenchRow("kb19_relu", "n=1", "fp32", 1.0, 0.5, 2.0, "-", 50.0, "ok"),
+            BenchRow("kb19_relu", "n=2", "fp32", 1.0, 0.125, 8.0, "-", 50.0, "ok"),
+            BenchRow("kb19_relu", "n=3", "fp32", 1.0, None, None, "-", None, "incorrect"),
+            BenchRow("other", "n=1", "fp32", 1.0, 0.1, 10.0, "-", 50.0, "ok")]
+    f = tmp_path / "b.md"
+    f.write_text("# t\n\n" + "\n".join(results_table(rows)) + "\n")
+    assert sp.bench_speedup(f, "kb19_relu") == pytest.approx(4.0)
+    assert sp.bench_speedup(f, "missing") is None
+
+
+def _timing(fit):
+    return Evaluation("", (StageResult("timing", Status.OK),), fit)
+
+
+def test_read_row_reports_improvements_by_operator_reach_profiles_and_trials(sp, tmp_path):
+    db = tmp_path / "evo.db"
+    store = Store(db)
+    rid = store.create_run("r", {}, seed=0, config_hash="")
+    t = "kb19_relu_cold"
+    seed = Candidate.create(t, "// s\n", {}, operator=Operator.SEED, island=-1)
+    knob = Candidate.create(t, "// k\n", {}, parents=(seed.id,), operator=Operator.KNOBS, island=0)
+    bad = Candidate.create(t, "// b\n", {}, parents=(seed.id,), operator=Operator.KNOBS, island=0)
+    opt = Candidate.create(t, "// o\n", {}, parents=(knob.id,), operator=Operator.OPTUNA, island=0)
+    cross = Candidate.create(t, "// c\n", {}, parents=(knob.id, opt.id), operator=Operator.CROSSOVER, island=1)
+    fits = {seed.id: 1.0, knob.id: 1.5, opt.id: 1.9, cross.id: 2.05}
+    for c in (seed, knob, bad, opt, cross):
+        store.add_candidate(rid, c)
+        if c is bad:
+            store.add_evaluation(rid, Evaluation(c.id, (StageResult("compile", Status.COMPILE_ERROR, "x"),)))
+        else:
+            store.add_evaluation(rid, Evaluation(c.id, (StageResult("timing", Status.OK),), fits[c.id]))
+    store.add_profile(knob.id, shape="n=1", gpu="H200", metrics={"bound": "memory"})
+    store.add_profile(cross.id, shape="n=1", gpu="H200", metrics={"bound": "memory"})
+    store.add_tuning_trial(rid, knob.id, 0, {"A": "1"}, 1.5, "complete", knob.id)
+    store.add_tuning_trial(rid, knob.id, 1, {"A": "2"}, 1.9, "complete", opt.id)
+    store.set_champion(rid, t, cross.id, 2.05, {"confirmed": True, "baseline_id": seed.id, "verdict": "faster",
+                                                  "gain": {"ratio": 2.0, "low": 1.9, "high": 2.1, "confidence": 0.95,
+                                                           "rounds": 3, "method": "paired-t-log"}})
+    store.close()
+    row = sp.read_row(sp.Row(task="kb19_relu", budget=60, hand_bench=2.0), db)
+    assert row.run_id == rid and row.evaluations == 5 and row.correct == 4 and row.cold == 1.0 and row.best == 2.05
+    assert row.improvements == [(2, "knobs", 1.5), (4, "optuna", 1.9), (5, "crossover", 2.05)]
+    assert row.evals_to_reach == 4  # 1.9 >= 0.95 * 2.0
+    assert row.profiled == 2 and row.profiled_outside_topk == 0
+    assert (row.optuna_trials, row.optuna_evaluated, row.studies) == (2, 1, 1)
+    assert row.funnel == {"compile:compile_error": 1} and row.verdict == "faster"
+    assert any("5 of 60" in n for n in row.notes)
+    text = sp.table([row], command="x", budget=60)
+    assert "| kb19_relu | 1.000x | 2.050x |" in text and "faster 2.000 [1.900, 2.100]" in text
+    assert "2: knobs 1.500, 4: optuna 1.900, 5: crossover 2.050" in text
+
+
+def test_a_search_short_of_the_hand_tuned_seed_says_why(sp, tmp_path):
+    db = tmp_path / "evo.db"
+    store = Store(db)
+    rid = store.create_run("r", {}, seed=0, config_hash="")
+    seed = Candidate.create("x_cold", "// s\n", {}, operator=Operator.SEED, island=-1)
+    store.add_candidate(rid, seed)
+    store.add_evaluation(rid, Evaluation(seed.id, (StageResult("timing", Status.OK),), 1.0))
+    store.close()
+    row = sp.read_row(sp.Row(task="x", budget=1, hand_bench=2.0), db)
+    assert row.evals_to_reach is None
+    assert any("50% of hand-tuned" in n and "no child beat the cold seed" in n and "no optuna" in n for n in row.notes)
+
+
+def test_rows_of_earlier_calls_are_kept(sp, tmp_path):
+    out = tmp_path / "r.md"
+    sp.save([sp.Row(task="a", budget=60, improvements=[(3, "knobs", 1.2)])], out, command="c", budget=60)
+    (r,) = sp.load_rows(out)
+    assert r.task == "a" and r.improvements == [(3, "knobs", 1.2)]
