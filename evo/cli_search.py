@@ -31,6 +31,9 @@ def search(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate config, render seeds, run policy and compile them; no GPU needed."
     ),
+    probe: bool = typer.Option(
+        True, "--probe/--no-probe",
+        help="With --dry-run and the llm mutator: send each model one tiny request (--no-probe: none)."),
     db: Optional[str] = typer.Option(None, "--db", help="Override run.db."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress table."),
 ) -> None:
@@ -63,11 +66,11 @@ def search(
         try:
             with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,
                               enabled=progress_enabled(progress)) as bar:
-                report = engine_mod.dry_run(cfg, resume=resume,
+                report = engine_mod.dry_run(cfg, resume=resume, probe=probe,
                                             on_progress=lambda t, i, n: bar.update(t, i, n))
         except engine_mod.SearchError as e:
             _fail(str(e))
-        _print_dry_run(report)
+        _print_dry_run(report, cfg, probe)
         raise typer.Exit(0 if report["ok"] else 1)
 
     from evaluators.pipeline import gpu_available
@@ -90,7 +93,7 @@ def search(
     console.print(f"inspect: evo top {summary.run_id} --db {cfg.run.db}")
 
 
-def _print_dry_run(report: dict) -> None:
+def _print_dry_run(report: dict, cfg, probe: bool) -> None:
     from evo.results.tables import table
 
     t = table("dry run: seeds through policy and compile (no GPU used)",
@@ -98,6 +101,17 @@ def _print_dry_run(report: dict) -> None:
     for row in report["seeds"]:
         t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
     console.print(t)
+    lines: list[str] = []
+    if cfg.mutator.kind == "llm":  # one line per model and per task (endpoint errors carry [brackets])
+        if not probe:
+            lines.append("LLM models: not probed (--no-probe)")
+        elif cfg.llm.replay_run:
+            lines.append(f"LLM models: not probed: the run replays the calls of run {cfg.llm.replay_run} and "
+                         "calls no endpoint")
+        lines += [p.line() for p in report["probes"]]
+        lines += [s.line() for s in report["prompts"]]
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(report["plan"])
 
 

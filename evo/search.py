@@ -146,14 +146,21 @@ def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[
     return seeds
 
 
-def dry_run(cfg, *, resume: str | None = None, on_progress=None) -> dict:
-    """Everything a search does before the GPU: config, tasks, seeds, policy, compile.
+def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True) -> dict:
+    """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
+    for the ``llm`` mutator its models and prompts (:mod:`evo.llm_check`).
 
     Checks first, before any compile, and raises :class:`SearchError` with one line when
     the database location cannot be used (:func:`evo.paths.check_db_location`) or
     ``resume`` names no run of that database. ``on_progress(task, done, total)`` is called
     before each seed's policy check and compile and once with ``done == total`` at the end
     (the CLI draws a progress bar from it; the compiles take most of a dry run's time).
+
+    Returns ``{"ok", "seeds", "plan", "probes", "prompts"}``: with the ``llm`` mutator,
+    ``probes`` holds one :class:`evo.llm_check.ModelProbe` per model (one tiny request each;
+    none with ``probe=False``) and ``prompts`` one :class:`evo.llm_check.PromptSize` per
+    task; both are empty for the ``knobs`` mutator. ``ok`` is False when a seed fails policy
+    or compile, or a probed model fails.
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
@@ -207,12 +214,19 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None) -> dict:
         rows.append(row)
     if on_progress is not None:
         on_progress("", len(names), len(names))
+    probes, prompts = [], []
+    if cfg.mutator.kind == "llm":
+        from evo.llm_check import probe_models, prompt_sizes
+
+        probes = probe_models(cfg) if probe else []
+        ok &= all(p.ok for p in probes)
+        prompts = prompt_sizes(cfg, seeds, names)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
             f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
             f"{cfg.mutator.kind}, db {cfg.run.db}.{resumed} No GPU was used; run without --dry-run on a "
             "machine with an NVIDIA GPU to search.")
-    return {"ok": ok, "seeds": rows, "plan": plan}
+    return {"ok": ok, "seeds": rows, "plan": plan, "probes": probes, "prompts": prompts}
 
 
 def run_search(cfg, *, address: str | None = None, resume: str | None = None,

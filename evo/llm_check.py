@@ -1,0 +1,166 @@
+"""The dry run's checks of the ``llm`` mutator: does each model answer, do the prompts fit.
+
+:func:`probe_models` sends each ``[[llm.models]]`` entry one tiny chat request with its own
+request settings (:meth:`mutators.client.LLMClient.probe`: one attempt, no budget, nothing
+stored) and returns one :class:`ModelProbe` per model: ``ok``, or the endpoint's error in one
+line (a 401 for a wrong key, a 404 for an unknown model id, a 400 for a parameter the model
+does not take) or the configuration's (a key variable that is not set). A replayed run
+(``llm.replay_run``) calls no endpoint, so nothing is probed.
+
+:func:`prompt_sizes` renders, per task, the prompts a run starts with (the seed as parent:
+optimize and repair; a task without a seed: genesis) through the LLM mutator's own
+:meth:`mutators.llm.LLMMutator.render`, with the task facts a run has before any evaluation
+(:func:`evo.llm_context.task_info`), and returns the largest with, per model, whether it
+fits the model's window (``context_tokens - max_output_tokens``) whole, only after leaving
+optional parts out, or not at all. Later prompts carry more (other islands' kernels,
+earlier attempts, measured times, the profile); those are the parts the mutator leaves out
+first when a prompt is over the window. Token counts are the mutator's estimate from
+characters (:data:`mutators.templates.BUDGET_CHARS_PER_TOKEN`), not a tokenizer's.
+
+Neither is called for the offline (``knobs``) mutator.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+__all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelProbe:
+    """One model's probe: ``error`` is None when the endpoint answered."""
+
+    model: str
+    model_id: str
+    base_url: str
+    error: str | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def line(self) -> str:
+        """The dry run's line for this model."""
+        where = f"model {self.model} ({self.model_id} at {self.base_url})"
+        if self.ok:
+            return f"{where}: ok ({self.seconds:.2f} s)"
+        return f"{where}: FAILED: {self.error}"
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """How a task's largest prompt meets one model's prompt budget, ``window`` =
+    ``context_tokens - max_output_tokens`` (None: ``context_tokens`` unset, nothing is fitted);
+    ``tokens`` is the prompt as the mutator would send it to that model."""
+
+    model: str
+    window: int | None
+    tokens: int
+    fits: bool
+    omitted: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        if self.window is None:
+            return f"{self.model}: no context_tokens set, sent whole"
+        room = f"{self.window:,} tokens (context_tokens - max_output_tokens)"
+        if not self.fits:
+            return (f"{self.model}: TOO LARGE for {room} even with every optional part left out "
+                    f"(~{self.tokens:,}); calls for this task will not be sent")
+        if self.omitted:
+            return f"{self.model}: fits {room} after leaving out {', '.join(self.omitted)}"
+        return f"{self.model}: fits {room}"
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    """A task's largest starting prompt: its kind, estimated tokens whole, and each model's fit."""
+
+    task: str
+    kind: str
+    tokens: int
+    fits: tuple[ModelFit, ...]
+
+    def line(self) -> str:
+        return (f"prompt {self.task} ({self.kind}): ~{self.tokens:,} tokens; "
+                + "; ".join(f.text() for f in self.fits))
+
+
+def _model_specs(cfg) -> list:
+    from mutators.model_spec import ModelSpec
+
+    # [[llm.models]] keys map one to one onto ModelSpec fields (tests/test_llm_config.py).
+    return [ModelSpec(**m.model_dump()) for m in cfg.llm.models]
+
+
+def _client(cfg, models):
+    from mutators.client import LLMClient
+
+    L = cfg.llm
+    return LLMClient(models, timeout_s=L.timeout_s, max_attempts=1, backoff_base_s=L.backoff_base_s,
+                     concurrency=L.concurrency, max_response_bytes=L.max_response_kb * 1024)
+
+
+def probe_models(cfg) -> list[ModelProbe]:
+    """Probe every configured model once (see module docstring); [] for a replayed run."""
+    from mutators.model_spec import LLMConfigError
+
+    if cfg.llm.replay_run:
+        return []
+    models = _model_specs(cfg)
+    client = _client(cfg, models)
+    out = []
+    try:
+        for m in models:
+            try:
+                call = client.probe(m)
+            except LLMConfigError as e:
+                out.append(ModelProbe(m.name, m.model, m.base_url, str(e), 0.0))
+                continue
+            out.append(ModelProbe(m.name, m.model, m.base_url, call.error, call.latency_s))
+            log.info("probe of model %s: %s", m.name, call.error or "ok")
+    finally:
+        client.close()
+    return out
+
+
+def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str]) -> list[PromptSize]:
+    """Per task of ``tasks``, its largest starting prompt against every model's window
+    (``seeds``: the tasks' seed source and params; a task without one starts at genesis)."""
+    from evo.llm_context import task_info
+    from evo.records import Candidate, Member, Status
+    from mutators.base import MutationContext
+    from mutators.llm import LLMMutator
+    from mutators.prompt_context import SimpleContextProvider
+
+    models = _model_specs(cfg)
+    gpu = None if cfg.run.gpu == "auto" else cfg.run.gpu
+    provider = SimpleContextProvider({t: task_info(t, gpu) for t in tasks})
+    client = _client(cfg, models)
+    try:
+        mut = LLMMutator(client, models, provider, n_inspirations=cfg.llm.inspirations)
+        out = []
+        for task in tasks:
+            ctx = MutationContext(task, 0, 0)
+            if task in seeds:
+                cand = Candidate.create(task, *seeds[task])
+                starts = [("optimize", Member(cand, None)), ("repair", Member(cand, None, Status.COMPILE_ERROR))]
+            else:
+                starts = [("genesis", None)]
+            kind, parent = max(starts, key=lambda s: mut.render(s[0], s[1], ctx).tokens)
+            whole = mut.render(kind, parent, ctx).tokens
+            fits = []
+            for m in models:
+                if m.context_tokens is None:
+                    fits.append(ModelFit(m.name, None, whole, True))
+                    continue
+                r = mut.render(kind, parent, ctx, m)
+                fits.append(ModelFit(m.name, r.budget, r.tokens, r.fits, r.omitted))
+            out.append(PromptSize(task, kind, whole, tuple(fits)))
+        return out
+    finally:
+        client.close()

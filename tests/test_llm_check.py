@@ -1,0 +1,109 @@
+"""`evo search CONFIG --dry-run` with the llm mutator: one probe request per model against the
+real local fake endpoint (mutators/fake_server.py on 127.0.0.1), one line each, exit 1 when
+a model fails; `--no-probe` sends nothing; per task the largest starting prompt against each
+model's window. Seeds' compiles are faked (no nvcc needed); everything else is real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import evaluators.compile as comp
+from evo.cli import app
+from evo.records import StageResult, Status
+from mutators.cassette import Cassette
+from mutators.fake_server import FakeLLMServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Built:  # the two fields dry_run reads of a CompileOutcome
+    cached = False
+
+    def __init__(self) -> None:
+        self.result = StageResult("compile", Status.OK, seconds=0.01)
+
+
+@pytest.fixture()
+def server(monkeypatch):
+    monkeypatch.setattr(comp, "compile_candidate", lambda cand, settings: _Built())
+    monkeypatch.setenv("EVO_TEST_GOOD_KEY", "sk-good")
+    monkeypatch.setenv("EVO_TEST_BAD_KEY", "sk-wrong")
+    with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), api_key="sk-good") as srv:
+        yield srv
+
+
+def _config(tmp_path: Path, base_url: str) -> Path:
+    path = tmp_path / "llm.toml"
+    path.write_text(f'''
+[run]
+db = "{tmp_path / 'evo.db'}"
+
+[tasks]
+include = ["kb19_relu"]
+
+[mutator]
+kind = "llm"
+
+[[llm.models]]
+name = "good"
+base_url = "{base_url}"
+model = "fake-coder"
+key_env = "EVO_TEST_GOOD_KEY"
+context_tokens = 32768
+max_output_tokens = 4096
+
+[[llm.models]]
+name = "bad"
+base_url = "{base_url}"
+model = "fake-coder"
+key_env = "EVO_TEST_BAD_KEY"
+context_tokens = 4352
+max_output_tokens = 256
+''')
+    return path
+
+
+def _dry_run(cfg: Path, *extra: str):
+    return CliRunner().invoke(app, ["search", str(cfg), "--dry-run", "--no-progress", *extra])
+
+
+def _line(output: str, start: str) -> str:
+    (line,) = [ln for ln in output.splitlines() if ln.startswith(start)]
+    return line
+
+
+def test_a_model_answering_401_fails_the_dry_run_with_its_own_line(server, tmp_path):
+    res = _dry_run(_config(tmp_path, server.base_url))
+    assert res.exit_code == 1, res.output
+    assert len(server.requests) == 2  # one probe per model, no retry
+    good = _line(res.output, "model good ")
+    assert good.startswith(f"model good (fake-coder at {server.base_url}): ok (")
+    bad = _line(res.output, "model bad ")
+    assert bad.startswith(f"model bad (fake-coder at {server.base_url}): FAILED: HTTP 401 [fatal:auth]")
+    assert "Incorrect API key provided" in bad
+
+
+def test_no_probe_sends_no_request_and_still_sizes_the_prompts(server, tmp_path):
+    res = _dry_run(_config(tmp_path, server.base_url), "--no-probe")
+    assert res.exit_code == 0, res.output
+    assert server.requests == []
+    assert "LLM models: not probed (--no-probe)" in res.output
+    assert not any(ln.startswith("model ") for ln in res.output.splitlines())
+    line = _line(res.output, "prompt kb19_relu (")
+    tokens = int(line.split("~", 1)[1].split(" tokens", 1)[0].replace(",", ""))
+    assert tokens > 1000  # the seed as parent, the reference and the ABI: thousands of characters
+    assert "good: fits 28,672 tokens (context_tokens - max_output_tokens)" in line
+    # kb19_relu's prompt is ~6,500 tokens even with every optional part left out
+    assert "bad: TOO LARGE for 4,096 tokens (context_tokens - max_output_tokens)" in line
+
+
+def test_the_offline_mutator_probes_nothing(server):
+    from evo import search
+    from evo.config import load_config
+
+    rep = search.dry_run(load_config(ROOT / "configs" / "demo.toml"))
+    assert rep["ok"] and rep["probes"] == [] and rep["prompts"] == []
+    assert server.requests == []
