@@ -152,3 +152,23 @@ def test_the_default_baseline_is_the_tasks_seed():
 def test_an_interval_serialises_with_its_verdict():
     d = SpeedupInterval(1.01, 0.99, 1.03, 0.95, 3).as_dict()
     assert d["verdict"] == NO_SIGNIFICANT_GAIN and d["method"] == "paired-t-log"
+
+
+def test_a_task_without_a_known_seed_is_confirmed_without_a_gain():
+    rt = _Rt({CHILD.id: [1.0]})
+    c = confirm_champion(rt, "no_such_task", CHILD, 1.0)
+    assert c.record["confirmed"] and "gain" not in c.record and "no baseline" in c.record["gain_error"]
+    assert c.crown == CHILD and rt.order == [CHILD.id]
+
+
+def test_a_baseline_that_fails_its_retiming_leaves_the_gain_unmeasured():
+    rt = _Rt({SEED.id: [1.0, 1.0, 1.0], CHILD.id: [0.5, 0.5, 0.5]})
+    real = rt.submit_gpu
+
+    def flaky(gpu, c, so):
+        kind, ev = real(gpu, c, so)
+        return (kind, Evaluation(c.id, (StageResult("correctness", Status.INCORRECT),)) if c == SEED else ev)
+
+    rt.submit_gpu = flaky
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED)
+    assert "gain" not in c.record and "not correct" in c.record["gain_error"] and c.crown == CHILD
