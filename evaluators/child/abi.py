@@ -5,8 +5,8 @@ Python statement: the struct's fields (:data:`EVO_TENSOR_FIELDS`), the dtype cod
 (:data:`EVO_DTYPES`) and the entry points' signatures (:data:`LAUNCH_ARGS` and friends), as
 plain data. :class:`EvoTensor` and :func:`load_kernel` are built from that data, and so is the
 copy of the struct in every exported ``op.py`` (``evo/results/export/render.py`` renders it
-from here); ``tests/test_abi_header.py`` parses the header and fails on any difference. Change the header,
-then this data, never the struct anywhere else.
+from here); ``tests/test_abi_header.py`` parses the header and fails on any difference.
+Change the header, then this data, never the struct anywhere else.
 
 Used only inside the isolated harness process (``evaluators/child/harness.py``): the parent never
 loads a candidate's shared object.
