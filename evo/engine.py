@@ -455,7 +455,7 @@ class Engine:
             c = confirm_champion(self.rt, task, cand, fitness)
             if c.stop:
                 self._fail(c.stop, detail=c.detail)
-            self.store.set_champion(self.run_id, task, cand.id, fitness, c.record)
+            self.store.set_champion(self.run_id, task, *c.champion(cand, fitness), c.record)
 
 
 def _budget_errors() -> tuple[type[BaseException], ...]:

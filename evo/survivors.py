@@ -471,6 +471,15 @@ class Confirmation:
     stop: str = ""
     detail: str = ""
     crown: Candidate | None = None
+    crown_fitness: float | None = None
+
+    def champion(self, cand: Candidate, fitness: float) -> tuple[str, float]:
+        """``(candidate id, fitness)`` to store as the task's champion: ``cand`` with the
+        search's ``fitness``, or the baseline that stays (no significant gain) with the
+        geometric mean of its re-timed fitnesses."""
+        if self.crown is None or self.crown.id == cand.id or self.crown_fitness is None:
+            return cand.id, fitness
+        return self.crown.id, self.crown_fitness
 
 
 def task_seed(task: str) -> Candidate | None:
@@ -540,7 +549,7 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
     ok = again is not None and again >= 0.9 * fitness
     record = {"confirmed": ok, "fitness_confirmed": again, "ratio": (again / fitness) if again else None,
               "gpu": first.gpu, **note}
-    crown = cand
+    crown, crown_fitness = cand, None
     if compare and rounds:
         record["baseline_id"] = baseline.id
         if all(b.correct and c.correct for b, c in rounds):
@@ -549,6 +558,8 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
             record["verdict"] = gain.verdict
             if not gain.significant:
                 crown = baseline
+                crown_fitness = math.exp(sum(math.log(b.fitness) for b, _ in rounds) / len(rounds))
+                record["baseline_fitness"] = crown_fitness
         else:
             record["gain_error"] = "a re-timing of the baseline or the champion was not correct"
-    return Confirmation(record, crown=crown)
+    return Confirmation(record, crown=crown, crown_fitness=crown_fitness)

@@ -208,7 +208,7 @@ def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatc
     assert trials, ("a tuning study ran", [e["kind"] for e in store.events(run_id)][:50])
     events = store.events(run_id)
     starts = [e for e in events if e["kind"] == "tuning_start"]
-    assert starts and starts[0]["payload"]["parent"] == trials[0]["parent_id"]
+    assert starts and trials[0]["parent_id"] in {s["payload"]["parent"] for s in starts}  # studies record their known points at once
     cands = {c.id: c for c in store.candidates(run_id)}
     optuna_children = [c for c in cands.values() if c.operator == "optuna"]
     assert optuna_children and all(c.parents == (trials[0]["parent_id"],) for c in optuna_children

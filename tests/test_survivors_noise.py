@@ -124,6 +124,8 @@ def test_a_champion_inside_the_noise_leaves_the_seed_crowned():
     assert c.record["verdict"] == NO_SIGNIFICANT_GAIN and c.crown == SEED
     assert c.record["baseline_id"] == SEED.id and c.record["gain"]["rounds"] == 3
     assert c.record["confirmed"]  # the re-timing itself agrees with the search's number
+    cid, fit = c.champion(CHILD, 1.005)
+    assert cid == SEED.id and fit == pytest.approx((1 / 1.00 * 1 / 1.01 * 1 / 0.99) ** (1 / 3))
     # rounds alternate: (child, seed), (seed, child), (child, seed)
     assert rt.order == [CHILD.id, SEED.id, SEED.id, CHILD.id, CHILD.id, SEED.id]
 
@@ -131,7 +133,7 @@ def test_a_champion_inside_the_noise_leaves_the_seed_crowned():
 def test_a_champion_faster_than_the_noise_is_crowned():
     rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.80, 0.81, 0.79]})
     c = confirm_champion(rt, "kb19_relu", CHILD, 1.25, baseline=SEED)
-    assert c.record["verdict"] == "faster" and c.crown == CHILD
+    assert c.record["verdict"] == "faster" and c.crown == CHILD and c.champion(CHILD, 1.25) == (CHILD.id, 1.25)
     assert c.record["gain"]["low"] > 1.0
 
 
