@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from evaluators import sandbox as sb
+from evaluators.sandbox.landlock import _landlock_abi
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, run_isolated
 from evaluators.policy import POLICY_RULES, check_policy
@@ -148,7 +149,7 @@ def test_include_of_a_host_file_never_reaches_the_compile_log(built, name):
     text = out.result.reason + out.result.artifacts.get("log", "") + out.result.artifacts.get("errors", "")
     assert out.result.status is Status.COMPILE_ERROR
     assert "root:" not in text, text[:1500]
-    if sb._landlock_abi() >= 1:
+    if _landlock_abi() >= 1:
         assert "/etc/passwd: Permission denied" in text or "cannot open source file" in text, text[:1500]
 
 

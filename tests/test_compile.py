@@ -398,8 +398,9 @@ def test_an_absurd_limit_that_slips_past_validation_is_our_failure_not_cached(fa
     """The issue's case: a memory_mb whose byte count overflows setrlimit. The wrapper tags its
     own failure; it used to be cached as the candidate's compile error."""
     from evaluators import compile as comp
+    from evaluators.compile import stage
 
-    monkeypatch.setattr(comp, "check_settings", lambda s: None)
+    monkeypatch.setattr(stage, "check_settings", lambda s: None)
     src, count = _fake_source(tmp_path)
     huge = CompileSettings(nvcc=fake.nvcc, cache_dir=fake.cache_dir, memory_mb=2**60)
     with pytest.raises(comp.CompileInfrastructureError, match="limit wrapper failed before nvcc ran") as ei:
@@ -409,10 +410,10 @@ def test_an_absurd_limit_that_slips_past_validation_is_our_failure_not_cached(fa
 
 
 def test_nvcc_that_cannot_be_started_is_our_failure_not_cached(tmp_path, monkeypatch):
-    from evaluators import compile as comp
+    from evaluators.compile import stage
 
     broken = _write_exe(tmp_path / "nvcc", "#!/nonexistent/interpreter\n")
-    monkeypatch.setattr(comp, "nvcc_version", lambda nvcc: "99.0.1")  # the version query would fail first
+    monkeypatch.setattr(stage, "nvcc_version", lambda nvcc: "99.0.1")  # the version query would fail first
     settings = CompileSettings(nvcc=str(broken), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(NvccNotFound, match="could not run nvcc"):
         compile_candidate(Candidate.create("t", "int x;"), settings)
@@ -421,8 +422,9 @@ def test_nvcc_that_cannot_be_started_is_our_failure_not_cached(tmp_path, monkeyp
 
 def test_a_full_temp_disk_is_our_failure_and_nvcc_is_not_run(fake, tmp_path, monkeypatch):
     from evaluators import compile as comp
+    from evaluators.compile import infrastructure
 
-    monkeypatch.setattr(comp, "DISK_MIN_FREE_MB", 1 << 40)   # more than any disk has free
+    monkeypatch.setattr(infrastructure, "DISK_MIN_FREE_MB", 1 << 40)   # more than any disk has free
     src, count = _fake_source(tmp_path)
     with pytest.raises(comp.CompileInfrastructureError, match="compile temp directory .* MB free") as ei:
         compile_candidate(Candidate.create("t", src), fake)
@@ -441,9 +443,10 @@ def test_a_broken_toolchain_is_our_failure_not_the_candidates(fake, tmp_path, mo
     """Every build fails before reading the source (a loader error): the canary fails too,
     so the candidate is not charged and nothing is cached."""
     from evaluators import compile as comp
+    from evaluators.compile import infrastructure
 
     monkeypatch.setenv("FAKE_NVCC_BROKEN", "1")
-    comp._canary_ok.clear()
+    infrastructure._canary_ok.clear()
     with pytest.raises(comp.CompileInfrastructureError, match="cannot build even a trivial kernel") as ei:
         compile_candidate(Candidate.create("t", "int x;"), fake)
     assert "error while loading shared libraries" in str(ei.value) and "compile.memory_mb" in ei.value.fix
@@ -582,9 +585,9 @@ def test_real_memory_limit(real):
     """256 MB (the lowest allowed) stops the CuTe kernel; the canary (a trivial kernel) still
     builds under it, so the failure is the candidate's (measured with nvcc 13.0: CuTe needs
     ~1 GB), and it is not cached."""
-    from evaluators import compile as comp
+    from evaluators.compile import infrastructure
 
-    comp._canary_ok.clear()
+    infrastructure._canary_ok.clear()
     tight = CompileSettings(nvcc=real.nvcc, cache_dir=real.cache_dir, memory_mb=256)
     out = compile_candidate(Candidate.create("t", TINY, {"BLOCK": 64}), tight)
     assert out.result.status is Status.COMPILE_ERROR
@@ -597,7 +600,7 @@ def test_real_include_of_a_host_file_cannot_reach_the_log(real, tmp_path, monkey
     toolchain and the work directory fails to open, so the file's content never reaches the
     compile log, the lineage DB or a repair prompt. Control: reads unrestricted, the same
     source puts the file's line into the log."""
-    from evaluators.sandbox import _landlock_abi
+    from evaluators.sandbox.landlock import _landlock_abi
 
     if _landlock_abi() < 1:
         pytest.skip("no Landlock in this kernel")

@@ -1,4 +1,4 @@
-"""The harness child's sandbox (evaluators/sandbox.py), end to end through run_isolated.
+"""The harness child's sandbox (evaluators/sandbox/), end to end through run_isolated.
 
 A fake harness child (written to tmp_path) plays a hostile candidate: it reads its
 environment and /proc/self/environ for the LLM key, connects to a TCP server the test runs
@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 
 from evaluators import sandbox as sb
+from evaluators.sandbox import capabilities, launch
+from evaluators.sandbox.launch import _rlimits
+from evaluators.sandbox.wrapper import _WRAPPER
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
 from fakes.listener import TcpListener  # noqa: E402  (tests/ is on sys.path)
@@ -170,7 +173,7 @@ def test_control_without_sandbox_the_child_reaches_the_host(child, tmp_path, ser
 
 
 def test_namespaces_refused_warns_and_still_runs(child, tmp_path, server, monkeypatch, caplog):
-    monkeypatch.setattr(sb, "_try_netns", lambda mode: (False, f"{mode}: Operation not permitted (simulated)"))
+    monkeypatch.setattr(capabilities, "_try_netns", lambda mode: (False, f"{mode}: Operation not permitted (simulated)"))
     with caplog.at_level(logging.WARNING, logger="evaluators.sandbox"):
         rep = _run(child, tmp_path, {"port": server.port})
     warned = [r.getMessage() for r in caplog.records if "network namespaces are not available" in r.getMessage()]
@@ -200,11 +203,11 @@ def test_rlimits_are_set(child, tmp_path):
 
 def test_nproc_is_relative_to_the_users_task_count():
     caps = sb.Capabilities(netns="", landlock_abi=0, is_root=False)
-    lims = {r[0]: r[1:] for r in sb._rlimits(sb.SandboxSettings(nproc_margin=100), 10, caps)}
+    lims = {r[0]: r[1:] for r in _rlimits(sb.SandboxSettings(nproc_margin=100), 10, caps)}
     n = sb.user_task_count()
     assert abs(lims["RLIMIT_NPROC"][0] - (n + 100)) <= 20
     root = sb.Capabilities(netns="", landlock_abi=0, is_root=True)
-    assert "RLIMIT_NPROC" not in {r[0] for r in sb._rlimits(sb.SandboxSettings(), 10, root)}
+    assert "RLIMIT_NPROC" not in {r[0] for r in _rlimits(sb.SandboxSettings(), 10, root)}
 
 
 def test_cpu_limit_kills_a_spinning_child_before_the_wall_clock(child, tmp_path):
@@ -238,7 +241,7 @@ def test_landlock_read_protection(child, tmp_path):
     it runs on, and a task file's directory given to the launch."""
     if sb.probe().landlock_abi < 1:
         pytest.skip("no Landlock in this kernel")
-    root = Path(sb.__file__).resolve().parents[1]
+    root = Path(sb.__file__).resolve().parents[2]
     secret_file = tmp_path / "user-notes.txt"
     secret_file.write_text("private")
     task_dir = tmp_path / "mytasks"
@@ -246,7 +249,7 @@ def test_landlock_read_protection(child, tmp_path):
     (task_dir / "task.py").write_text("TASK = 1\n")
     reads = {"passwd": "/etc/passwd", "parent_environ": f"/proc/{os.getpid()}/environ",
              "project_readme": str(root / "README.md"), "user_file": str(secret_file),
-             "package": str(root / "evaluators" / "sandbox.py"), "libc": _libc_path(),
+             "package": str(root / "evaluators" / "sandbox" / "launch.py"), "libc": _libc_path(),
              "task_file": str(task_dir / "task.py")}
     job = HarnessJob(task=json.dumps({"reads": reads}), candidate_id="c" * 64, so_bytes=b"\x7fELF",
                      task_files=(str(task_dir / "task.py"),))
@@ -273,7 +276,7 @@ def _libc_path() -> str:
 
 
 def test_harness_paths_are_derived_not_fixed(tmp_path):
-    root = Path(sb.__file__).resolve().parents[1]
+    root = Path(sb.__file__).resolve().parents[2]
     env = {"PYTHONPATH": str(root), "LD_LIBRARY_PATH": "/opt/somelib", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
     p = sb.harness_paths([sys.executable, "-m", "evaluators.child.harness", str(tmp_path)], env, tmp_path,
                          readable=["/data/tasks"], writable=["/scratch"])
@@ -300,7 +303,7 @@ def test_signal_scoping_protects_processes_outside(child, tmp_path):
 
 
 def test_sandbox_setup_failure_is_a_harness_error_not_an_unconfined_run(child, tmp_path, monkeypatch):
-    monkeypatch.setattr(sb, "probe", lambda: sb.Capabilities(netns="bogus", landlock_abi=0, is_root=True))
+    monkeypatch.setattr(launch, "probe", lambda: sb.Capabilities(netns="bogus", landlock_abi=0, is_root=True))
     with pytest.raises(HarnessError, match="sandbox setup failed at network namespace"):
         _run(child, tmp_path, {})
 
@@ -339,7 +342,7 @@ def test_non_root_path_user_namespace_and_nproc(tmp_path):
            "rlimits": [["RLIMIT_NPROC", n_now + 20, n_now + 20]]}
     os.chmod(tmp_path, 0o777)
     argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-I", "-S",
-            "-c", sb._WRAPPER, json.dumps(cfg), "/usr/bin/python3", "-c", _NONROOT_CHILD]
+            "-c", _WRAPPER, json.dumps(cfg), "/usr/bin/python3", "-c", _NONROOT_CHILD]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60, start_new_session=True)
     if "sandbox setup failed at network namespace" in p.stderr:
         pytest.skip(f"unprivileged user namespaces are disabled here: {p.stderr.strip()[-200:]}")
@@ -353,7 +356,7 @@ def test_nvcc_runs_without_secrets(tmp_path, monkeypatch):
     """The compile subprocess gets a scrubbed environment (no LLM key)."""
     import sys
 
-    from evaluators.compile import _run_limited
+    from evaluators.compile.nvcc import _run_limited
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-for-nvcc")
     script = tmp_path / "envdump.py"
@@ -384,9 +387,11 @@ def test_an_undumpable_parent_is_not_readable_by_its_child(mode, expect):
     environment. The control (parent left dumpable) can, so the test measures the call."""
     import tempfile
 
+    from evaluators.sandbox import environment
+
     with tempfile.TemporaryDirectory(dir="/tmp") as d:   # pytest's tmp_path is private to root
         copy = Path(d) / "sandbox_copy.py"
-        shutil.copy(sb.__file__, copy)
+        shutil.copy(environment.__file__, copy)
         os.chmod(d, 0o755)
         os.chmod(copy, 0o644)
         p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",

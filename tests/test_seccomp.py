@@ -1,4 +1,4 @@
-"""seccomp in the harness child (evaluators/sandbox.py ``install_seccomp``, called by
+"""seccomp in the harness child (evaluators/sandbox/seccomp.py ``install_seccomp``, called by
 ``evaluators/child/harness.py`` ``_confine`` right before the candidate's .so is loaded).
 
 A CPU stand-in of the harness child (fixtures/sandbox/seccomp_child.py: a thread started
@@ -23,16 +23,17 @@ from pathlib import Path
 import pytest
 
 from evaluators import sandbox as sb
+from evaluators.sandbox.seccomp import _ARCHES, _machine
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
 from evo.records import Status
 
 FIX = Path(__file__).parent / "fixtures" / "sandbox"
 CHILD = str(FIX / "seccomp_child.py")
-ARCH_OK = sb._machine() in sb._ARCHES
+ARCH_OK = _machine() in _ARCHES
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the stand-in")
-needs_arch = pytest.mark.skipif(not ARCH_OK, reason=f"no seccomp table for {sb._machine()}")
+needs_arch = pytest.mark.skipif(not ARCH_OK, reason=f"no seccomp table for {_machine()}")
 
 #: attempts the filter must refuse with EPERM (the name in syscalls.c -> what it is)
 DENIED = ("fork", "clone_process", "socket_unix", "socket_inet", "socketpair", "ptrace",
@@ -113,7 +114,7 @@ def test_control_without_seccomp_the_same_candidate_gets_out(so_bytes, tmp_path)
 
 
 @needs_gcc
-@pytest.mark.skipif(sb._machine() != "x86_64", reason="i386 system calls exist on x86_64 only")
+@pytest.mark.skipif(_machine() != "x86_64", reason="i386 system calls exist on x86_64 only")
 def test_i386_system_calls_kill_the_process(so_bytes, tmp_path):
     """``int 0x80`` enters the i386 table with other numbers: the filter's arch check kills."""
     rep, _ = _run(so_bytes, tmp_path, {"int80": True})
@@ -166,7 +167,7 @@ def test_syscall_tables_match_the_kernel_headers(arch, header):
     if not os.path.exists(header):
         pytest.skip(f"{header} not installed")
     want = _header_numbers(Path(header))
-    table = sb._ARCHES[arch].nr
+    table = _ARCHES[arch].nr
     wrong = {n: (v, want.get(n)) for n, v in table.items() if want.get(n) != v}
     assert not wrong, f"{arch}: (ours, header's) {wrong}"
     for name in list(sb.SECCOMP_DENIED) + list(sb.SECCOMP_ARG_CHECKED):
@@ -180,7 +181,7 @@ def test_unknown_architecture_is_refused_with_the_switch_named():
 
 def test_program_shape():
     """Jumps fit classic BPF (8-bit offsets) and every path ends in a return."""
-    for arch in sb._ARCHES:
+    for arch in _ARCHES:
         prog = sb.seccomp_program(arch, 4242)
         assert len(prog) < 4096 and prog[-1] == (0x06, 0, 0, 0x7FFF0000)
         for i, (code, jt, jf, _k) in enumerate(prog):
