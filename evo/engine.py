@@ -11,6 +11,11 @@ and is the only writer of the lineage store. Scheduling rules:
 - GPUs first: whenever a GPU actor holds fewer than two requests (one running, one queued
   in the actor so no gap opens between candidates), the oldest compiled candidate goes
   to it;
+- proposals off the loop: a mutator with ``concurrency`` > 1 (the LLM mutator: its models'
+  concurrency) has up to that many proposals in flight on a thread pool; the loop prepares
+  each one (``begin``: parents, model, prompt, in the loop's order) and collects answers as
+  they come while it keeps collecting compile and GPU results, so a slow model never holds
+  a GPU result uncollected. Other mutators propose on the loop;
 - dedupe: a child whose content id was seen in this run is never compiled again;
 - budgets count evaluations (``search.max_evaluations``) plus a wall-clock safety limit;
   when one is reached no new child is proposed and in-flight work drains and is recorded;
@@ -33,6 +38,7 @@ import logging
 import random
 import time
 from collections import deque
+from concurrent import futures
 from typing import Any, Callable
 
 from evo import recovery
@@ -41,7 +47,7 @@ from evo.engine_settings import EngineSettings
 from evo.islands import IslandHandle, IslandSet, island_specs
 from evo.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
-from evo.records import Candidate, Evaluation, Operator, StageResult
+from evo.records import Candidate, Evaluation, Member, Operator, StageResult
 from evo.resume import plan_replay
 from evo.seams import ClusterRuntime, StoreWriter
 from evo.survivors import ProfileJob, Survivors, confirm_champion
@@ -89,6 +95,9 @@ class Engine:
         self._tune_queue: deque[Pending] = deque()
         self.breaker = recovery.Breaker()
         self.gpu_faults = recovery.GpuFaults()
+        self._n_proposers = mut.concurrency(mutator)
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._proposals: dict[futures.Future, tuple[IslandHandle, bool, int]] = {}
 
     @property
     def island_meta(self) -> list[IslandHandle]:
@@ -97,7 +106,8 @@ class Engine:
 
     @property
     def n_inflight(self) -> int:
-        return len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue) + len(self._tune_queue)
+        return (len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue) + len(self._tune_queue)
+                + len(self._proposals))
 
     @property
     def max_inflight(self) -> int:
@@ -113,6 +123,8 @@ class Engine:
     # ------------------------------------------------------------------ run
 
     def run(self, *, resume: bool = False) -> SearchSummary:
+        if self._n_proposers > 1:
+            self._pool = futures.ThreadPoolExecutor(self._n_proposers, thread_name_prefix="evo-propose")
         try:
             return self._run(resume)
         except SearchFailed:
@@ -124,6 +136,10 @@ class Engine:
             log.error(msg)
             self._stop_reason = "lineage database full"
             raise StoreFullError(msg) from e
+        finally:
+            if self._pool is not None:  # calls still on the wire end on their own; their answers are dropped
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
 
     def _run(self, resume: bool) -> SearchSummary:
         self.gpu_load = [0] * self.rt.n_gpus
@@ -188,8 +204,9 @@ class Engine:
         self._fill_failures = 0
         tries, n = 0, len(self.islands)
         limit = self.max_inflight - self.survivors.reserve(self.max_inflight)
-        while self.n_inflight < limit and tries < n and not self._stop_reason:
-            if self.progress.proposed >= self.s.max_evaluations:
+        while self.n_inflight < limit and tries < n and not self._stop_reason and \
+                len(self._proposals) < self._n_proposers:
+            if self.progress.proposed + len(self._proposals) >= self.s.max_evaluations:
                 return  # never propose more than the budget can evaluate
             isl = self.islands[self._rr % n]
             self._rr += 1
@@ -200,6 +217,8 @@ class Engine:
                 self._submit(cand)
 
     def _propose(self, isl: IslandHandle) -> bool:
+        """Start one proposal for ``isl``: on the loop, or as a job on the pool (its result
+        then arrives through :meth:`_collect_proposals`). True when a slot was filled."""
         parents = self.islands.parents(isl, mut.wants_parents(self.mutator))
         if not parents:  # an island of a task without a seed kernel starts from genesis (LLM only)
             if isl.task in self.seeds or not mut.writes_genesis(self.mutator) or isl.genesis_pending:
@@ -207,16 +226,54 @@ class Engine:
         gen = max(p.candidate.generation for p in parents) + 1 if parents else 0
         ctx = mut.MutationContext(task=isl.task, island=isl.index, generation=gen, seen=frozenset(self.seen))
         try:
-            prop = self._repair_first(isl)
-            if prop is None:
-                prop = self.mutator.propose(parents, ctx, self.rng)
+            if self._pool is None:
+                got = self._repair_first(isl)
+                prop = self.mutator.propose(parents, ctx, self.rng) if got is None else got[0]
+                gen = gen if got is None else got[1]
             else:
-                gen = prop[1]
-                prop = prop[0]
+                job, gen = self._begin(isl, parents, ctx)
         except _budget_errors() as e:
+            self._mutator_stopped(e)
+            return False
+        if self._pool is None:
+            return self._proposed(isl, not parents, gen, prop)
+        isl.genesis_pending = isl.genesis_pending or not parents
+        self._proposals[self._pool.submit(job)] = (isl, bool(parents), gen)
+        return True
+
+    def _begin(self, isl: IslandHandle, parents: list[Member], ctx: mut.MutationContext):
+        """``(job, generation)`` of a proposal to run on the pool: a queued repair of the
+        island's task first (``begin_repair``), else ``begin`` (:class:`mutators.base.Mutator`)."""
+        next_repair = getattr(self.mutator, "next_repair", None)
+        req = next_repair(isl.task) if next_repair is not None else None
+        if req is None:
+            return self.mutator.begin(parents, ctx, self.rng), ctx.generation
+        gen = req.broken.candidate.generation + 1
+        rctx = mut.MutationContext(task=req.task, island=isl.index, generation=gen, seen=frozenset(self.seen))
+        return self.mutator.begin_repair(req, rctx, self.rng), gen
+
+    def _collect_proposals(self) -> None:
+        """Take the finished proposal jobs, in the order they were started."""
+        for fut in [f for f in self._proposals if f.done()]:
+            isl, had_parents, gen = self._proposals.pop(fut)
+            if not had_parents:
+                isl.genesis_pending = False  # set again below when the genesis child is submitted
+            try:
+                prop = fut.result()
+            except _budget_errors() as e:
+                self._mutator_stopped(e)
+                continue
+            self._proposed(isl, not had_parents, gen, prop)
+
+    def _mutator_stopped(self, e: BaseException) -> None:
+        if not self._stop_reason:
             log.warning("mutator stopped: %s", e)
             self._stop_reason = f"mutator stopped: {e}"
-            return False
+
+    def _proposed(self, isl: IslandHandle, genesis: bool, gen: int, prop) -> bool:
+        """A proposal's outcome (``genesis``: it had no parents): None counts as a failed (or,
+        for an exhaustive mutator, the last) attempt; a Proposal becomes a Candidate and is
+        submitted."""
         if prop is None:
             if mut.is_exhaustive(self.mutator):
                 isl.exhausted = True  # None from an exhaustive mutator: nothing new here
@@ -227,7 +284,7 @@ class Engine:
                     self._stop_reason = (f"{self._failed_attempts} mutation attempts produced no child "
                                          "(see llm_attempt events)")
             return False
-        isl.genesis_pending = isl.genesis_pending or not parents
+        isl.genesis_pending = isl.genesis_pending or genesis
         cand = Candidate.create(isl.task, prop.source, prop.params, parents=prop.parents, operator=prop.operator,
                                 island=isl.index, generation=gen, notes=prop.notes)
         for pid in prop.parents[:1]:
@@ -295,8 +352,13 @@ class Engine:
 
     def _collect(self, timeout: float) -> None:
         probes = self.gpu_faults.probes()
-        ready = self.rt.wait(list(self.compile_refs) + list(self.gpu_refs) + list(self._profile_refs) + list(probes),
-                             timeout)
+        refs = list(self.compile_refs) + list(self.gpu_refs) + list(self._profile_refs) + list(probes)
+        if self._proposals:  # answers are collected as they come, between short waits on the cluster
+            if refs:
+                timeout = min(timeout, 0.05)
+            else:
+                futures.wait(list(self._proposals), timeout=timeout, return_when=futures.FIRST_COMPLETED)
+        ready = self.rt.wait(refs, timeout)
         errors = self.rt.remote_errors()
         for ref in ready:
             if ref in probes:
@@ -337,6 +399,7 @@ class Engine:
                 ev = res.evaluation
                 self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                                  fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
+        self._collect_proposals()
         self._update_counters()
 
     def _compiled(self, pending: Pending, outcome) -> None:

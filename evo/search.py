@@ -46,7 +46,9 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
 
     from evo.llm_context import StoreContextProvider
     from mutators.cassette import CassetteRecorder, ReplayClient
-    from mutators.client import Budget, LLMClient, ModelSpec
+    from mutators.budget import Budget
+    from mutators.client import LLMClient
+    from mutators.model_spec import ModelSpec
     from mutators.health import ModelHealth
     from mutators.llm import LLMMutator
 
@@ -62,7 +64,8 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     spent = float(store.llm_totals(run_id).get("cost") or 0.0)
     budget = Budget(L.budget_usd, spent=spent)
     if L.replay_run:
-        client = ReplayClient(store.llm_calls(L.replay_run), budget=budget, sink=sink)
+        attempts = [e["payload"] for e in store.events(L.replay_run, "llm_attempt")]
+        client = ReplayClient.from_run(store.llm_calls(L.replay_run), attempts, budget=budget, sink=sink)
     else:
         client = LLMClient(models, timeout_s=L.timeout_s, max_attempts=L.max_retries + 1,
                            backoff_base_s=L.backoff_base_s, concurrency=L.concurrency,
@@ -83,7 +86,8 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
                                     gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
     mut = LLMMutator(client, models, provider, health=health,
                      attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
-                     repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage)
+                     repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
+                     concurrency=L.concurrency)
     mut.max_failed_attempts = L.max_failed_attempts
     return mut
 

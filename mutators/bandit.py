@@ -7,7 +7,7 @@ import random
 import threading
 from typing import Sequence
 
-from mutators.client import LLMConfigError, ModelSpec
+from mutators.model_spec import LLMConfigError, ModelSpec
 
 __all__ = ["ModelBandit"]
 

@@ -18,14 +18,14 @@ from typing import Protocol, runtime_checkable
 from evo.records import Member
 
 __all__ = ["Proposal", "MutationContext", "Mutator", "MutatorDefaults", "MutatorStopped", "wants_parents", "observe",
-           "is_exhaustive", "writes_genesis", "failed_attempt_cap"]
+           "is_exhaustive", "writes_genesis", "concurrency", "failed_attempt_cap"]
 
 
 class MutatorStopped(RuntimeError):
     """The mutator can make no more proposals in this run (its budget is spent, every model
     it may call is stopped). The message is one line naming the cause and the fix.
 
-    Subclasses: :class:`mutators.client.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
+    Subclasses: :class:`mutators.budget.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
     Today the engine catches only ``BudgetExhausted`` around ``propose`` (it stops proposing,
     lets the work in flight drain and ends the run with the message as its stop reason);
     any other subclass ends the run with the exception (catching the base class is the
@@ -92,8 +92,18 @@ class Mutator(Protocol):
       tuning trials too; not for evaluations replayed on resume), ``fitness`` None when it
       is not correct. For learning (a bandit); must not raise.
 
-    Members the engine does not call are no part of this seam (``LLMMutator``'s repair loop
-    ``offer_repair`` / ``next_repair`` / ``repair`` is not driven by the engine yet).
+    - ``concurrency`` [1] and ``begin(parents, context, rng)``: with ``concurrency`` > 1 (and
+      ``begin``), the engine keeps up to that many proposals in flight, off its loop.
+      ``begin`` is called on the loop, in the engine's order, instead of :meth:`propose`; it
+      does what reads the run's state or ``rng`` and returns a job (no arguments, returns
+      what :meth:`propose` returns, raises what it raises) that the engine runs on a pool
+      thread while it keeps collecting compile and GPU results. ``propose(...)`` must equal
+      ``begin(...)()``. Jobs run concurrently with each other and with :func:`observe`.
+    - the repair loop, ``offer_repair(member, island=...)``, ``next_repair(task)``,
+      ``repair(request, context, rng)`` and ``begin_repair(request, context, rng)``
+      [none]: the engine offers every child it records as failed, and serves a queued
+      repair of an island's task before a new proposal (``begin_repair`` off the loop like
+      ``begin``). :class:`mutators.llm.LLMMutator` documents them.
     """
 
     name: str
@@ -118,7 +128,7 @@ class Mutator(Protocol):
         the mutator's own caches and counters only (never the parents, the store, the
         islands).
 
-        Raises: :class:`mutators.client.BudgetExhausted` when the mutator's budget is spent
+        Raises: :class:`mutators.budget.BudgetExhausted` when the mutator's budget is spent
         (the engine stops proposing, lets the work in flight drain, and the run ends with
         the message as its stop reason); any other exception is a failure of the mutator
         itself (a broken template, a misconfiguration, a replay that diverged) and ends
@@ -164,6 +174,14 @@ def is_exhaustive(mutator: object) -> bool:
 def writes_genesis(mutator: object) -> bool:
     """Whether ``mutator`` can write a first kernel for a task without a seed."""
     return bool(getattr(mutator, "genesis", False))
+
+
+def concurrency(mutator: object) -> int:
+    """How many proposals ``mutator`` may have in flight off the engine's loop: its
+    ``concurrency`` when it has ``begin`` and that is above 1, else 1 (``propose`` is called
+    on the loop)."""
+    n = int(getattr(mutator, "concurrency", 1) or 1)
+    return n if n > 1 and callable(getattr(mutator, "begin", None)) else 1
 
 
 def failed_attempt_cap(mutator: object, max_evaluations: int) -> int:

@@ -26,11 +26,17 @@ Two uses:
   "cassette exhausted" (a recorded failed call, so a demo degrades instead of hanging).
 
 - **Replay**: :class:`ReplayClient` answers ``complete`` from stored calls (rows of the
-  store's ``llm_calls`` table, or a cassette) without any endpoint, so a run can be replayed
-  exactly: same prompts -> same answers, in the order they were first given. A prompt it has
-  no answer for raises :class:`ReplayMiss` naming the hash and the model.
+  store's ``llm_calls`` table, or a cassette) without any endpoint. Answers are keyed by the
+  attempt's identity (``attempt_key``: kind, parent or repair chain, attempt number; see
+  :class:`mutators.attempts.AttemptRecord`) when the rows carry it
+  (:meth:`ReplayClient.from_run` joins a run's calls with its ``llm_attempt`` events), so
+  the answer to an attempt does not depend on the order in which concurrent proposals
+  finished or on prompt text that reflects that order (attempt outcomes, other islands'
+  kernels); else by prompt hash, in recorded order. A request it has no answer for raises
+  :class:`ReplayMiss` (a :class:`mutators.base.MutatorStopped`: the run stops proposing
+  and ends with its one line).
 
-:class:`CassetteRecorder` is a :data:`mutators.client.CallSink` that appends successful calls
+:class:`CassetteRecorder` is a :data:`mutators.calls.CallSink` that appends successful calls
 to a cassette file as ``prompt_hash`` entries, turning any live run into a replayable script.
 """
 
@@ -44,7 +50,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from mutators.client import Budget, CallSink, LLMCall, ModelSpec, _norm_messages, prompt_hash
+from mutators.base import MutatorStopped
+from mutators.budget import Budget
+from mutators.calls import CallSink, LLMCall, norm_messages, prompt_hash
+from mutators.model_spec import ModelSpec
 
 __all__ = ["CassetteEntry", "Cassette", "CassetteError", "CassetteRecorder", "ReplayClient", "ReplayMiss"]
 
@@ -61,8 +70,12 @@ class CassetteError(ValueError):
     """A cassette file or line is malformed; the message names the file and line."""
 
 
-class ReplayMiss(LookupError):
-    """A replayed run asked a prompt that the recording never answered (the run diverged)."""
+class ReplayMiss(MutatorStopped, LookupError):
+    """A replayed run asked for an attempt the recording never answered (the run diverged).
+
+    A :class:`mutators.base.MutatorStopped`: the engine stops proposing, drains, and the
+    run ends with this message as its stop reason (one line, no traceback).
+    """
 
 
 @dataclass(frozen=True)
@@ -162,7 +175,7 @@ class Cassette:
 
     def next_for(self, messages: Sequence[Mapping[str, str]], model: str) -> CassetteEntry | None:
         """The entry answering this request (used up unless ``repeat``), or None."""
-        msgs = _norm_messages(list(messages)) if messages else ()
+        msgs = norm_messages(list(messages)) if messages else ()
         h = prompt_hash(msgs, model)
         last_user = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), "")
         with self._lock:
@@ -214,26 +227,50 @@ class ReplayClient:
 
     ``rows`` are dicts with at least ``prompt_hash`` and ``response`` (the store's
     ``llm_calls`` rows fit; ``tokens_in``, ``tokens_out``, ``cost``, ``latency_s``, ``error``
-    are used when present). Several answers to one hash are replayed in recorded order; the
-    answer's ``model`` is the asking ModelSpec's name. Costs are charged to ``budget`` exactly
-    as recorded, so a replay stops where the original run's budget stopped it. The calls
-    returned have ``cached=True`` and go to ``sink`` like live ones.
+    are used when present; ``attempt_key`` when given, see :meth:`from_run`). A request
+    whose ``key`` names a recorded attempt gets that attempt's answer; any other gets the
+    next unused answer to its prompt hash (several answers to one hash in recorded order).
+    Each row answers once. The answer's ``model`` is the asking ModelSpec's name. Costs are
+    charged to ``budget`` exactly as recorded, so a replay stops where the original run's
+    budget stopped it. The calls returned have ``cached=True`` and go to ``sink`` like live
+    ones. Thread-safe.
     """
 
     def __init__(
         self, rows: Iterable[Mapping[str, Any]], *, budget: Budget | None = None, sink: CallSink | None = None
     ) -> None:
-        self._answers: dict[str, deque[Mapping[str, Any]]] = defaultdict(deque)
-        n = 0
+        self._rows: list[Mapping[str, Any]] = []
+        self._by_hash: dict[str, deque[int]] = defaultdict(deque)
+        self._by_key: dict[str, deque[int]] = defaultdict(deque)
         for i, r in enumerate(rows):
             if not r.get("prompt_hash"):
                 raise CassetteError(f"replay row {i + 1} has no prompt_hash; cannot key it (row keys: {sorted(r)})")
-            self._answers[str(r["prompt_hash"])].append(r)
-            n += 1
+            self._by_hash[str(r["prompt_hash"])].append(len(self._rows))
+            if r.get("attempt_key"):
+                self._by_key[str(r["attempt_key"])].append(len(self._rows))
+            self._rows.append(r)
+        self._used = [False] * len(self._rows)
         self.budget = budget if budget is not None else Budget(None)
         self.sink = sink
         self._lock = threading.Lock()
-        log.debug("replay client holds %d recorded calls over %d prompts", n, len(self._answers))
+        log.debug("replay client holds %d recorded calls over %d prompts, %d attempt keys", len(self._rows),
+                  len(self._by_hash), len(self._by_key))
+
+    @classmethod
+    def from_run(cls, calls: Iterable[Mapping[str, Any]], attempts: Iterable[Mapping[str, Any]],
+                 **kw: Any) -> "ReplayClient":
+        """Replay a stored run: its ``llm_calls`` rows, keyed by the ``attempt_key`` of the
+        ``llm_attempt`` event payloads that name their ``prompt_hash`` (each event takes the
+        first call of that hash not yet taken, in recorded order)."""
+        rows = [dict(c) for c in calls]
+        free: dict[str, deque[int]] = defaultdict(deque)
+        for i, r in enumerate(rows):
+            free[str(r.get("prompt_hash") or "")].append(i)
+        for a in attempts:
+            h, key = a.get("prompt_hash"), a.get("attempt_key")
+            if h and key and free.get(str(h)):
+                rows[free[str(h)].popleft()]["attempt_key"] = str(key)
+        return cls(rows, **kw)
 
     @classmethod
     def from_cassette(cls, cassette: Cassette | str | Path, **kw: Any) -> "ReplayClient":
@@ -255,21 +292,31 @@ class ReplayClient:
     @property
     def remaining(self) -> int:
         with self._lock:
-            return sum(len(q) for q in self._answers.values())
+            return self._used.count(False)
 
-    def complete(self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = "") -> LLMCall:
-        msgs = _norm_messages(messages)
+    def _take(self, queue: deque[int] | None) -> Mapping[str, Any] | None:
+        while queue:
+            i = queue.popleft()
+            if not self._used[i]:
+                self._used[i] = True
+                return self._rows[i]
+        return None
+
+    def complete(self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = "",
+                 key: str = "") -> LLMCall:
+        msgs = norm_messages(messages)
         h = prompt_hash(msgs, model.model)
         self.budget.check()
         with self._lock:
-            q = self._answers.get(h)
-            if not q:
+            r = self._take(self._by_key.get(key)) if key else None
+            if r is None:
+                r = self._take(self._by_hash.get(h))
+            if r is None:
                 raise ReplayMiss(
-                    f"replay has no recorded answer for prompt {h[:16]} (model {model.name!r}, kind {kind or '?'}): "
-                    "the replayed run diverged from the recorded one (different config, seed, parents or "
-                    "templates), or the recording was cut short"
+                    f"replay has no recorded answer for attempt {key or '?'} (prompt {h[:16]}, model {model.name!r}, "
+                    f"kind {kind or '?'}): the replayed run diverged from the recorded one (different config, seed, "
+                    "parents or templates), or the recording was cut short"
                 )
-            r = q.popleft()
         tin, tout = int(r.get("tokens_in") or 0), int(r.get("tokens_out") or 0)
         cost = float(r["cost"]) if r.get("cost") is not None else model.cost(tin, tout)
         self.budget.charge(cost)
@@ -288,6 +335,7 @@ class ReplayClient:
             finish_reason=r.get("finish_reason"),
             kind=kind,
             cached=True,
+            attempt_key=key,
         )
         if self.sink is not None:
             self.sink(call)

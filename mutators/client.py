@@ -15,10 +15,10 @@ Contract of :meth:`LLMClient.complete`:
   (timeouts, 5xx, 429, connection errors, a body that is not JSON, a non-retryable 4xx, an
   answer over the size cap) is an ``LLMCall`` with ``error`` set, never an exception: a
   failed call is data the engine stores. A failure that cannot heal is tagged
-  ``[fatal:<kind>]`` in ``error`` (:data:`FATAL_KINDS`; :func:`classify_http_error`), so
+  ``[fatal:<kind>]`` in ``error`` (:data:`mutators.calls.FATAL_KINDS`; :func:`classify_http_error`), so
   the caller can stop that model (:mod:`mutators.health`);
-- it raises only :class:`BudgetExhausted` (the shared :class:`Budget` is spent; raised
-  *before* anything is sent, so the engine stops proposing) and :class:`LLMConfigError`
+- it raises only :class:`mutators.budget.BudgetExhausted` (the shared :class:`mutators.budget.Budget` is spent; raised
+  *before* anything is sent, so the engine stops proposing) and :class:`mutators.model_spec.LLMConfigError`
   (a misconfigured model, e.g. its key variable is unset);
 - every returned call is also handed to the ``sink`` (the engine writes it to ``llm_calls``);
 - at most ``concurrency`` requests are on the wire at once (a bounded semaphore; a model's
@@ -41,369 +41,25 @@ retried: sending the same request again cannot fix them.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import hashlib
 import json
 import logging
-import os
 import random
-import re
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
-from urllib.parse import urlparse
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import openai
 
-from mutators.base import MutatorStopped
+from mutators.budget import Budget
+from mutators.calls import CallSink, LLMCall, estimate_tokens, norm_messages, prompt_hash
+from mutators.http_errors import classify_http_error, retry_after_seconds
+from mutators.model_spec import ModelSpec
 
-__all__ = [
-    "ModelSpec",
-    "is_openai_reasoning_model",
-    "classify_http_error",
-    "estimate_tokens",
-    "FATAL_KINDS",
-    "FATAL_FIXES",
-    "TOKEN_PARAMS",
-    "REASONING_EFFORTS",
-    "RESERVED_BODY_KEYS",
-    "LLMCall",
-    "Budget",
-    "BudgetExhausted",
-    "LLMConfigError",
-    "LLMClient",
-    "ChatClient",
-    "CallSink",
-    "prompt_hash",
-    "canonical_messages",
-    "LOCAL_DUMMY_KEY",
-]
+__all__ = ["LLMClient"]
 
 log = logging.getLogger(__name__)
-
-#: The key sent to a local endpoint (127.0.0.1 / localhost) whose ``key_env`` is unset.
-LOCAL_DUMMY_KEY = "sk-local-no-key"
-_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-class LLMConfigError(ValueError):
-    """A model is misconfigured (missing key variable, bad price, bad base_url)."""
-
-
-class BudgetExhausted(MutatorStopped):
-    """The run's LLM budget is spent; raised before a request is sent.
-
-    The engine catches it (as :class:`mutators.base.MutatorStopped`) and stops proposing
-    LLM children (in-flight work drains).
-    """
-
-
-#: Model ids of OpenAI's reasoning families (o1, o3, o4, gpt-5 and their variants, optionally
-#: behind a router prefix such as ``openai/``): they take ``max_completion_tokens`` instead of
-#: ``max_tokens`` and only the default temperature / top_p.
-_REASONING_RE = re.compile(r"^(?:[\w.-]+/)?(?:o[134]|gpt-5)(?:[.-][\w.:-]*)?$", re.IGNORECASE)
-
-#: Values of ``token_param``: where ``max_output_tokens`` goes in the request.
-TOKEN_PARAMS = ("auto", "max_tokens", "max_completion_tokens")
-#: Values of ``reasoning_effort`` that OpenAI-compatible endpoints document.
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-#: Request fields the typed settings own; ``extra_body`` may not set them.
-RESERVED_BODY_KEYS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                      "reasoning_effort", "stream", "stream_options")
-
-
-def is_openai_reasoning_model(model_id: str) -> bool:
-    """True for OpenAI reasoning model ids (``o1``, ``o3-mini``, ``o4-mini``, ``gpt-5``, ``gpt-5.1-mini``...)."""
-    return bool(_REASONING_RE.match(model_id.strip()))
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model behind one endpoint, as the ``[[llm.models]]`` config entries describe it.
-
-    ``name`` is the label recorded on candidates (``llm:<name>``) and in ``llm_calls``;
-    ``model`` is the id the endpoint knows (``gpt-4.1``, ``Qwen/Qwen2.5-Coder-32B``...);
-    ``key_env`` names the environment variable holding the API key (never the key itself).
-    Prices are USD per million tokens; ``weight`` is the bandit's prior preference (0 turns
-    the model off).
-
-    Request settings (see :meth:`request_fields` for exactly what is sent):
-
-    - ``max_output_tokens`` is sent as ``max_completion_tokens`` when ``token_param`` is
-      ``"max_completion_tokens"``, or ``"auto"`` and the model is an OpenAI reasoning model
-      (:func:`is_openai_reasoning_model`); else as ``max_tokens``;
-    - ``temperature`` / ``top_p`` / ``reasoning_effort`` are sent only when set (``None``
-      leaves the endpoint's default);
-    - ``extra_body`` is merged into the JSON body verbatim (e.g. vLLM's
-      ``{"chat_template_kwargs": {"enable_thinking": false}}``); it may not set the fields the
-      typed settings own (:data:`RESERVED_BODY_KEYS`). Treat it as read-only;
-    - ``stream`` asks for server-sent events (with ``stream_options.include_usage``);
-    - ``context_tokens`` is the model's window (prompt + answer), used to budget prompts;
-      ``None`` means unknown (no budget);
-    - ``timeout_s`` / ``concurrency`` override the client's per-attempt timeout and cap this
-      model's requests on the wire (``None``: the client's settings).
-    """
-
-    name: str
-    base_url: str
-    model: str
-    key_env: str = "OPENAI_API_KEY"
-    weight: float = 1.0
-    price_in_per_mtok: float = 0.0
-    price_out_per_mtok: float = 0.0
-    max_output_tokens: int = 4096
-    token_param: str = "auto"
-    temperature: float | None = None
-    top_p: float | None = None
-    reasoning_effort: str | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict, hash=False)
-    context_tokens: int | None = None
-    stream: bool = False
-    timeout_s: float | None = None
-    concurrency: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise LLMConfigError("ModelSpec.name is empty; give every model a short label")
-        where = f"model {self.name!r}"
-        parsed = urlparse(self.base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise LLMConfigError(
-                f"{where}: base_url={self.base_url!r} is not an http(s) URL "
-                "(e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1)"
-            )
-        for fname in ("weight", "price_in_per_mtok", "price_out_per_mtok"):
-            if getattr(self, fname) < 0:
-                raise LLMConfigError(f"{where}: {fname}={getattr(self, fname)} must be >= 0")
-        if self.max_output_tokens < 1:
-            raise LLMConfigError(f"{where}: max_output_tokens={self.max_output_tokens} must be >= 1")
-        if self.token_param not in TOKEN_PARAMS:
-            raise LLMConfigError(f"{where}: token_param={self.token_param!r}; allowed: {', '.join(TOKEN_PARAMS)}")
-        if self.temperature is not None and not 0 <= self.temperature <= 2:
-            raise LLMConfigError(f"{where}: temperature={self.temperature} must be between 0 and 2 (or unset)")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise LLMConfigError(f"{where}: top_p={self.top_p} must be in (0, 1] (or unset)")
-        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
-            raise LLMConfigError(f"{where}: reasoning_effort={self.reasoning_effort!r}; allowed: "
-                                 f"{', '.join(REASONING_EFFORTS)} (or unset)")
-        if not isinstance(self.extra_body, dict):
-            raise LLMConfigError(f"{where}: extra_body must be a table/dict, got {type(self.extra_body).__name__}")
-        clash = sorted(set(self.extra_body) & set(RESERVED_BODY_KEYS))
-        if clash:
-            raise LLMConfigError(f"{where}: extra_body sets {', '.join(clash)}, which the typed settings own; use "
-                                 "max_output_tokens / token_param / temperature / top_p / reasoning_effort / stream")
-        if self.context_tokens is not None and self.context_tokens <= self.max_output_tokens:
-            raise LLMConfigError(f"{where}: context_tokens={self.context_tokens} must be larger than "
-                                 f"max_output_tokens={self.max_output_tokens} (the window holds prompt and answer)")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise LLMConfigError(f"{where}: timeout_s={self.timeout_s} must be > 0 (or unset)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise LLMConfigError(f"{where}: concurrency={self.concurrency} must be >= 1 (or unset)")
-
-    @property
-    def is_local(self) -> bool:
-        """True for endpoints on this machine, which may run without an API key."""
-        return (urlparse(self.base_url).hostname or "") in _LOCAL_HOSTS
-
-    @property
-    def reasoning(self) -> bool:
-        """True when OpenAI's reasoning-model rules apply to this model's requests."""
-        # token_param = "max_tokens" says this endpoint is not OpenAI's: its rules do not apply
-        return self.token_param != "max_tokens" and is_openai_reasoning_model(self.model)
-
-    @property
-    def token_field(self) -> str:
-        """The request field that carries ``max_output_tokens``."""
-        if self.token_param != "auto":
-            return self.token_param
-        return "max_completion_tokens" if is_openai_reasoning_model(self.model) else "max_tokens"
-
-    def request_fields(self) -> dict[str, Any]:
-        """The JSON body fields besides ``messages`` (what :class:`LLMClient` sends).
-
-        ``extra_body`` entries come last; ``stream_options.include_usage`` is set when
-        streaming so that the last chunk carries the token usage.
-        """
-        body: dict[str, Any] = {"model": self.model, self.token_field: self.max_output_tokens}
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.top_p is not None:
-            body["top_p"] = self.top_p
-        if self.reasoning_effort is not None:
-            body["reasoning_effort"] = self.reasoning_effort
-        if self.stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        body.update(copy.deepcopy(self.extra_body))
-        return body
-
-    def api_key(self) -> str:
-        """The key from ``os.environ[key_env]``; a dummy key for local endpoints without one."""
-        key = os.environ.get(self.key_env) if self.key_env else None
-        if key:
-            return key
-        if self.is_local:
-            return LOCAL_DUMMY_KEY
-        raise LLMConfigError(
-            f"model {self.name!r}: environment variable {self.key_env or '(key_env empty)'!s} is not set; "
-            f"export {self.key_env or 'OPENAI_API_KEY'}=<your key> or set key_env in [[llm.models]] "
-            "to the variable that holds it"
-        )
-
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """USD for this many prompt and completion tokens."""
-        return (tokens_in * self.price_in_per_mtok + tokens_out * self.price_out_per_mtok) / 1e6
-
-    @property
-    def free(self) -> bool:
-        """Both prices are 0: the budget cannot limit this model's calls."""
-        return self.price_in_per_mtok == 0 and self.price_out_per_mtok == 0
-
-
-#: Failure kinds that no retry and no other prompt can heal: the model is stopped for the run.
-FATAL_KINDS = ("auth", "forbidden", "model_not_found", "unsupported_parameter", "context_length", "quota")
-_FATAL_TAG_RE = re.compile(r"\[fatal:(\w+)\]")
-
-
-@dataclass(frozen=True)
-class LLMCall:
-    """One ``complete`` call, successful or not, with everything the store keeps.
-
-    ``response`` is the answer text ("" when none came; reasoning text the endpoint returns
-    separately, ``reasoning_content``, is never part of it); ``error`` is ``None`` on success,
-    else a one-line reason (the last attempt's failure). ``tokens_*`` and ``cost`` sum over
-    all attempts, including attempts that timed out or came without a usage report: those
-    are estimated (~4 characters a token of what was sent and streamed) and
-    ``usage_estimated`` is set. ``reasoning_tokens`` is the part of ``tokens_out`` spent on
-    reasoning when known. ``cached`` marks calls answered by a replay client.
-
-    A failure no retry can heal (bad key, unknown model, a parameter the model rejects, a
-    prompt over the context window, no quota) carries ``[fatal:<kind>]`` in ``error``, so
-    the stored row (and a replay of it) says so too: see :attr:`fatal`.
-    """
-
-    model: str
-    prompt_hash: str
-    messages: tuple[dict[str, str], ...]
-    response: str
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    latency_s: float = 0.0
-    error: str | None = None
-    attempts: int = 1
-    finish_reason: str | None = None
-    kind: str = ""
-    cached: bool = False
-    reasoning_tokens: int = 0
-    usage_estimated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def fatal(self) -> str | None:
-        """The :data:`FATAL_KINDS` entry of a failure that cannot heal, else None."""
-        m = _FATAL_TAG_RE.search(self.error or "")
-        return m.group(1) if m else None
-
-    def to_row(self, candidate_id: str | None = None) -> dict[str, Any]:
-        """Fields for ``Store.add_llm_call`` (prompt stored as the canonical messages JSON)."""
-        return {
-            "prompt": canonical_messages(self.messages),
-            "response": self.response,
-            "model": self.model,
-            "kind": self.kind,
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "cost": self.cost,
-            "latency_s": self.latency_s,
-            "error": self.error,
-            "prompt_hash": self.prompt_hash,
-            "candidate_id": candidate_id,
-            "cached": self.cached,
-        }
-
-
-#: Receives every LLMCall a client returns (the engine stores them in ``llm_calls``).
-CallSink = Callable[[LLMCall], None]
-
-
-class ChatClient(Protocol):
-    """What :class:`mutators.llm.LLMMutator` needs: :class:`LLMClient` or a replay client."""
-
-    def complete(
-        self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = ""
-    ) -> LLMCall:  # pragma: no cover - protocol
-        ...
-
-
-def _norm_messages(messages: Sequence[dict[str, str]]) -> tuple[dict[str, str], ...]:
-    out = []
-    for i, m in enumerate(messages):
-        if "role" not in m or "content" not in m:
-            raise ValueError(f"message {i} needs 'role' and 'content' keys, got {sorted(m)}")
-        out.append({"role": str(m["role"]), "content": str(m["content"])})
-    return tuple(out)
-
-
-def canonical_messages(messages: Sequence[dict[str, str]]) -> str:
-    """The one JSON spelling of a message list (role + content only, sorted keys)."""
-    return json.dumps(list(_norm_messages(messages)), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def prompt_hash(messages: Sequence[dict[str, str]], model: str) -> str:
-    """sha256 of the canonical messages and the endpoint's model id: the record/replay key."""
-    h = hashlib.sha256()
-    h.update(model.encode("utf-8"))
-    h.update(b"\0")
-    h.update(canonical_messages(messages).encode("utf-8"))
-    return h.hexdigest()
-
-
-class Budget:
-    """A USD budget shared by every client of a run (thread-safe).
-
-    ``check()`` raises :class:`BudgetExhausted` once ``spent >= max_usd``; calls already on
-    the wire when it runs out are still charged, so a run may end slightly above the budget
-    (by at most ``concurrency`` calls). ``max_usd=None`` means unlimited (still counted).
-    """
-
-    def __init__(self, max_usd: float | None = None, spent: float = 0.0) -> None:
-        if max_usd is not None and max_usd < 0:
-            raise ValueError(f"Budget(max_usd={max_usd}): must be >= 0 or None for unlimited")
-        self.max_usd = max_usd
-        self._spent = float(spent)
-        self._lock = threading.Lock()
-
-    @property
-    def spent(self) -> float:
-        with self._lock:
-            return self._spent
-
-    @property
-    def remaining(self) -> float | None:
-        if self.max_usd is None:
-            return None
-        return max(0.0, self.max_usd - self.spent)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.max_usd is not None and self.spent >= self.max_usd
-
-    def check(self) -> None:
-        if self.exhausted:
-            raise BudgetExhausted(
-                f"LLM budget spent: ${self.spent:.4f} of ${self.max_usd:.4f}; raise llm.budget_usd "
-                "to continue proposing LLM children"
-            )
-
-    def charge(self, usd: float) -> None:
-        with self._lock:
-            self._spent += max(0.0, float(usd))
 
 
 class _Retryable(Exception):
@@ -431,32 +87,6 @@ class _Usage:
     estimated: bool = False
 
 
-#: Characters per token of the estimates (code and English prose tokenize at ~3-4.5).
-CHARS_PER_TOKEN = 4.0
-
-
-def estimate_tokens(content: str | Sequence[dict[str, str]]) -> int:
-    """A rough token count (~4 characters a token, plus 4 a message for the chat framing).
-
-    Used where the endpoint reports no usage (timed-out attempts, answers without a usage
-    report) and to budget prompts; an estimate, never a measurement.
-    """
-    if isinstance(content, str):
-        return int(len(content) / CHARS_PER_TOKEN + 0.999) if content else 0
-    return sum(estimate_tokens(str(m.get("content", ""))) + 4 for m in content)
-
-
-def _retry_after_seconds(headers: Any) -> float | None:
-    if headers is None:
-        return None
-    value = headers.get("retry-after") if hasattr(headers, "get") else None
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except (TypeError, ValueError):
-        return None  # HTTP-date form: fall back to our own backoff
-
 
 def _is_transport(exc: BaseException, name: str) -> bool:
     """``exc`` is an httpx exception of class ``name`` (``TimeoutException``, ``TransportError``).
@@ -466,79 +96,6 @@ def _is_transport(exc: BaseException, name: str) -> bool:
     """
     return any(c.__name__ == name and c.__module__.split(".")[0].startswith("httpx") for c in type(exc).__mro__)
 
-
-def _error_fields(body: str) -> tuple[str, str, str, str]:
-    """``(message, type, param, code)`` of an error body: OpenAI's ``{"error": {...}}``,
-    vLLM's ``{"object": "error", "message": ...}``, or plain text."""
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, TypeError):
-        return " ".join((body or "").split())[:300], "", "", ""
-    err = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(err, str):
-        return err[:300], "", "", ""
-    if not isinstance(err, dict):
-        return str(err)[:300], "", "", ""
-    def g(k: str) -> str:
-        v = err.get(k)
-        return "" if v is None else str(v)
-    msg = g("message") or g("detail") or json.dumps(err)[:300]
-    return " ".join(msg.split())[:300], g("type"), g("param"), g("code")
-
-
-_CONTEXT_RES = re.compile(r"maximum context length|context length|context window|too many tokens|prompt is too long|"
-                          r"reduce the length", re.IGNORECASE)
-_UNSUPPORTED_RES = re.compile(r"unsupported (?:parameter|value)|unrecognized request argument|not supported with this "
-                              r"model|extra (?:inputs|fields) (?:are|not) (?:not )?(?:permitted|allowed)|"
-                              r"unknown (?:parameter|field)", re.IGNORECASE)
-_MODEL_RES = re.compile(r"\bmodel\b.*(?:does not exist|not found|no such|unknown|not available)", re.IGNORECASE)
-_QUOTA_RES = re.compile(r"insufficient_quota|exceeded your current quota|billing", re.IGNORECASE)
-
-
-def classify_http_error(status: int, body: str) -> tuple[str | None, bool, str]:
-    """``(fatal_kind, retryable, detail)`` of an HTTP error answer.
-
-    ``fatal_kind`` is one of :data:`FATAL_KINDS` for a failure that cannot heal (the model
-    is stopped for the run), else None; ``retryable`` says whether the same request may
-    succeed later (429 rate limits, 408, 409, 5xx); ``detail`` is one line from the body
-    (message, then param / code when given).
-    """
-    msg, typ, param, code = _error_fields(body)
-    detail = msg + "".join(f"; {k}={v}" for k, v in (("param", param), ("code", code)) if v)
-    low = f"{code} {typ}".lower()
-    if status == 429:
-        if "insufficient_quota" in low or _QUOTA_RES.search(msg):
-            return "quota", False, detail
-        return None, True, detail
-    if status >= 500 or status in (408, 409):
-        return None, True, detail
-    if status == 401:
-        return "auth", False, detail
-    if status == 403:
-        return "forbidden", False, detail
-    if status == 404:
-        return "model_not_found", False, detail
-    if "context_length" in low or _CONTEXT_RES.search(msg) or status == 413:
-        return "context_length", False, detail
-    if "model_not_found" in low or _MODEL_RES.search(msg):
-        return "model_not_found", False, detail
-    if "unsupported" in low or _UNSUPPORTED_RES.search(msg):
-        return "unsupported_parameter", False, detail
-    return None, False, detail
-
-
-#: What to do about each fatal kind, for the one line that stops a model.
-FATAL_FIXES = {
-    "auth": "the endpoint rejects the API key: check the variable key_env names",
-    "forbidden": "the key has no access to this model or endpoint",
-    "model_not_found": "the endpoint does not serve this model id (or base_url is wrong; it usually ends in /v1): "
-                       "check model and base_url",
-    "unsupported_parameter": "the model rejects a request setting: check token_param, temperature, top_p, "
-                             "reasoning_effort and extra_body of this model",
-    "context_length": "the prompt and max_output_tokens exceed the model's window: set context_tokens to the "
-                      "window the endpoint reports (prompts are then trimmed to fit) or lower max_output_tokens",
-    "quota": "the account has no quota left: add credit or switch the model off (weight = 0)",
-}
 
 
 class LLMClient:
@@ -613,10 +170,10 @@ class LLMClient:
     # ---- public ------------------------------------------------------------------------
 
     def complete(
-        self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = ""
+        self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = "", key: str = ""
     ) -> LLMCall:
         """Send one chat completion (with retries); see the module docstring for the contract."""
-        msgs = _norm_messages(messages)
+        msgs = norm_messages(messages)
         phash = prompt_hash(msgs, model.model)
         self.budget.check()
         client = self._client_for(model)
@@ -665,6 +222,7 @@ class LLMClient:
             kind=kind,
             reasoning_tokens=usage.reasoning,
             usage_estimated=usage.estimated,
+            attempt_key=key,
         )
         with self._totals_lock:
             self.calls += 1
@@ -686,7 +244,7 @@ class LLMClient:
         """
         spec = dataclasses.replace(model, max_output_tokens=max(1, min(max_output_tokens, model.max_output_tokens)),
                                    context_tokens=None)
-        msgs = _norm_messages([{"role": "user", "content": "Reply with OK."}])
+        msgs = norm_messages([{"role": "user", "content": "Reply with OK."}])
         usage = _Usage()
         started = time.monotonic()
         error, text, finish = None, "", None
@@ -877,7 +435,7 @@ class LLMClient:
             body = exc.response.text if exc.response is not None else ""
             fatal, retryable, detail = classify_http_error(code, body)
             if code == 429 and retryable:
-                wait = _retry_after_seconds(exc.response.headers)
+                wait = retry_after_seconds(exc.response.headers)
                 note = "" if wait is None else f" (Retry-After {wait:g}s)"
                 return _Retryable(f"HTTP 429 rate limited{note}: {detail}", wait)
             if retryable:

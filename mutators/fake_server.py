@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mutators.cassette import Cassette, CassetteEntry
-from mutators.client import is_openai_reasoning_model
+from mutators.model_spec import is_openai_reasoning_model
 
 __all__ = ["FakeLLMServer", "DIALECTS", "OPENAI_REQUEST_FIELDS", "main"]
 
@@ -249,7 +249,7 @@ class FakeLLMServer:
     """The fake endpoint (see module docstring). ``port=0`` picks a free port.
 
     Use as a context manager, or ``start()`` / ``stop()``. ``base_url`` is what a
-    :class:`mutators.client.ModelSpec` points at (``http://127.0.0.1:<port>/v1``).
+    :class:`mutators.model_spec.ModelSpec` points at (``http://127.0.0.1:<port>/v1``).
     """
 
     def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0, *,

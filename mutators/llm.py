@@ -28,7 +28,7 @@ reported as an :class:`AttemptRecord` to the ``attempt_sink`` and kept in
 that parent, and no parent is sent the same prompt twice in a row.
 
 ``propose`` / ``repair`` raise only :class:`mutators.base.MutatorStopped` (the budget is
-spent: :class:`mutators.client.BudgetExhausted`; every model is stopped:
+spent: :class:`mutators.budget.BudgetExhausted`; every model is stopped:
 :class:`mutators.health.NoModelLeft`; the engine stops proposing and ends the run with its
 one-line message), :class:`mutators.cassette.ReplayMiss` (a replay diverged) and
 configuration errors. All methods are thread-safe (proposals may run concurrently).
@@ -40,378 +40,33 @@ bandit learns which model pays off, and offers each failed child for repair thro
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import random
-import re
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
 
 from evo.records import Member, candidate_id, canonical_params
-from evo.tunables import TunableError, parse_tunables, resolve_params
+from evo.tunables import TunableError, resolve_params
 from mutators.answer import Interpretation, interpret
+from mutators.attempts import STAGE_RANK, AttemptNote, AttemptRecord, AttemptSink, RepairRequest
 from mutators.bandit import ModelBandit
 from mutators.base import MutationContext, Proposal
-from mutators.client import ChatClient, LLMCall, LLMConfigError, ModelSpec, prompt_hash
-from mutators.diagnostics import digest, kernel_lines, numbered_excerpt
-from mutators.health import ModelHealth, NoModelLeft, StopSink
+from mutators.calls import ChatClient, LLMCall, prompt_hash
+from mutators.health import ModelHealth, StopSink
+from mutators.model_spec import LLMConfigError, ModelSpec
 from mutators.patch import UnmatchedBlock
+from mutators.prompt_context import PromptContextProvider
+from mutators.prompt_fields import prompt_fields
+from mutators.prompt_text import RenderedPrompt, effective_source
+from mutators.repairs import RepairQueue
 from mutators.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
 
-__all__ = [
-    "TaskInfo",
-    "ShapeTiming",
-    "ParentFacts",
-    "PromptContextProvider",
-    "SimpleContextProvider",
-    "AttemptRecord",
-    "AttemptSink",
-    "AttemptNote",
-    "RepairRequest",
-    "RenderedPrompt",
-    "ModelBandit",
-    "NoModelLeft",
-    "LLMMutator",
-    "REPAIRABLE_STAGES",
-    "effective_source",
-    "failing_lines",
-    "trim_error",
-]
+__all__ = ["LLMMutator"]
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------
-# What the prompts need to know
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    """Task facts rendered into prompts, already as text.
-
-    ``reference_src`` includes the module constants and helpers the reference uses;
-    ``description`` is the task's own description (layouts, structure: "A stored [K, M]");
-    ``tensors_text`` lists each input and output with its dims and dtype; ``sol_text``
-    describes the speed-of-light bound. Optional texts are "" when unknown.
-    """
-
-    reference_src: str
-    abi_text: str
-    shapes_text: str
-    dtype: str
-    tolerance_text: str
-    sol_text: str = ""
-    description: str = ""
-    tensors_text: str = ""
-
-
-@dataclass(frozen=True)
-class ShapeTiming:
-    """One benchmark shape's measured median times (ms) of a kernel and of torch."""
-
-    shape: str
-    ms: float
-    torch_ms: float
-    pct_sol: float | None = None
-
-
-@dataclass(frozen=True)
-class ParentFacts:
-    """What the evaluation measured about a parent: times per benchmark shape, ptxas
-    resources (one line per kernel), and the readable profile once the profile rule allows
-    it ("" before)."""
-
-    timings: tuple[ShapeTiming, ...] = ()
-    ptxas: str = ""
-    profile_text: str = ""
-
-
-class PromptContextProvider(Protocol):
-    """Read-only access to what a prompt may show (the engine implements it over the store).
-
-    - ``task_info(task)``: the task's reference, ABI text, shapes, dtype, tolerance, SOL...
-    - ``history(candidate_id)``: ``[(generation, fitness)]`` along the lineage, oldest first
-      (incorrect ancestors carry ``None``).
-    - ``inspirations(task, island, n)``: up to ``n`` ``(source, fitness)`` or ``(source,
-      fitness, params)`` of good members of *other* islands.
-    - ``profile(candidate_id)``: profile metrics, or ``None`` while the profile rule (lineage
-      depth >= ``profile.feedback_after``) does not allow them yet.
-    - ``failure(candidate_id)``: ``(stage, status, error_text)`` of the failed stage, or None
-      (for a compile failure the full log, so the candidate's frames of an instantiation
-      chain are not cut off).
-
-    Optional: ``parent_facts(candidate_id) -> ParentFacts | None`` (times, ptxas, the
-    readable profile text, which then replaces the ``profile`` dict).
-    """
-
-    def task_info(self, task: str) -> TaskInfo: ...
-
-    def history(self, candidate_id: str) -> list[tuple[int, float | None]]: ...
-
-    def inspirations(self, task: str, island: int, n: int) -> list[tuple]: ...
-
-    def profile(self, candidate_id: str) -> dict[str, Any] | None: ...
-
-    def failure(self, candidate_id: str) -> tuple[str, str, str] | None: ...
-
-
-class SimpleContextProvider:
-    """An in-memory :class:`PromptContextProvider` over plain dicts (tests, demos, replays)."""
-
-    def __init__(
-        self,
-        tasks: dict[str, TaskInfo],
-        *,
-        histories: dict[str, list[tuple[int, float | None]]] | None = None,
-        inspirations: dict[tuple[str, int], list[tuple]] | None = None,
-        profiles: dict[str, dict[str, Any]] | None = None,
-        failures: dict[str, tuple[str, str, str]] | None = None,
-        facts: dict[str, ParentFacts] | None = None,
-    ) -> None:
-        self.tasks = tasks
-        self.histories = histories or {}
-        self.inspiration_map = inspirations or {}
-        self.profiles = profiles or {}
-        self.failures = failures or {}
-        self.facts = facts or {}
-
-    def task_info(self, task: str) -> TaskInfo:
-        if task not in self.tasks:
-            raise KeyError(f"no TaskInfo for task {task!r}; known: {', '.join(sorted(self.tasks)) or 'none'}")
-        return self.tasks[task]
-
-    def history(self, candidate_id: str) -> list[tuple[int, float | None]]:
-        return list(self.histories.get(candidate_id, []))
-
-    def inspirations(self, task: str, island: int, n: int) -> list[tuple]:
-        return list(self.inspiration_map.get((task, island), []))[:n]
-
-    def profile(self, candidate_id: str) -> dict[str, Any] | None:
-        return self.profiles.get(candidate_id)
-
-    def failure(self, candidate_id: str) -> tuple[str, str, str] | None:
-        return self.failures.get(candidate_id)
-
-    def parent_facts(self, candidate_id: str) -> ParentFacts | None:
-        return self.facts.get(candidate_id)
-
-
-# --------------------------------------------------------------------------------------
-# Attempts and repairs
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One attempt that reached the model (or was refused before it, ``call_error`` set),
-    successful (``ok``) or not.
-
-    ``problems`` says why the answer was rejected; ``unmatched`` holds the SEARCH blocks that
-    matched nowhere; ``form`` / ``notes`` what the answer looked like and what was tolerated;
-    ``candidate_id`` is the child's id when a proposal was made; ``prompt_hash`` links to the
-    ``llm_calls`` row the client's sink stored. ``attempt_key`` (``<kind>:<parent or chain
-    id>:<n>``, n counting the attempts from that parent) names the attempt independently of
-    the prompt's text, so a replay can be keyed by proposal identity rather than by prompt.
-    """
-
-    kind: str
-    parent_id: str | None
-    model: str
-    ok: bool
-    problems: tuple[str, ...] = ()
-    unmatched: tuple[UnmatchedBlock, ...] = ()
-    prompt_hash: str = ""
-    candidate_id: str | None = None
-    cost: float = 0.0
-    call_error: str | None = None
-    form: str = ""
-    notes: tuple[str, ...] = ()
-    repair_round: int = 0
-    attempt_key: str = ""
-
-
-AttemptSink = Callable[[AttemptRecord], None]
-
-#: Stages whose failures the mutator repairs, earliest first (a later stage is "further").
-REPAIRABLE_STAGES = ("policy", "compile", "correctness")
-_STAGE_RANK = {s: i for i, s in enumerate(REPAIRABLE_STAGES)}
-
-
-@dataclass(frozen=True)
-class AttemptNote:
-    """One earlier attempt from a parent, as the next prompt for that parent reports it."""
-
-    n: int
-    model: str
-    kind: str
-    outcome: str  # "child", "rejected", "call_failed", "not_sent"
-    text: str = ""
-    child_id: str | None = None
-    feedback: str = ""
-    unmatched: tuple[UnmatchedBlock, ...] = ()
-
-
-@dataclass(frozen=True)
-class RepairRequest:
-    """A failed child offered for repair (see :meth:`LLMMutator.offer_repair`).
-
-    ``broken`` is the kernel to fix now (the newest attempt of the chain, unless it made
-    things worse); ``root_id`` the first broken child of this chain; ``anchor_id`` the
-    correct parent the chain descends from (the per-lineage cap counts per anchor);
-    ``round`` is 1 for the first repair of a failure; ``stage`` the stage ``broken`` fails.
-    """
-
-    broken: Member
-    root_id: str
-    anchor_id: str
-    round: int
-    stage: str
-    task: str
-    island: int
-
-
-@dataclass(frozen=True)
-class RenderedPrompt:
-    """A rendered prompt, its estimated size, and what was left out to fit the budget."""
-
-    messages: list[dict[str, str]]
-    tokens: int
-    budget: int | None
-    omitted: tuple[str, ...] = ()
-    fits: bool = True
-
-
-# --------------------------------------------------------------------------------------
-# Formatting helpers
-# --------------------------------------------------------------------------------------
-
-
-def trim_error(text: str, max_lines: int = 40, max_chars: int = 4000) -> str:
-    """The first ``max_lines`` lines / ``max_chars`` characters of an error text, marked if cut."""
-    lines = (text or "").strip().splitlines()
-    out = "\n".join(lines[:max_lines])
-    cut = len(lines) > max_lines
-    if len(out) > max_chars:
-        out, cut = out[:max_chars], True
-    return out + ("\n[... trimmed ...]" if cut else "")
-
-
-def failing_lines(source: str, error_text: str, context: int = 2, max_locations: int = 6) -> str:
-    """Numbered source excerpts around the candidate lines an error text points at ("" if none).
-
-    Compiler messages in the candidate first, then the candidate frames of header messages'
-    instantiation chains; never a header's own line number (:mod:`mutators.diagnostics`).
-    """
-    lines = kernel_lines(error_text, source, max_locations=max_locations)
-    return numbered_excerpt(source, lines, context) if lines else ""
-
-
-_TUNABLE_LINE_RE = re.compile(r"^(?P<pre>\s*//\s*@tunable\s+(?P<name>[A-Za-z_]\w*)\s*=\s*)(?P<val>-?\w+)(?P<post>\s+in\s*\{.*)$")
-_IFNDEF_RE = re.compile(r"^\s*#\s*ifndef\s+(?P<name>[A-Za-z_]\w*)\s*$")
-_DEFINE_RE = re.compile(r"^(?P<pre>\s*#\s*define\s+(?P<name>[A-Za-z_]\w*)\s+)(?P<val>-?\w+)(?P<post>.*)$")
-
-
-def effective_source(source: str, params: dict[str, str]) -> str:
-    """``source`` as it ran with ``params``: each tunable's ``// @tunable`` default and its
-    ``#ifndef`` / ``#define`` default replaced by the value passed as ``-D``.
-
-    The model sees what actually ran, and a child runs with the defaults it declares (the
-    mutator passes no other values), so a patch that edits a tunable's default takes effect.
-    Line numbers are unchanged. Values not in the declared set are left as they are.
-    """
-    if not params:
-        return source
-    lines = source.splitlines(keepends=True)
-    guarded = False
-    for i, line in enumerate(lines):
-        body, nl = line.rstrip("\r\n"), line[len(line.rstrip("\r\n")):]
-        m = _TUNABLE_LINE_RE.match(body)
-        if m and m.group("name") in params:
-            lines[i] = f"{m.group('pre')}{params[m.group('name')]}{m.group('post')}{nl}"
-            continue
-        g = _IFNDEF_RE.match(body)
-        if g:
-            guarded = g.group("name")
-            continue
-        d = _DEFINE_RE.match(body)
-        if d and guarded == d.group("name") and d.group("name") in params:
-            lines[i] = f"{d.group('pre')}{params[d.group('name')]}{d.group('post')}{nl}"
-        guarded = False
-    out = "".join(lines)
-    try:
-        declared = {t.name: t for t in parse_tunables(out)}
-    except TunableError:
-        return source
-    if any(k in declared and v not in declared[k].choices for k, v in params.items()):
-        return source
-    return out
-
-
-def _fmt_fitness(f: float | None) -> str:
-    return "incorrect" if f is None else f"{f:.3f}"
-
-
-def _fmt_profile(profile: dict[str, Any]) -> str:
-    """Fallback when the provider gives no readable profile text: sorted key: value lines."""
-    rows = []
-    for k in sorted(profile):
-        v = profile[k]
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        rows.append(f"- {k}: {v}")
-    return "\n".join(rows)
-
-
-def _tunables_text(view: str) -> str:
-    try:
-        ts = parse_tunables(view)
-    except TunableError as e:
-        return f"(the @tunable lines do not parse: {e})"
-    if not ts:
-        return ""
-    rows = [f"- {t.name} = {t.default} (allowed: {', '.join(t.choices)})" for t in ts]
-    return ("\n".join(rows) + "\nThese are the values this kernel ran with, written in as the defaults above. A child "
-            "runs with the defaults it declares: to try another value, change the default in both the `// @tunable` "
-            "line and its `#define`, and keep it within the allowed set.")
-
-
-def _timings_text(facts: ParentFacts | None) -> str:
-    if facts is None or not facts.timings:
-        return ""
-    rows = ["| shape | this kernel (ms) | torch (ms) | speedup | % of speed of light |", "|---|---|---|---|---|"]
-    for t in facts.timings:
-        sp = t.torch_ms / t.ms if t.ms > 0 else float("nan")
-        sol = "-" if t.pct_sol is None else f"{t.pct_sol:.1f}%"
-        rows.append(f"| {t.shape} | {t.ms:.4f} | {t.torch_ms:.4f} | {sp:.3f}x | {sol} |")
-    return "\n".join(rows)
-
-
-_HEADER_COMMENT_RE = re.compile(r"\A(?:[ \t]*(?://[^\n]*)?\n)+")
-
-
-def _body(source: str) -> str:
-    """A kernel without its leading comment header (the code starts at the first non-comment line)."""
-    return _HEADER_COMMENT_RE.sub("", source, count=1).rstrip("\n")
-
-
-def _inspiration_text(i: int, source: str, fitness: float, parent_view: str) -> str:
-    body = _body(source)
-    diff = "".join(difflib.unified_diff(parent_view.splitlines(keepends=True), source.splitlines(keepends=True),
-                                        "current kernel", f"inspiration {i}", n=2))
-    head = f"### Inspiration {i} (speedup {_fmt_fitness(fitness)})"
-    if diff and len(diff) < 0.7 * len(body):
-        return f"{head}: its difference from the current kernel\n```diff\n{diff.rstrip()}\n```"
-    return f"{head}: its source without the header comment\n```cuda\n{body}\n```"
-
-
-# --------------------------------------------------------------------------------------
-# The mutator
-# --------------------------------------------------------------------------------------
 
 
 class LLMMutator:
@@ -424,6 +79,9 @@ class LLMMutator:
     one broken child); ``repair_per_lineage``: repair attempts queued per correct ancestor
     over the run. ``whole_file_lines`` / ``whole_file_fraction``: how large a diff a
     whole-file answer to a patch prompt may amount to (:mod:`mutators.answer`).
+    ``concurrency``: requests the client may have on the wire at once (its own cap); the
+    mutator's :attr:`concurrency`, how many proposals the engine keeps in flight, is that
+    cap or the sum of the models' own ``concurrency`` (unset: the cap), whichever is less.
     """
 
     name = "llm"
@@ -454,13 +112,12 @@ class LLMMutator:
         repair_per_lineage: int = 12,
         whole_file_lines: int = 40,
         whole_file_fraction: float = 0.2,
+        concurrency: int = 1,
     ) -> None:
         if not 0 <= n_inspirations <= 3:
             raise ValueError(f"n_inspirations={n_inspirations}: must be within [0, 3]")
         if not models:
             raise LLMConfigError("LLMMutator needs at least one model ([[llm.models]] is empty)")
-        if repair_rounds < 0 or repair_per_lineage < 0:
-            raise ValueError(f"repair_rounds={repair_rounds}, repair_per_lineage={repair_per_lineage}: must be >= 0")
         self.client = client
         self.models = tuple(models)
         self.provider = context_provider
@@ -468,8 +125,12 @@ class LLMMutator:
         self.attempt_sink = attempt_sink
         self.max_response_bytes = int(max_response_kb) * 1024
         self.n_inspirations = n_inspirations
-        self.repair_rounds = repair_rounds
-        self.repair_per_lineage = repair_per_lineage
+        if concurrency < 1:
+            raise ValueError(f"concurrency={concurrency}: must be >= 1")
+        live = [m for m in self.models if m.weight > 0]
+        #: Proposals the engine may have in flight at once (:func:`mutators.base.concurrency`).
+        self.concurrency = min(concurrency, sum(m.concurrency or concurrency for m in live) or 1)
+        self.repairs = RepairQueue(repair_rounds, repair_per_lineage, pending_max)
         self.whole_file_lines = whole_file_lines
         self.whole_file_fraction = whole_file_fraction
         self.health = health if health is not None else ModelHealth(self.models)
@@ -485,10 +146,6 @@ class LLMMutator:
         self._pending: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._pending_max = pending_max
         self._results: OrderedDict[str, float | None] = OrderedDict()
-        self._repair_of: OrderedDict[str, RepairRequest] = OrderedDict()
-        self._repair_queue: deque[RepairRequest] = deque()
-        self._queued_ids: set[str] = set()
-        self._lineage_repairs: dict[str, int] = {}
         self._cpt: dict[str, float] = {}
         self.last_failure: AttemptRecord | None = None
         self.attempts = 0
@@ -546,68 +203,44 @@ class LLMMutator:
         """
         if member.correct:
             return None
-        stage, _status, _ = self._failure(member)
-        if stage not in _STAGE_RANK:
-            log.debug("no repair for %s: its %r failure is not repairable", member.id[:12], stage)
-            return None
-        with self._lock:
-            if member.id in self._queued_ids:
-                return None
-            prev = self._repair_of.get(member.id)
-            if prev is not None:
-                rnd = prev.round + 1
-                root, anchor = prev.root_id, prev.anchor_id
-                worse = _STAGE_RANK[stage] < _STAGE_RANK.get(prev.stage, 0)
-                target, tstage = (prev.broken, prev.stage) if worse else (member, stage)
-            else:
-                rnd, root = 1, member.id
-                anchor = member.candidate.parents[0] if member.candidate.parents else member.id
-                target, tstage = member, stage
-            if rnd > self.repair_rounds:
-                log.info("no repair round %d for %s: %d rounds per failure (llm.repair_rounds)", rnd,
-                         root[:12], self.repair_rounds)
-                return None
-            if self._lineage_repairs.get(anchor, 0) >= self.repair_per_lineage:
-                log.info("no repair of %s: its lineage (from %s) had %d repairs (llm.repair_per_lineage)",
-                         member.id[:12], anchor[:12], self.repair_per_lineage)
-                return None
-            req = RepairRequest(broken=target, root_id=root, anchor_id=anchor, round=rnd, stage=tstage,
-                                task=member.candidate.task,
-                                island=member.candidate.island if island is None else island)
-            self._lineage_repairs[anchor] = self._lineage_repairs.get(anchor, 0) + 1
-            self._repair_queue.append(req)
-            self._queued_ids.add(member.id)
-            return req
+        return self.repairs.offer(member, self._failure(member)[0], island)
 
     def next_repair(self, task: str | None = None) -> RepairRequest | None:
         """The oldest queued repair (of ``task`` if given), removed from the queue; or None."""
-        with self._lock:
-            for i, req in enumerate(self._repair_queue):
-                if task is None or req.task == task:
-                    del self._repair_queue[i]
-                    return req
-            return None
+        return self.repairs.next(task)
 
     def pending_repairs(self, task: str | None = None) -> int:
-        with self._lock:
-            return sum(1 for r in self._repair_queue if task is None or r.task == task)
+        return self.repairs.pending(task)
 
     def repair(self, request: RepairRequest, context: MutationContext, rng: random.Random) -> Proposal | None:
         """One repair attempt of ``request.broken``; a Proposal whose parent is the broken
         kernel, or None (a recorded failed attempt). Raises like :meth:`propose`."""
-        return self._attempt("repair", request.broken, context, rng, chain=request.root_id, request=request)
+        return self.begin_repair(request, context, rng)()
+
+    def begin_repair(self, request: RepairRequest, context: MutationContext,
+                     rng: random.Random) -> Callable[[], Proposal | None]:
+        """:meth:`repair` in two parts, like :meth:`begin`."""
+        return self._begin("repair", request.broken, context, rng, chain=request.root_id, request=request)
 
     # ---- propose -------------------------------------------------------------------------
 
     def propose(self, parents: list[Member], context: MutationContext, rng: random.Random) -> Proposal | None:
+        return self.begin(parents, context, rng)()
+
+    def begin(self, parents: list[Member], context: MutationContext,
+              rng: random.Random) -> Callable[[], Proposal | None]:
+        """:meth:`propose` in two parts (:class:`mutators.base.Mutator`'s ``begin``): here, in
+        the caller's thread and order, the model is chosen, the attempt numbered and the
+        prompt rendered (what reads the run's state and ``rng``); the returned job sends the
+        prompt and interprets the answer, and may run on any thread, concurrently with
+        other jobs. It raises what :meth:`propose` raises."""
         parent = parents[0] if parents else None
         if parent is None:
-            return self._attempt("genesis", None, context, rng, chain=f"genesis:{context.task}")
+            return self._begin("genesis", None, context, rng, chain=f"genesis:{context.task}")
         if not parent.correct:
-            with self._lock:
-                prev = self._repair_of.get(parent.id)
-            return self._attempt("repair", parent, context, rng, chain=prev.root_id if prev else parent.id)
-        return self._attempt("optimize", parent, context, rng, chain=parent.id)
+            prev = self.repairs.of(parent.id)
+            return self._begin("repair", parent, context, rng, chain=prev.root_id if prev else parent.id)
+        return self._begin("optimize", parent, context, rng, chain=parent.id)
 
     # ---- prompts ---------------------------------------------------------------------------
 
@@ -622,7 +255,10 @@ class LLMMutator:
         error text is shortened), until the prompt fits; the prompt's "Left out" section
         names them. ``fits`` is False when even the shortest prompt is over the budget.
         """
-        fields, steps = self._fields(kind, parent, context, chain)
+        fields, steps = prompt_fields(
+            kind, parent, context, provider=self.provider, n_inspirations=self.n_inspirations,
+            attempts_text=lambda k: self._attempts_text(chain, kind, parent, last=k),
+            feedback=self._feedback(chain), failure=self._failure)
         budget = None
         if model is not None and model.context_tokens is not None:
             budget = model.context_tokens - model.max_output_tokens
@@ -658,106 +294,6 @@ class LLMMutator:
         with self._lock:
             self._cpt[model.name] = min(self._cpt.get(model.name, ratio), ratio)
 
-    def _fields(self, kind: str, parent: Member | None, context: MutationContext,
-                chain: str | None) -> tuple[dict[str, Any], list[tuple[str, Callable[[dict[str, Any]], bool]]]]:
-        info = self.provider.task_info(context.task)
-        f: dict[str, Any] = {
-            "task": context.task,
-            "dtype": info.dtype,
-            "shapes_text": info.shapes_text,
-            "tolerance_text": info.tolerance_text,
-            "reference_src": info.reference_src.rstrip(),
-            "description": info.description or None,
-            "tensors_text": info.tensors_text or None,
-            "sol_text": info.sol_text or None,
-        }
-        steps: list[tuple[str, Callable[[dict[str, Any]], bool]]] = []
-        if kind == "genesis":
-            f["abi_text"] = info.abi_text.rstrip()
-            f["feedback"] = self._feedback(chain)
-            return f, steps
-        assert parent is not None
-        view = effective_source(parent.candidate.source, parent.candidate.params_dict)
-        facts_fn = getattr(self.provider, "parent_facts", None)
-        facts = facts_fn(parent.id) if callable(facts_fn) else None
-        f["parent_source"] = view.rstrip("\n")
-        f["tunables"] = _tunables_text(view) or None
-        f["attempts"] = self._attempts_text(chain, kind, parent) or None
-        f["feedback"] = self._feedback(chain)
-
-        def drop(name: str) -> Callable[[dict[str, Any]], bool]:
-            def fn(d: dict[str, Any]) -> bool:
-                had = d.get(name) is not None
-                d[name] = None
-                return had
-            return fn
-
-        def attempts_last(k: int) -> Callable[[dict[str, Any]], bool]:
-            def fn(d: dict[str, Any]) -> bool:
-                short = self._attempts_text(chain, kind, parent, last=k) or None
-                changed = short != d.get("attempts")
-                d["attempts"] = short
-                return changed
-            return fn
-
-        if kind == "repair":
-            stage, status, err = self._failure(parent)
-            f["stage"], f["status"] = stage or "unknown", status or "failed"
-            f["error_text"] = digest(err, view) or "(no error text was recorded)"
-            f["failing_lines"] = failing_lines(view, err) or None
-
-            def shorter_error(limit: int) -> Callable[[dict[str, Any]], bool]:
-                def fn(d: dict[str, Any]) -> bool:
-                    short = digest(err, view, max_chars=limit)
-                    changed = len(short) < len(d["error_text"])
-                    d["error_text"] = short
-                    return changed
-                return fn
-
-            steps = [("older repair attempts", attempts_last(2)), ("the error text beyond 1500 characters",
-                                                                   shorter_error(1500)),
-                     ("the tunables list", drop("tunables")), ("the earlier repair attempts", drop("attempts")),
-                     ("the error text beyond 600 characters", shorter_error(600)), ("the task description",
-                                                                                    drop("description"))]
-            return f, steps
-        history = self.provider.history(parent.id)
-        f["parent_fitness"] = _fmt_fitness(parent.fitness)
-        f["history_text"] = "\n".join(f"- generation {g}: {_fmt_fitness(x)}" for g, x in history) or \
-            f"- generation {parent.candidate.generation}: {_fmt_fitness(parent.fitness)}"
-        f["timings"] = _timings_text(facts) or None
-        f["ptxas"] = (facts.ptxas if facts is not None else "") or None
-        prof_text = facts.profile_text if facts is not None and facts.profile_text else None
-        if prof_text is None:
-            prof = self.provider.profile(parent.id)
-            prof_text = _fmt_profile(prof) if prof else None
-        f["profile"] = prof_text
-        insp = self.provider.inspirations(context.task, context.island, self.n_inspirations) if self.n_inspirations else []
-        parts = [_inspiration_text(i, effective_source(it[0], dict(it[2])) if len(it) > 2 else it[0], it[1], view)
-                 for i, it in enumerate(insp[: self.n_inspirations], 1)]
-        f["inspirations"] = "\n\n".join(parts) or None
-
-        def fewer_inspirations(d: dict[str, Any]) -> bool:
-            if not parts:
-                return False
-            parts.pop()
-            d["inspirations"] = "\n\n".join(parts) or None
-            return True
-
-        steps = [("one kernel of another island", fewer_inspirations) for _ in parts]
-        hist_short = "\n".join(f"- generation {g}: {_fmt_fitness(x)}" for g, x in history[-3:])
-
-        def shorter_history(d: dict[str, Any]) -> bool:
-            if len(history) <= 3:
-                return False
-            d["history_text"] = hist_short + f"\n- ({len(history) - 3} earlier generations not shown)"
-            return True
-
-        steps += [("the profile", drop("profile")), ("older attempts", attempts_last(2)),
-                  ("the lineage's earlier fitness history", shorter_history), ("the ptxas resource usage", drop("ptxas")),
-                  ("the measured times", drop("timings")), ("the earlier attempts", drop("attempts")),
-                  ("the tunables list", drop("tunables")), ("the task description", drop("description"))]
-        return f, steps
-
     def _failure(self, m: Member) -> tuple[str, str, str]:
         fail = self.provider.failure(m.id)
         if fail is None:
@@ -782,7 +318,7 @@ class LLMMutator:
         first = next((ln.strip() for ln in (err or "").splitlines() if "error" in ln.lower()),
                      (err or "").strip().splitlines()[0] if (err or "").strip() else "")
         worse = ""
-        if base_stage in _STAGE_RANK and stage in _STAGE_RANK and _STAGE_RANK[stage] < _STAGE_RANK[base_stage]:
+        if base_stage in STAGE_RANK and stage in STAGE_RANK and STAGE_RANK[stage] < STAGE_RANK[base_stage]:
             worse = (f" -- worse than the kernel being repaired (which fails only at {base_stage}); not used as the "
                      "base of the next attempt")
         return f"child {cid[:12]} fails {stage} ({status}): {first[:240]}{worse}"
@@ -814,8 +350,11 @@ class LLMMutator:
 
     # ---- one attempt ---------------------------------------------------------------------
 
-    def _attempt(self, kind: str, parent: Member | None, context: MutationContext, rng: random.Random, *,
-                 chain: str, request: RepairRequest | None = None) -> Proposal | None:
+    def _begin(self, kind: str, parent: Member | None, context: MutationContext, rng: random.Random, *,
+               chain: str, request: RepairRequest | None = None) -> Callable[[], Proposal | None]:
+        """What depends on the run's state, in the caller's order: the model, the attempt's
+        number from this chain (so its key is the same whatever order calls finish in) and
+        the prompt. The returned job sends it and interprets the answer."""
         model = self._choose_model(rng)  # may raise NoModelLeft
         pid = parent.id if parent is not None else None
         with self._lock:
@@ -829,9 +368,17 @@ class LLMMutator:
                        f"{model.context_tokens} - max_output_tokens {model.max_output_tokens}); not sent")
             self._fail(kind, pid, model, None, [problem], (), chain=chain, request=request, note_outcome="not_sent",
                        n=n)
-            return None
+            return lambda: None
         messages = self._not_twice(chain, rendered.messages, model, n)
-        call = self.client.complete(messages, model=model, kind=kind)  # may raise BudgetExhausted
+        return lambda: self._finish(kind, parent, context, model, messages, chain=chain, request=request, n=n,
+                                    key=key)
+
+    def _finish(self, kind: str, parent: Member | None, context: MutationContext, model: ModelSpec,
+                messages: list[dict[str, str]], *, chain: str, request: RepairRequest | None, n: int,
+                key: str) -> Proposal | None:
+        """Send the prepared prompt and turn the answer into a Proposal (thread-safe)."""
+        pid = parent.id if parent is not None else None
+        call = self.client.complete(messages, model=model, kind=kind, key=key)  # may raise BudgetExhausted
         self.health.record(model.name, call)
         self._calibrate(model, messages, call)
         with self._lock:
@@ -886,9 +433,7 @@ class LLMMutator:
                     broken=parent, root_id=chain, round=1, stage=self._failure(parent)[0], task=context.task,
                     anchor_id=parent.candidate.parents[0] if parent.candidate.parents else parent.id,
                     island=context.island)
-                self._repair_of[cid] = req
-                while len(self._repair_of) > self._pending_max:
-                    self._repair_of.popitem(last=False)
+                self.repairs.link(cid, req)
         how = f"{interp.form}" + (f"; {'; '.join(interp.notes)}" if interp.notes else "")
         self._note(chain, AttemptNote(n, model.name, kind, "child", how, cid))
         rec = AttemptRecord(kind=kind, parent_id=pid, model=model.name, ok=True, prompt_hash=call.prompt_hash,

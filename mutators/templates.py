@@ -30,7 +30,7 @@ __all__ = ["KINDS", "PromptError", "render_prompt", "template_fields", "estimate
 
 #: Characters per token assumed when fitting a prompt to a model's window: conservative on
 #: purpose (CUDA source tokenizes at ~3-3.5 characters a token), so an estimate that fits
-#: leaves room; cost estimates use mutators.client.estimate_tokens (~4) instead.
+#: leaves room; cost estimates use mutators.calls.estimate_tokens (~4) instead.
 BUDGET_CHARS_PER_TOKEN = 3.0
 
 PROMPTS_DIR = Path(__file__).with_name("prompts")

@@ -279,7 +279,9 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
 
     from evo.llm_context import StoreContextProvider
     from mutators.cassette import Cassette
-    from mutators.client import Budget, LLMClient, ModelSpec
+    from mutators.budget import Budget
+    from mutators.client import LLMClient
+    from mutators.model_spec import ModelSpec
     from mutators.fake_server import FakeLLMServer
     from mutators.llm import LLMMutator
 

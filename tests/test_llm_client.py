@@ -12,15 +12,10 @@ import openai
 import pytest
 
 from mutators.cassette import Cassette, CassetteError, CassetteRecorder, ReplayClient, ReplayMiss
-from mutators.client import (
-    Budget,
-    BudgetExhausted,
-    LLMCall,
-    LLMClient,
-    LLMConfigError,
-    ModelSpec,
-    prompt_hash,
-)
+from mutators.budget import Budget, BudgetExhausted
+from mutators.calls import LLMCall, prompt_hash
+from mutators.client import LLMClient
+from mutators.model_spec import LLMConfigError, ModelSpec
 from mutators.fake_server import FakeLLMServer
 from mutators.fake_server import main as fake_main
 
@@ -428,7 +423,7 @@ def test_timeout_mid_stream_charges_what_was_sent_and_streamed():
         call = _client(timeout_s=0.4, max_attempts=2).complete(MSGS, model=_spec(srv, stream=True))
     assert not call.ok and "timeout after 0.4s after" in call.error and "streamed chunks" in call.error
     assert call.attempts == 2 and call.usage_estimated
-    from mutators.client import estimate_tokens
+    from mutators.calls import estimate_tokens
 
     # both attempts: the prompt, and the half of the 400 characters that arrived before the stall
     assert call.tokens_in == 2 * estimate_tokens(MSGS) and call.tokens_out == 2 * estimate_tokens("y" * 192)
@@ -436,7 +431,7 @@ def test_timeout_mid_stream_charges_what_was_sent_and_streamed():
 
 
 def test_timed_out_attempts_and_answers_without_usage_are_charged_by_estimate():
-    from mutators.client import estimate_tokens
+    from mutators.calls import estimate_tokens
 
     cas = Cassette([{"delay_s": 5}, {"response": "z" * 80, "usage": False}])
     with FakeLLMServer(cas) as srv:
@@ -447,7 +442,7 @@ def test_timed_out_attempts_and_answers_without_usage_are_charged_by_estimate():
 
 
 def test_reasoning_content_counts_for_cost_only():
-    from mutators.client import estimate_tokens
+    from mutators.calls import estimate_tokens
 
     cas = Cassette([{"response": "", "reasoning": "r" * 400, "finish_reason": "length", "usage": False}])
     with FakeLLMServer(cas) as srv:

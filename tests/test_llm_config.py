@@ -12,7 +12,8 @@ import pytest
 
 from evo.config import ConfigError, LLMModelConfig, parse_config
 from mutators.cassette import Cassette
-from mutators.client import LLMClient, LLMConfigError, ModelSpec, is_openai_reasoning_model
+from mutators.client import LLMClient
+from mutators.model_spec import LLMConfigError, ModelSpec, is_openai_reasoning_model
 from mutators.fake_server import FakeLLMServer
 
 MINIMAL = {"tasks": {"include": ["kb19_relu"]}, "mutator": {"kind": "llm"}}
@@ -163,7 +164,7 @@ def test_per_model_concurrency_caps_that_model_only():
 
 
 def test_zero_prices_with_a_budget_warn_once_per_model(caplog):
-    from mutators.client import Budget
+    from mutators.budget import Budget
 
     free = ModelSpec(name="free", base_url="http://127.0.0.1:9/v1", model="x")
     paid = ModelSpec(name="paid", base_url="http://127.0.0.1:9/v1", model="x", price_in_per_mtok=1.0)
@@ -189,7 +190,7 @@ def test_make_mutator_wires_the_llm_section(tmp_path):
         mut = make_mutator(cfg, store=store, run_id=run)
         (spec,) = mut.models
         assert (spec.context_tokens, spec.stream, spec.token_field) == (32768, True, "max_tokens")
-        assert (mut.repair_rounds, mut.repair_per_lineage) == (2, 5)
+        assert (mut.repairs.rounds, mut.repairs.per_lineage) == (2, 5)
         assert (mut.health.failures, mut.health.cooldown_s, mut.health.trips) == (4, 9.0, 2)
         # a stop is recorded as an event of the run
         mut.health.on_stop("m", "model 'm' stopped: test")

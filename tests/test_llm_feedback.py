@@ -15,9 +15,12 @@ import pytest
 from evo.records import Candidate, Member, Status, candidate_id, canonical_params
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
-from mutators.client import LLMClient, ModelSpec, prompt_hash
+from mutators.calls import prompt_hash
+from mutators.client import LLMClient
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator, SimpleContextProvider, TaskInfo
+from mutators.llm import LLMMutator
+from mutators.prompt_context import SimpleContextProvider, TaskInfo
 from mutators.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
@@ -188,7 +191,7 @@ def test_rounds_per_failure_and_a_worse_repair_is_not_the_next_base(rig):
     child2 = Member(candidate=Candidate.create(TASK, GOOD, {}, parents=(root.id,), operator="llm:m"), fitness=None,
                     status=Status.INCORRECT)
     r.failures[child2.id] = ("correctness", "incorrect", "still wrong")
-    r.mut._repair_of[child2.id] = req2
+    r.mut.repairs.link(child2.id, req2)
     assert r.mut.offer_repair(child2) is None
     assert req1.round == 1
 

@@ -15,10 +15,14 @@ import pytest
 from evo.records import Candidate, Member
 from mutators.base import MutationContext, MutatorStopped
 from mutators.cassette import Cassette
-from mutators.client import LLMCall, LLMClient, ModelSpec, classify_http_error
+from mutators.calls import LLMCall
+from mutators.client import LLMClient
+from mutators.http_errors import classify_http_error
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer
 from mutators.health import ModelHealth, NoModelLeft
-from mutators.llm import LLMMutator, SimpleContextProvider, TaskInfo
+from mutators.llm import LLMMutator
+from mutators.prompt_context import SimpleContextProvider, TaskInfo
 from mutators.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
@@ -137,7 +141,7 @@ def test_open_model_sits_out_while_another_is_usable():
 
 def test_replayed_fatal_errors_stop_the_model_the_same_way():
     from mutators.cassette import ReplayClient
-    from mutators.client import prompt_hash
+    from mutators.calls import prompt_hash
 
     mut, stops, _ = _mutator("http://127.0.0.1:9/v1")
     msgs = mut.render("optimize", PARENT, MutationContext(TASK, 0, 1), mut.models[0], chain=PARENT.id).messages

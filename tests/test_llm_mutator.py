@@ -17,24 +17,23 @@ import pytest
 from evo.records import Candidate, Member, Status
 from mutators.base import MutationContext, Mutator, Proposal
 from mutators.cassette import Cassette, ReplayClient
-from mutators.client import Budget, BudgetExhausted, LLMCall, LLMClient, ModelSpec
+from mutators.budget import Budget, BudgetExhausted
+from mutators.calls import LLMCall
+from mutators.client import LLMClient
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer
-from mutators.llm import (
-    AttemptRecord,
-    LLMMutator,
-    ModelBandit,
-    SimpleContextProvider,
-    TaskInfo,
-    failing_lines,
-    trim_error,
-)
+from mutators.attempts import AttemptRecord
+from mutators.bandit import ModelBandit
+from mutators.llm import LLMMutator
+from mutators.prompt_context import SimpleContextProvider, TaskInfo
+from mutators.prompt_text import failing_lines, trim_error
 from mutators.patch import render_blocks, Block
 from mutators.templates import PromptError, render_prompt, template_fields
 
 FIX = Path(__file__).parent / "fixtures"
 GOOD = (FIX / "llm" / "tiny_kernel.cu").read_text()
 BAD = GOOD.replace("int64_t(blockIdx.x) * BLOCK", "int64_t(blockIdx.x) * BLOK")
-ABI = (Path(__file__).parents[1] / "evo" / "tasks" / "kernels" / "evo_abi.h").read_text()
+ABI = (Path(__file__).parents[1] / "evaluators" / "child" / "evo_abi.h").read_text()
 TASK = "tiny_copy"
 INFO = TaskInfo(
     reference_src="def reference(x):\n    return x.clone()",

@@ -18,9 +18,11 @@ from evo.records import Candidate, Evaluation, Member, StageResult, Status
 from evo.store import Store
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
-from mutators.client import LLMClient, ModelSpec
+from mutators.client import LLMClient
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator, ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
+from mutators.llm import LLMMutator
+from mutators.prompt_context import ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
 from mutators.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"

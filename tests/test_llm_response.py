@@ -11,9 +11,12 @@ import pytest
 from evo.records import Candidate, Member, Status
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
-from mutators.client import LLMClient, ModelSpec
+from mutators.client import LLMClient
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator, ModelBandit, SimpleContextProvider, TaskInfo
+from mutators.bandit import ModelBandit
+from mutators.llm import LLMMutator
+from mutators.prompt_context import SimpleContextProvider, TaskInfo
 from mutators.patch import Block, render_blocks, strip_reasoning
 
 FIX = Path(__file__).parent / "fixtures" / "llm"

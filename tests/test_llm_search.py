@@ -25,7 +25,9 @@ from evo.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators.cassette import Cassette, ReplayClient  # noqa: E402
-from mutators.client import Budget, LLMClient, ModelSpec  # noqa: E402
+from mutators.budget import Budget  # noqa: E402
+from mutators.client import LLMClient
+from mutators.model_spec import ModelSpec
 from mutators.fake_server import FakeLLMServer  # noqa: E402
 from mutators.llm import LLMMutator  # noqa: E402
 

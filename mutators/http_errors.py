@@ -1,0 +1,100 @@
+"""What an endpoint's HTTP error answer means: fatal (stop the model), retryable, or neither.
+
+:func:`classify_http_error` reads OpenAI's and vLLM's error bodies (message, type, param,
+code); :data:`FATAL_FIXES` says what to do about each fatal kind, for the one line that stops
+a model; :func:`retry_after_seconds` reads a 429's ``Retry-After`` header.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["classify_http_error", "FATAL_FIXES", "retry_after_seconds"]
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    if headers is None:
+        return None
+    value = headers.get("retry-after") if hasattr(headers, "get") else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        return None  # HTTP-date form: fall back to our own backoff
+
+
+def _error_fields(body: str) -> tuple[str, str, str, str]:
+    """``(message, type, param, code)`` of an error body: OpenAI's ``{"error": {...}}``,
+    vLLM's ``{"object": "error", "message": ...}``, or plain text."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, TypeError):
+        return " ".join((body or "").split())[:300], "", "", ""
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, str):
+        return err[:300], "", "", ""
+    if not isinstance(err, dict):
+        return str(err)[:300], "", "", ""
+    def g(k: str) -> str:
+        v = err.get(k)
+        return "" if v is None else str(v)
+    msg = g("message") or g("detail") or json.dumps(err)[:300]
+    return " ".join(msg.split())[:300], g("type"), g("param"), g("code")
+
+
+_CONTEXT_RES = re.compile(r"maximum context length|context length|context window|too many tokens|prompt is too long|"
+                          r"reduce the length", re.IGNORECASE)
+_UNSUPPORTED_RES = re.compile(r"unsupported (?:parameter|value)|unrecognized request argument|not supported with this "
+                              r"model|extra (?:inputs|fields) (?:are|not) (?:not )?(?:permitted|allowed)|"
+                              r"unknown (?:parameter|field)", re.IGNORECASE)
+_MODEL_RES = re.compile(r"\bmodel\b.*(?:does not exist|not found|no such|unknown|not available)", re.IGNORECASE)
+_QUOTA_RES = re.compile(r"insufficient_quota|exceeded your current quota|billing", re.IGNORECASE)
+
+
+def classify_http_error(status: int, body: str) -> tuple[str | None, bool, str]:
+    """``(fatal_kind, retryable, detail)`` of an HTTP error answer.
+
+    ``fatal_kind`` is one of :data:`FATAL_KINDS` for a failure that cannot heal (the model
+    is stopped for the run), else None; ``retryable`` says whether the same request may
+    succeed later (429 rate limits, 408, 409, 5xx); ``detail`` is one line from the body
+    (message, then param / code when given).
+    """
+    msg, typ, param, code = _error_fields(body)
+    detail = msg + "".join(f"; {k}={v}" for k, v in (("param", param), ("code", code)) if v)
+    low = f"{code} {typ}".lower()
+    if status == 429:
+        if "insufficient_quota" in low or _QUOTA_RES.search(msg):
+            return "quota", False, detail
+        return None, True, detail
+    if status >= 500 or status in (408, 409):
+        return None, True, detail
+    if status == 401:
+        return "auth", False, detail
+    if status == 403:
+        return "forbidden", False, detail
+    if status == 404:
+        return "model_not_found", False, detail
+    if "context_length" in low or _CONTEXT_RES.search(msg) or status == 413:
+        return "context_length", False, detail
+    if "model_not_found" in low or _MODEL_RES.search(msg):
+        return "model_not_found", False, detail
+    if "unsupported" in low or _UNSUPPORTED_RES.search(msg):
+        return "unsupported_parameter", False, detail
+    return None, False, detail
+
+
+#: What to do about each fatal kind, for the one line that stops a model.
+FATAL_FIXES = {
+    "auth": "the endpoint rejects the API key: check the variable key_env names",
+    "forbidden": "the key has no access to this model or endpoint",
+    "model_not_found": "the endpoint does not serve this model id (or base_url is wrong; it usually ends in /v1): "
+                       "check model and base_url",
+    "unsupported_parameter": "the model rejects a request setting: check token_param, temperature, top_p, "
+                             "reasoning_effort and extra_body of this model",
+    "context_length": "the prompt and max_output_tokens exceed the model's window: set context_tokens to the "
+                      "window the endpoint reports (prompts are then trimmed to fit) or lower max_output_tokens",
+    "quota": "the account has no quota left: add credit or switch the model off (weight = 0)",
+}
