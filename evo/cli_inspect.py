@@ -26,6 +26,7 @@ from evo.cli_common import open_reader as _open_reader
 from evo.cli_common import resolve_run as _resolve_run
 from evo.cli_common import store_error_text as _store_error_text
 from evo.results.tables import fmt as _fmt
+from evo.results.tables import reference_fields
 from evo.results.tables import table as _table
 
 __all__ = ["runs", "top", "show", "lineage", "status", "report", "export", "top_data", "print_lineage",
@@ -116,7 +117,9 @@ def _on_candidate(db: Optional[str], id: str, fn) -> None:
 
 def top_data(store: Any, run: str, task: Optional[str], k: int) -> tuple[str, list[dict[str, Any]]]:
     """``(full run id, rows)`` for ``evo top``: ``run`` may be a unique prefix; ``k`` must be
-    >= 1 and ``task`` one of the run's tasks, else one error line (exit 2)."""
+    >= 1 and ``task`` one of the run's tasks, else one error line (exit 2). Each row: id,
+    task, fitness, operator, island, generation, params and
+    :func:`evo.results.tables.reference_fields` (basis, speedups vs eager and vs compile)."""
     from evo.store import StoreError
 
     if k < 1:
@@ -128,11 +131,12 @@ def top_data(store: Any, run: str, task: Optional[str], k: int) -> tuple[str, li
             if task not in run_tasks:
                 _fail(f"--task {task!r}: run {rid} has no such task; its tasks: {', '.join(run_tasks) or 'none'}")
         rows = store.top_k(rid, task=task, k=k)
+        refs = store.reference_fitness(rid, [c.id for c, _ in rows])
     except StoreError as e:
         _fail(_store_error_text(e))
     return rid, [
         {"id": c.id, "task": c.task, "fitness": f, "operator": c.operator, "island": c.island,
-         "generation": c.generation, "params": dict(c.params)}
+         "generation": c.generation, "params": dict(c.params), **reference_fields(refs.get(c.id))}
         for c, f in rows
     ]
 

@@ -250,7 +250,9 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
     Keys: the candidate's fields (``id``, ``task``, ``operator``, ``parents``, ``island``,
     ``generation``, ``params``, ``notes``, ``source``), ``runs`` (runs containing it),
     ``run_id`` (the run whose evaluation is shown: ``run_id`` if given, else the latest run
-    that evaluated it), ``fitness``, ``status``, ``stages`` (with ``metrics`` and
+    that evaluated it), ``fitness``, ``reference`` (its basis: ``eager`` or ``compile``),
+    ``fitness_eager``, ``fitness_compile`` and ``compile_mode`` (None where the timing did not
+    record them, e.g. the compiled reference was not timed), ``status``, ``stages`` (with ``metrics`` and
     ``artifacts``), ``env`` and ``gpu`` of that evaluation, ``profiles`` (every stored
     profile), ``llm_calls`` (the calls whose proposal became this candidate: model, kind,
     prompt, response, tokens, cost, latency, error), ``children`` (ids) and ``champion_of``
@@ -284,11 +286,14 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
             if ch["candidate_id"] == cid:
                 champion_of.append({"run_id": rid, "task": ch["task"], "fitness": ch["fitness"],
                                     "confirmation": ch["confirmation"]})
+    timing = ev.stage("timing") if ev else None
+    tm = timing.metrics if timing is not None else {}
     return {
         "id": c.id, "task": c.task, "operator": c.operator, "parents": list(c.parents),
         "island": c.island, "generation": c.generation, "params": dict(c.params), "notes": c.notes,
         "source": c.source, "runs": runs, "run_id": shown_run,
         "fitness": ev.fitness if ev else None,
+        **{k: tm.get(k) for k in ("reference", "fitness_eager", "fitness_compile", "compile_mode")},
         "status": ev.status.value if ev else "pending",
         "gpu": ev.gpu if ev else "",
         "env": dict(ev.env) if ev else {},

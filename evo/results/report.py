@@ -18,7 +18,8 @@ state, no display needed):
                    tensor-core peak by task dtype). The reference's point is drawn hollow.
 
 The page also carries the tables of :func:`evo.results.status.run_status` (counts, failures, best
-per task, spend). Anything that cannot be drawn (a task unknown to this install, a champion
+per task, spend; best per task shows "vs eager" and "vs compile" when the compiled reference
+was timed, the fitness basis marked). Anything that cannot be drawn (a task unknown to this install, a champion
 without timing metrics) is listed under "Notes" rather than failing the report.
 
 matplotlib (>= 3.8) is a runtime dependency of this command only; without it
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from evo.records import Candidate, Evaluation
 from evo.results.status import run_status
+from evo.results.tables import BASIS_NOTE, both_timed, speedup_cells
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
@@ -388,13 +390,17 @@ def _page(status: dict[str, Any], plots: dict[str, str], notes: Sequence[str], g
           f"{100 * prog['gpu_busy']:.0f}%" if prog.get("gpu_busy") is not None else "-"]],
         tid="summary",
     )
+    both = both_timed(status["best"].values())
     best = _table(
-        ["task", "candidate", "speedup", "operator", "island", "generation", "champion"],
-        [[t, b["id"][:12], _num(b["fitness"]), b["operator"], b["island"], b["generation"],
-          ("confirmed" if b["confirmed"] else "yes") if b["champion"] else "no"]
+        ["task", "candidate", *(["vs eager", "vs compile"] if both else ["speedup"]), "operator", "island",
+         "generation", "champion"],
+        [[t, b["id"][:12], *(speedup_cells(b) if both else [_num(b["fitness"])]), b["operator"], b["island"],
+          b["generation"], ("confirmed" if b["confirmed"] else "yes") if b["champion"] else "no"]
          for t, b in status["best"].items()],
         tid="best",
-    )
+    ) + (f'<p id="best-note">{_e(BASIS_NOTE)}; vs eager: against the reference run eagerly, vs compile: '
+         "against it under torch.compile, both timed in the same process by the same protocol.</p>"
+         if both else "")
     fails = _table(
         ["stage", "reached", "passed", "failed by verdict"],
         [[r["stage"], r["entered"], r["passed"], ", ".join(f"{k} {v}" for k, v in r["failed"].items()) or "-"]

@@ -9,7 +9,9 @@ Where the numbers come from:
 
 * evaluations, correct, pending: the ``evaluations`` and ``run_candidates`` tables;
 * failures by stage / the funnel: every evaluation's stage results (:func:`failure_funnel`);
-* best per task: :meth:`Store.best_per_task`, marked with the champion row when there is one;
+* best per task: :meth:`Store.best_per_task`, marked with the champion row when there is one,
+  with the fitness basis and the speedups against the eager and the compiled reference
+  (:meth:`Store.reference_fitness`);
 * spend: :meth:`Store.llm_totals` (the sum of the ``cost`` column of ``llm_calls``);
 * rates (evaluations per minute, GPU busy fraction, queues): the payload of the run's latest
   ``progress`` (or ``finish``) event, which the engine logs every few evaluations.
@@ -27,6 +29,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from evo.records import Evaluation, Status
+from evo.results.tables import reference_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
@@ -126,7 +129,9 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
     ``by_task`` ({task: {evaluations, correct, pending}}), ``failures_by_stage``
     ({stage: {status: n}}, by the stage that stopped each evaluation), ``funnel``
     (:func:`failure_funnel`), ``best`` ({task: {id, fitness, operator, island, generation,
-    champion, confirmed}}), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost),
+    champion, confirmed, reference, fitness_eager, fitness_compile}}; the last three None
+    where the timing did not record them, ``fitness_compile`` None where the compiled
+    reference was not timed), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost),
     ``progress`` (the latest progress event's numbers plus ``at`` and ``age_s``; empty
     without one), ``events`` ({kind: count}), ``stop_reason`` (from the ``finish`` event).
     """
@@ -156,8 +161,11 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
         task_row(cands[cid].task if cid in cands else "?")["pending"] += 1
 
     champions = {c["task"]: c for c in store.champions(rid)}
+    best_rows = store.best_per_task(rid)
+    refs = store.reference_fitness(rid, [c.id for c, _ in best_rows.values()]
+                                   + [c["candidate_id"] for c in champions.values()])
     best: dict[str, dict[str, Any]] = {}
-    for task, (cand, fit) in sorted(store.best_per_task(rid).items()):
+    for task, (cand, fit) in sorted(best_rows.items()):
         champ = champions.get(task)
         best[task] = {
             "id": cand.id, "fitness": fit, "operator": cand.operator, "island": cand.island,
@@ -165,12 +173,14 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
             "champion": bool(champ and champ["candidate_id"] == cand.id),
             "confirmed": bool(champ and champ["candidate_id"] == cand.id
                               and champ["confirmation"].get("confirmed")),
+            **reference_fields(refs.get(cand.id)),
         }
     for task, champ in champions.items():  # a champion whose task has no 'best' row (unlikely)
         best.setdefault(task, {
             "id": champ["candidate_id"], "fitness": champ["fitness"], "operator": None,
             "island": None, "generation": None, "champion": True,
             "confirmed": bool(champ["confirmation"].get("confirmed")),
+            **reference_fields(refs.get(champ["candidate_id"])),
         })
 
     events = store.events(rid)

@@ -2,15 +2,27 @@
 
 Tables (:func:`table`): id columns never wrap or shrink (a user types those ids next); the
 other columns wrap (fold) instead of being cut with an ellipsis.
+
+Speedups against both references (:func:`reference_fields`, :func:`both_timed`,
+:func:`speedup_cells`): a timing that also timed the reference under ``torch.compile`` is
+shown as a "vs eager" and a "vs compile" value, the fitness basis (``[evaluator]
+reference``) marked with :data:`BASIS_MARK`; where no shown row has a compiled time, the
+views keep their single "speedup" (the fitness) exactly as before.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from rich.table import Table
 
-__all__ = ["table", "fmt", "short_time"]
+__all__ = ["table", "fmt", "short_time", "reference_fields", "both_timed", "speedup_cells", "BASIS_MARK",
+           "BASIS_NOTE"]
+
+#: Appended to the speedup that is the fitness (the basis of ``[evaluator] reference``).
+BASIS_MARK = "*"
+#: What :data:`BASIS_MARK` means, for a table's caption.
+BASIS_NOTE = "* = the fitness basis ([evaluator] reference)"
 
 
 def fmt(x: Any, nd: int = 3) -> str:
@@ -71,3 +83,31 @@ def short_time(iso: Any) -> str:
     """``2026-12-03T07:30:12.345+00:00`` -> ``2026-12-03 07:30`` (tables; JSON keeps the full value)."""
     text = "" if iso is None else str(iso)
     return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text
+
+
+def reference_fields(entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``reference``, ``fitness_eager`` and ``fitness_compile`` of one candidate's timing (an
+    entry of :meth:`evo.store.StoreReader.reference_fitness`, or None: all three None)."""
+    entry = entry or {}
+    return {k: entry.get(k) for k in ("reference", "fitness_eager", "fitness_compile")}
+
+
+def both_timed(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether any row (a dict with :func:`reference_fields`' keys) has a speedup against the
+    compiled reference, i.e. whether a view shows "vs eager" and "vs compile"."""
+    return any(r.get("fitness_compile") is not None for r in rows)
+
+
+def speedup_cells(row: Mapping[str, Any], nd: int = 3) -> tuple[str, str]:
+    """The "vs eager" and "vs compile" cells of a row (``fitness`` plus :func:`reference_fields`'
+    keys); the basis's value carries :data:`BASIS_MARK`. A timing that names no basis predates
+    the compiled reference, so its ``fitness`` is against eager."""
+    eager = row.get("fitness_eager")
+    if eager is None and row.get("reference") is None:
+        eager = row.get("fitness")
+    basis = row.get("reference") or "eager"
+    cells = []
+    for name, value in (("eager", eager), ("compile", row.get("fitness_compile"))):
+        text = fmt(None if value is None else float(value), nd)
+        cells.append(text + BASIS_MARK if value is not None and name == basis else text)
+    return cells[0], cells[1]

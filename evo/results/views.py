@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from evo.results.tables import BASIS_NOTE, both_timed, speedup_cells
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import short_time as _short_time
 from evo.results.tables import table as _table
@@ -55,12 +56,23 @@ def render_top(run_id: str, data: list[dict[str, Any]]) -> RenderableType:
     """``evo top``: task and the 12-character candidate id (what ``evo show`` takes) always whole."""
     if not data:
         return Text(f"run {run_id} has no correct kernel yet (see `evo status {run_id}`)")
-    t = _table(f"top kernels of {run_id}", [("task", "id"), ("candidate", "id"), ("speedup", "num"),
-                                             "operator", ("island", "num"), ("gen", "num"), "params"])
+    both = both_timed(data)
+    t = _table(f"top kernels of {run_id}", [("task", "id"), ("candidate", "id"), *_speedup_columns(both),
+                                             "operator", ("island", "num"), ("gen", "num"), "params"],
+               **({"caption": escape(BASIS_NOTE)} if both else {}))
     for d in data:
-        t.add_row(d["task"], d["id"][:12], _fmt(d["fitness"]), escape(str(d["operator"])), str(d["island"]),
+        t.add_row(d["task"], d["id"][:12], *_speedups(d, both), escape(str(d["operator"])), str(d["island"]),
                   str(d["generation"]), escape(" ".join(f"{k}={v}" for k, v in d["params"].items())))
     return t
+
+
+def _speedup_columns(both: bool) -> list[tuple[str, str]]:
+    """One "speedup" column (the fitness), or "vs eager" and "vs compile" when a row timed both."""
+    return [("vs eager", "num"), ("vs compile", "num")] if both else [("speedup", "num")]
+
+
+def _speedups(d: dict[str, Any], both: bool) -> tuple[str, ...]:
+    return speedup_cells(d) if both else (_fmt(d["fitness"]),)
 
 
 # --------------------------------------------------------------------------- status
@@ -92,11 +104,13 @@ def render_status(data: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = [head]
 
     if data["best"]:
-        t = _table("best per task", [("task", "id"), ("candidate", "id"), ("speedup", "num"), "operator",
-                                     ("island", "num"), ("gen", "num"), ("champion", "word")])
+        both = both_timed(data["best"].values())
+        t = _table("best per task", [("task", "id"), ("candidate", "id"), *_speedup_columns(both), "operator",
+                                     ("island", "num"), ("gen", "num"), ("champion", "word")],
+                   **({"caption": escape(BASIS_NOTE)} if both else {}))
         for task, b in data["best"].items():
             champ = ("[green]confirmed[/]" if b["confirmed"] else "yes") if b["champion"] else "-"
-            t.add_row(task, b["id"][:12], _fmt(b["fitness"]), escape(str(b["operator"])), _fmt(b["island"]),
+            t.add_row(task, b["id"][:12], *_speedups(b, both), escape(str(b["operator"])), _fmt(b["island"]),
                       _fmt(b["generation"]), champ)
         parts.append(t)
     if data["by_task"]:
@@ -198,8 +212,12 @@ def _metrics_summary(stage: dict[str, Any]) -> str:
         rows = []
         for r in m["shapes"]:
             if isinstance(r, dict) and "median_ms" in r:
-                rows.append(f"{r.get('shape')}: {r['median_ms']:.4g} ms vs ref {r.get('ref_median_ms', float('nan')):.4g} ms"
-                            f" (x{r.get('speedup', float('nan')):.3f})")
+                text = (f"{r.get('shape')}: {r['median_ms']:.4g} ms vs ref {r.get('ref_median_ms', float('nan')):.4g} ms"
+                        f" (x{r.get('speedup', float('nan')):.3f})")
+                if r.get("compile_ref_median_ms") is not None:
+                    text += (f", vs compiled ref {r['compile_ref_median_ms']:.4g} ms"
+                             f" (x{r.get('compile_speedup', float('nan')):.3f})")
+                rows.append(text)
         return "; ".join(rows)
     if stage["stage"] == "compile":
         keys = ("registers", "smem_bytes", "spill_stores", "spill_loads", "wgmma_serialized", "nvcc_seconds")
@@ -221,8 +239,16 @@ def render_show(d: dict[str, Any], *, source: bool = True) -> RenderableType:
     head.add_row("parents", ", ".join(p[:12] for p in d["parents"]) or "-")
     head.add_row("children", ", ".join(c[:12] for c in d["children"]) or "-")
     head.add_row("params", escape(" ".join(f"{k}={v}" for k, v in d["params"].items())) or "-")
-    head.add_row("status", f"{_verdict(d['status'])}  speedup {_fmt(d['fitness'])}"
-                           + (f"  on {escape(d['gpu'])}" if d.get("gpu") else ""))
+    if d.get("fitness_compile") is not None:
+        eager, comp = speedup_cells(d)
+        speed = (f"vs eager {eager}, vs compile {comp} (torch.compile mode {escape(str(d.get('compile_mode')))}; "
+                 f"{escape(BASIS_NOTE)})")
+    else:
+        speed = f"speedup {_fmt(d['fitness'])}"
+    head.add_row("status", f"{_verdict(d['status'])}  {speed}" + (f"  on {escape(d['gpu'])}" if d.get("gpu") else ""))
+    if (d.get("env") or {}).get("reference_compile_error"):
+        head.add_row("vs compile", "[yellow]compile failed[/]: "
+                     + escape(d["env"]["reference_compile_error"].splitlines()[0][:300]))
     head.add_row("run", f"{d['run_id'] or '-'} (in runs: {', '.join(d['runs']) or '-'})")
     for ch in d["champion_of"]:
         conf = "confirmed" if ch["confirmation"].get("confirmed") else "not confirmed"

@@ -449,6 +449,36 @@ class StoreReader:
         """``{task: (fittest correct candidate, fitness)}`` for every task with one."""
         return {c.task: (c, f) for c, f in self.top_k(run_id, None, 1)}
 
+    def reference_fitness(self, run_id: str, candidate_ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """``{candidate id: {reference, fitness_eager, fitness_compile, compile_mode}}`` from
+        the timing stage metrics of the run's evaluations (of ``candidate_ids`` only, if given).
+
+        ``reference`` is the fitness basis (``"eager"`` or ``"compile"``);
+        ``fitness_compile`` / ``compile_mode`` are None where the compiled reference was not
+        timed. Only timings that name their basis are listed (those recorded before
+        ``[evaluator] reference`` existed do not). Read in SQL (``json_extract``), so a large
+        run's JSON metrics are never parsed in Python.
+        """
+        sql = (
+            "SELECT candidate_id, json_extract(metrics, '$.reference'), json_extract(metrics, '$.fitness_eager'), "
+            "json_extract(metrics, '$.fitness_compile'), json_extract(metrics, '$.compile_mode') "
+            "FROM stage_results WHERE run_id = ? AND stage = 'timing' AND json_valid(metrics) "
+            "AND json_extract(metrics, '$.reference') IS NOT NULL"
+        )
+        ids = None if candidate_ids is None else list(dict.fromkeys(candidate_ids))
+        chunks = [None] if ids is None else [ids[i:i + 500] for i in range(0, len(ids), 500)]
+        out: dict[str, dict[str, Any]] = {}
+        with self._snapshot() as conn:
+            for chunk in chunks:
+                where, args = "", [run_id]
+                if chunk is not None:
+                    where = f" AND candidate_id IN ({', '.join('?' * len(chunk))})"
+                    args += chunk
+                for cid, ref, eager, comp, mode in conn.execute(sql + where + " ORDER BY idx", args):
+                    out[cid] = {"reference": ref, "fitness_eager": None if eager is None else float(eager),
+                                "fitness_compile": None if comp is None else float(comp), "compile_mode": mode}
+        return out
+
     # ---- profiles -----------------------------------------------------------------------
 
     def get_profile(self, cid: str, shape: str | None = None, *, gpu: str | None = None) -> dict[str, Any] | None:
