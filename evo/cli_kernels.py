@@ -291,13 +291,15 @@ def bench(
     db: Optional[str] = DbOpt,
     progress: bool = ProgressOpt,
 ) -> None:
-    """Re-measure champions (--run) or seeds (--task/--family) against their torch references
-    in one run, one fresh process per kernel, and write a results table naming GPU, driver,
-    CUDA, torch, date and the command, with a per-family geometric-mean summary.
+    """Re-measure champions (--run) or seeds (--task/--family) against their torch references,
+    eager and under torch.compile, in one run, one fresh process per kernel, and write a results
+    table naming GPU, driver, CUDA, torch, date and the command, with per-family geometric means
+    against both.
 
     Example: evo bench --targets benchmarks/targets.toml --profile-misses --out benchmarks/RESULTS.md
     """
     import shlex
+    from dataclasses import replace as _replace
 
     import evo.tasks as T
     from evaluators.pipeline import gpu_available
@@ -306,6 +308,7 @@ def bench(
     from evo.store import StoreError
 
     cs, hs = _stage_settings(config)
+    hs = _replace(hs, time_compiled_reference=True)  # both baselines in every table (docs/evaluator.md)
     from evo.results.bench import TargetsError, load_targets
 
     if profile_misses and targets is None:
@@ -320,9 +323,6 @@ def bench(
         _fail(str(e.args[0] if e.args else e))
     if run:
         from evo.cli_common import resolve_run
-
-        from dataclasses import replace as _replace
-
         from evo.tasks.user import TaskFileError, load_run_task_files
 
         with _open_reader(db) as store:
@@ -355,7 +355,10 @@ def bench(
                          profile_settings=ps,
                          on_row=lambda r: console.print(
                              f"{r.task:24s} {r.shape:32s} {r.status:10s} "
-                             f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}", highlight=False),
+                             f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}"
+                             + (" (vs compile: compile failed)" if r.compile_error else
+                                f" ({r.compile_speedup:.3f}x vs compile)" if r.compile_speedup is not None else ""),
+                             highlight=False),
                          on_progress=lambda step, i, n: bar.update(
                              {"compile": "compiling", "done": "done"}.get(step, f"measuring {step}"), i, n))
     console.print(f"wrote {out} ({len(rows)} rows)")

@@ -6,6 +6,13 @@ timed in its own isolated process (``evaluators.isolation.run_isolated``, mode
 ``check+time``), one after another so timings never overlap; the reference is timed by the
 same protocol in the same process. The markdown table names GPU, driver, CUDA, torch, date
 and the command, and is rewritten after every kernel so a run cut short keeps its rows.
+
+When the harness also timed the reference under ``torch.compile``
+(``HarnessSettings.time_compiled_reference``, which ``evo bench`` sets), the rows carry its
+median and the speedup against it, the table and the family summary gain a "compile ms" /
+"vs compile" column and a compiled geomean, a reference inductor could not compile reads
+"compile failed" (never a number), and a line lists the shapes where the compiled reference
+is already within :data:`SOL_WITHIN` of the speed-of-light time.
 """
 
 from __future__ import annotations
@@ -30,9 +37,15 @@ __all__ = [
     "results_table",
     "family_summary",
     "write_results",
+    "compile_at_sol",
+    "SOL_WITHIN",
 ]
 
 log = logging.getLogger(__name__)
+
+#: The compiled reference "reaches the speed of light" on a shape when its median is within
+#: this fraction above the shape's speed-of-light time (no kernel can then beat it by more).
+SOL_WITHIN = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +65,9 @@ class BenchRow:
     candidate: str = ""
     dims: tuple[tuple[str, int], ...] = ()   # the shape itself; ``shape`` is its printed form
     sol_ms: float | None = None              # speed-of-light time of the shape on this GPU
+    compile_ms: float | None = None          # the reference under torch.compile, when timed
+    compile_speedup: float | None = None     # its median / ours
+    compile_error: str = ""                  # why torch.compile could not compile the reference
 
 
 class TargetsError(ValueError):
@@ -150,10 +166,11 @@ def _rows_for(cand: Candidate, report: Any) -> list[BenchRow]:
     from evo.tasks import get_task
 
     task = get_task(cand.task)
+    cerr = (report.env.get("reference_compile_error") or "").strip()
     bad = next((s for s in report.stages if s.status not in (Status.OK, Status.SKIPPED)), None)
     if bad is not None:
         return [BenchRow(cand.task, "", task.dtype, None, None, None, "-", None,
-                         f"{bad.stage}: {bad.status.value}", bad.reason[:200], cand.id)]
+                         f"{bad.stage}: {bad.status.value}", bad.reason[:200], cand.id, compile_error=cerr)]
     rows = []
     for t in report.timings:
         flops, nbytes = task.flops(t.shape), task.bytes(t.shape)
@@ -163,24 +180,47 @@ def _rows_for(cand: Candidate, report: Any) -> list[BenchRow]:
             rate = f"{nbytes / (t.median_ms * 1e-3) / 1e9:.0f} GB/s"
         pct = 100.0 * t.sol_ms / t.median_ms if t.sol_ms else None
         rows.append(BenchRow(cand.task, _fmt_shape(t.shape), task.dtype, t.ref_median_ms, t.median_ms,
-                             t.speedup, rate, pct, "ok", "", cand.id, tuple(t.shape.items()), t.sol_ms))
-    return rows or [BenchRow(cand.task, "", task.dtype, None, None, None, "-", None, "ok", "no timing", cand.id)]
+                             t.speedup, rate, pct, "ok", "", cand.id, tuple(t.shape.items()), t.sol_ms,
+                             t.compile_ref_median_ms, t.compile_speedup, cerr))
+    return rows or [BenchRow(cand.task, "", task.dtype, None, None, None, "-", None, "ok", "no timing", cand.id,
+                             compile_error=cerr)]
+
+
+def _with_compile(rows: list[BenchRow]) -> bool:
+    """Whether the compiled reference was timed (or failed to compile) for any row."""
+    return any(r.compile_ms is not None or r.compile_error for r in rows)
+
+
+#: What a compiled-reference cell says when inductor could not compile the reference.
+COMPILE_FAILED = "compile failed"
 
 
 def results_table(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
     def num(x: float | None, f: str) -> str:
         return "-" if x is None else format(x, f)
 
-    head = "| task | shape | dtype | torch ms | ours ms | speedup | rate | % of SOL |"
-    rule = "|---|---|---|---|---|---|---|---|"
+    both = _with_compile(rows)
+    if both:
+        head = "| task | shape | dtype | torch ms | compile ms | ours ms | speedup | vs compile | rate | % of SOL |"
+        rule = "|---|---|---|---|---|---|---|---|---|---|"
+    else:
+        head = "| task | shape | dtype | torch ms | ours ms | speedup | rate | % of SOL |"
+        rule = "|---|---|---|---|---|---|---|---|"
     if targets is not None:
         head += " target | gap |"
         rule += "---|---|"
     out = [head + " status |", rule + "---|"]
     for r in rows:
         status = r.status + (f" ({r.note})" if r.note else "")
-        line = (f"| {r.task} | {r.shape} | {r.dtype} | {num(r.torch_ms, '.4f')} | {num(r.ours_ms, '.4f')} | "
-                f"{num(r.speedup, '.3f')} | {r.rate} | {num(r.pct_sol, '.1f')} |")
+        if both:
+            comp = (COMPILE_FAILED, COMPILE_FAILED) if r.compile_error else (
+                num(r.compile_ms, '.4f'), num(r.compile_speedup, '.3f'))
+            line = (f"| {r.task} | {r.shape} | {r.dtype} | {num(r.torch_ms, '.4f')} | {comp[0]} | "
+                    f"{num(r.ours_ms, '.4f')} | {num(r.speedup, '.3f')} | {comp[1]} | {r.rate} | "
+                    f"{num(r.pct_sol, '.1f')} |")
+        else:
+            line = (f"| {r.task} | {r.shape} | {r.dtype} | {num(r.torch_ms, '.4f')} | {num(r.ours_ms, '.4f')} | "
+                    f"{num(r.speedup, '.3f')} | {r.rate} | {num(r.pct_sol, '.1f')} |")
         if targets is not None:
             t = targets.for_row(r.task, r.shape)
             line += f" {num(t, '.2f')} | {_gap(r.speedup, t, r.torch_ms, r.sol_ms)} |"
@@ -208,36 +248,67 @@ def _gap(speedup: float | None, target: float | None, torch_ms: float | None = N
     return gap
 
 
-def family_summary(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
-    """Per family: geometric-mean speedup over tasks (each task: geomean of its shapes), the
-    slowest task, and the family targets with their gaps. Tasks without timing are counted."""
+def _geomean(xs: Iterable[float]) -> float:
     import math
 
+    v = list(xs)
+    return math.exp(sum(map(math.log, v)) / len(v))
+
+
+def family_summary(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
+    """Per family: geometric-mean speedup over tasks (each task: geomean of its shapes), the
+    slowest task, and the family targets with their gaps. Tasks without timing are counted.
+
+    When the compiled reference was timed, a "geomean vs compile" column follows: the same
+    geomean against it, over the timed tasks whose every timed shape has a compiled time;
+    tasks whose reference failed to compile are counted beside it, never averaged in."""
     from evo.tasks import get_task
 
+    both = _with_compile(rows)
     per_task: dict[str, list[float]] = {}
+    per_task_c: dict[str, list[float | None]] = {}
     failed: set[str] = set()
+    no_compile: set[str] = set()
     for r in rows:
+        if r.compile_error:
+            no_compile.add(r.task)
         if r.speedup is not None and r.speedup > 0:
             per_task.setdefault(r.task, []).append(r.speedup)
+            per_task_c.setdefault(r.task, []).append(r.compile_speedup)
         else:
             failed.add(r.task)
     fams: dict[str, dict[str, float]] = {}
+    fams_c: dict[str, dict[str, float]] = {}
     for t, v in per_task.items():
-        fams.setdefault(get_task(t).family, {})[t] = math.exp(sum(map(math.log, v)) / len(v))
+        fam = get_task(t).family
+        fams.setdefault(fam, {})[t] = _geomean(v)
+        cv = per_task_c[t]
+        if t not in no_compile and all(x is not None and x > 0 for x in cv):
+            fams_c.setdefault(fam, {})[t] = _geomean(x for x in cv if x is not None)
     for t in failed - set(per_task):
         fams.setdefault(get_task(t).family, {})
-    out = ["| family | tasks timed | geomean speedup | slowest task | target geomean | target min | gaps |",
-           "|---|---|---|---|---|---|---|"]
+    if both:
+        out = ["| family | tasks timed | geomean speedup | geomean vs compile | slowest task | target geomean "
+               "| target min | gaps |", "|---|---|---|---|---|---|---|---|"]
+    else:
+        out = ["| family | tasks timed | geomean speedup | slowest task | target geomean | target min | gaps |",
+               "|---|---|---|---|---|---|---|"]
     for fam in sorted(fams):
         sp = fams[fam]
         n_fail = len({t for t in failed - set(per_task) if get_task(t).family == fam})
         if sp:
-            geo = math.exp(sum(map(math.log, sp.values())) / len(sp))
+            geo = _geomean(sp.values())
             worst = min(sp, key=sp.get)
             g_s, w_s = f"{geo:.3f}", f"{worst} {sp[worst]:.3f}"
         else:
             geo, worst, g_s, w_s = None, None, "-", "-"
+        if both:
+            spc = fams_c.get(fam, {})
+            n_cf = len({t for t in no_compile if get_task(t).family == fam})
+            c_s = f"{_geomean(spc.values()):.3f}" if spc else "-"
+            c_s += f" over {len(spc)}" if spc and len(spc) != len(sp) else ""
+            c_s += f" (+{n_cf} {COMPILE_FAILED})" if n_cf else ""
+            g_s += f" | {c_s}"
         tg, tm = (targets.family.get(fam, (None, None)) if targets else (None, None))
         gaps = []
         if tg is not None:
@@ -248,6 +319,28 @@ def family_summary(rows: list[BenchRow], targets: Targets | None = None) -> list
                    + f" | {g_s} | {w_s} | {'-' if tg is None else f'{tg:.2f}'} | "
                    f"{'-' if tm is None else f'{tm:.2f}'} | {', '.join(gaps) or '-'} |")
     return out
+
+
+def compile_at_sol(rows: list[BenchRow]) -> str:
+    """One line naming the shapes where the compiled reference's median is within
+    :data:`SOL_WITHIN` of the speed-of-light time (so no kernel can beat torch.compile there
+    by more than ``1 + SOL_WITHIN``), grouped by task; computed from ``rows``."""
+    at: dict[str, list[str]] = {}
+    timed: dict[str, int] = {}
+    for r in rows:
+        if r.compile_ms is None or not r.sol_ms:
+            continue
+        timed[r.task] = timed.get(r.task, 0) + 1
+        if r.compile_ms <= (1.0 + SOL_WITHIN) * r.sol_ms:
+            at.setdefault(r.task, []).append(r.shape)
+    pct = f"{100 * SOL_WITHIN:.0f}%"
+    if not at:
+        return (f"torch.compile reaches the speed of light (compiled median within {pct} of the SOL time) "
+                "on no timed shape.")
+    parts = [f"{t} (all {timed[t]} shapes)" if len(s) == timed[t] and timed[t] > 1 else f"{t} ({'; '.join(s)})"
+             for t, s in sorted(at.items())]
+    return (f"torch.compile already reaches the speed of light (compiled median within {pct} of the SOL time, "
+            f"so no kernel can be more than {1 + SOL_WITHIN:.2f}x faster than it) on: {', '.join(parts)}.")
 
 
 def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command: str,
@@ -267,9 +360,22 @@ def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command
         "speedup = torch median / ours (same process, same protocol, TF32 off); "
         "% of SOL = speed-of-light time / ours.",
     ]
+    both = _with_compile(rows)
+    if both:
+        head.append(f"compile ms = the reference under torch.compile (mode "
+                    f"`{env.get('reference_compile_mode', '?')}`, compiled before timing, warm-up untimed), "
+                    f"timed in the same process by the same protocol; vs compile = compile ms / ours; "
+                    f"{COMPILE_FAILED} = inductor could not compile the reference (see below).")
     if targets is not None:
         head.append(f"target = minimum speedup from `{targets.source}`; gap = shortfall relative to it.")
-    body = results_table(rows, targets) + ["", "## Families", ""] + family_summary(rows, targets)
+    body = results_table(rows, targets)
+    if both:
+        body += ["", compile_at_sol(rows)]
+    body += ["", "## Families", ""] + family_summary(rows, targets)
+    failures = {r.task: r.compile_error for r in rows if r.compile_error}
+    if failures:
+        body += ["", "## References torch.compile could not compile", ""]
+        body += [f"- **{task}**: {err.splitlines()[0][:300]}" for task, err in failures.items()]
     if why:
         body += ["", "## Why targets were missed (Nsight Compute, first missed shape per task)", ""]
         body += [f"- **{task}** ({shape}): {text}" for (task, shape), text in why.items()]
