@@ -32,7 +32,7 @@ def _timing(ours_ms: float, eager_ms: float, compile_ms: float | None, basis: st
     return summarize([s], basis)
 
 
-def _run(tmp_path, timings: dict[str, StageResult]) -> tuple:
+def _run(tmp_path, timings: dict[str, StageResult], env: dict[str, str] | None = None) -> tuple:
     """A run with one correct kb19_relu candidate per entry of ``timings`` (name -> stage)."""
     db = tmp_path / "evo.db"
     cands = {}
@@ -44,7 +44,8 @@ def _run(tmp_path, timings: dict[str, StageResult]) -> tuple:
             store.add_candidate(rid, c)
             stages = (StageResult("policy", Status.OK), StageResult("compile", Status.OK),
                       StageResult("correctness", Status.OK), st)
-            store.add_evaluation(rid, Evaluation(c.id, stages, st.metrics.get("fitness"), gpu="NVIDIA H200"))
+            store.add_evaluation(rid, Evaluation(c.id, stages, st.metrics.get("fitness"), gpu="NVIDIA H200",
+                                                env=env or {}))
             cands[name] = c
     return db, rid, cands
 
@@ -119,6 +120,14 @@ def test_eager_only_keeps_todays_views_and_json_says_so(tmp_path):
     assert (best["reference"], best["fitness_eager"], best["fitness_compile"]) == ("eager", 2.0, None)
     (row,) = json.loads(runner.invoke(app, ["top", rid, "--db", str(db), "--json"]).output)
     assert row["reference"] == "eager" and row["fitness_compile"] is None
+
+
+def test_show_says_when_the_reference_did_not_compile(tmp_path):
+    db, rid, c = _run(tmp_path, {"k": _timing(2.0, 4.0, None)},
+                      env={"reference": "eager", "reference_compile_error": "BackendCompilerFailed: boom\ntrace"})
+    res = runner.invoke(app, ["show", c["k"].id, "--db", str(db), "--no-source"])
+    assert res.exit_code == 0, res.output
+    assert "compile failed: BackendCompilerFailed: boom" in res.output and "trace" not in res.output
 
 
 # ---------------------------------------------------------------------------- evo bench
