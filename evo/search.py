@@ -35,7 +35,7 @@ def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None
     if kind == "knobs":
         from mutators.knobs import KnobsMutator
 
-        return KnobsMutator(crossover_rate=cfg.mutator.crossover_rate, perturb_max=cfg.mutator.perturb_max)
+        return KnobsMutator.from_settings(cfg.knobs_settings())
     if kind == "llm":
         return _make_llm_mutator(cfg, store=store, run_id=run_id, rng=rng or random.Random(0))
     raise SearchError(f"mutator.kind = {kind!r}: unknown; known: {', '.join(MUTATOR_KINDS)}")

@@ -11,6 +11,7 @@ config section        settings record                                used by
 ``[profile]``         :class:`evaluators.profile.ProfileSettings`    the profile stage
 ``[tuning]``          :class:`evo.tuning_settings.TuningSettings`    tuning studies
 ``[search]``          :class:`evo.engine_settings.EngineSettings`    the engine, the islands
+``[mutator]``         :class:`mutators.knobs.KnobsSettings`          the knobs mutator
 ====================  =============================================  =====================
 
 A field declared with :func:`config_key` is a key of its section: the declaration carries

@@ -14,6 +14,9 @@ source moves that one tunable to its next value not yet tried from the parent's 
 (nearest in the declared set first), so the whole set is walked in a few children instead of
 waiting for random perturbations to land on the good value; a sweep step is an ordinary
 ``knobs`` child (its notes say ``sweep``).
+
+**Settings.** :class:`KnobsSettings` is the record of the ``[mutator]`` section's knobs keys
+(:mod:`evo.settings`); :meth:`KnobsMutator.from_settings` builds the mutator from it.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import hashlib
 import logging
 import math
 import random
+from dataclasses import dataclass
 
 from evo.records import Member, Operator, candidate_id, canonical_params
 from evo.tunables import Tunable, parse_tunables, resolve_params, violated_constraints
+from evo.settings import config_key
 from mutators.base import MutationContext, Proposal
 
-__all__ = ["KnobsMutator"]
+__all__ = ["KnobsMutator", "KnobsSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,18 @@ _NEIGHBOUR_P = 0.7
 
 def _source_key(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KnobsSettings:
+    """The knobs mutator's keys of ``[mutator]`` (docs/config.md); the meaning of each is in
+    :class:`KnobsMutator`'s docstring. Bounds are checked when the config is loaded and again
+    by the mutator's constructor."""
+
+    crossover_rate: float = config_key(0.3, ge=0.0, le=1.0)
+    perturb_max: int = config_key(2, ge=1)
+    sweep_rate: float = config_key(0.5, ge=0.0, le=1.0)
+    sweep_threshold: float = config_key(0.03, gt=0.0)
 
 
 class KnobsMutator:
@@ -54,8 +71,9 @@ class KnobsMutator:
     #: ``None`` from ``propose`` means these parents have no untried neighbour left.
     exhaustive = True
 
-    def __init__(self, crossover_rate: float = 0.3, perturb_max: int = 2, *, sweep_rate: float = 0.5,
-                 sweep_threshold: float = 0.03) -> None:
+    def __init__(self, crossover_rate: float = KnobsSettings.crossover_rate,
+                 perturb_max: int = KnobsSettings.perturb_max, *, sweep_rate: float = KnobsSettings.sweep_rate,
+                 sweep_threshold: float = KnobsSettings.sweep_threshold) -> None:
         if not 0.0 <= crossover_rate <= 1.0:
             raise ValueError(f"crossover_rate={crossover_rate}: must be within [0, 1]")
         if perturb_max < 1:
@@ -71,6 +89,12 @@ class KnobsMutator:
         # child id -> (source key, the one tunable it changed, its parent's fitness)
         self._single: dict[str, tuple[str, str, float]] = {}
         self.matters: dict[str, set[str]] = {}  # source key -> tunables that moved fitness
+
+    @classmethod
+    def from_settings(cls, settings: KnobsSettings) -> "KnobsMutator":
+        """The mutator ``settings`` configure (the ``[mutator]`` section's record)."""
+        return cls(settings.crossover_rate, settings.perturb_max, sweep_rate=settings.sweep_rate,
+                   sweep_threshold=settings.sweep_threshold)
 
     def observe(self, candidate_id: str, fitness: float | None) -> None:
         """Learn which tunables matter (module docstring, "Sweeps")."""

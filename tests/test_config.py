@@ -100,6 +100,7 @@ def test_defaults_match_documented_values(registry):
     assert (s.max_wall_minutes, s.in_flight, s.migration_every, s.migration_count) == (10, 0, 40, 2)
     assert s.selection_lambda == 1.0 and s.archive is True
     assert (cfg.mutator.kind, cfg.mutator.crossover_rate, cfg.mutator.perturb_max) == ("knobs", 0.3, 2)
+    assert (cfg.mutator.sweep_rate, cfg.mutator.sweep_threshold) == (0.5, 0.03)
     c = cfg.compile
     assert (c.arch, c.timeout_s, c.memory_mb) == ("sm_90a", 300, 8192)
     assert c.cache_dir == Path.cwd() / ".evo/cache"
@@ -397,6 +398,9 @@ def test_include_must_be_a_list(registry):
         ({"search": {"selection_lambda": 0.0}}, "search.selection_lambda = 0.0: must be > 0"),
         ({"mutator": {"crossover_rate": 1.5}}, "mutator.crossover_rate = 1.5: must be between 0 and 1"),
         ({"mutator": {"perturb_max": 0}}, "mutator.perturb_max = 0: must be >= 1"),
+        ({"mutator": {"sweep_rate": 1.5}}, "mutator.sweep_rate = 1.5: must be between 0 and 1"),
+        ({"mutator": {"sweep_rate": -0.1}}, "mutator.sweep_rate = -0.1: must be between 0 and 1"),
+        ({"mutator": {"sweep_threshold": 0}}, "mutator.sweep_threshold = 0: must be > 0"),
         ({"compile": {"memory_mb": 256}}, "compile.memory_mb = 256: must be between 512 and 1048576"),
         ({"compile": {"memory_mb": 10**13}},
          "compile.memory_mb = 10000000000000: must be between 512 and 1048576"),

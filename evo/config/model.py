@@ -27,6 +27,7 @@ from evo.config.sections import (
 )
 from evo.engine_settings import EngineSettings
 from evo.tuning_settings import TuningSettings
+from mutators.knobs import KnobsSettings
 
 __all__ = ["Config"]
 
@@ -76,6 +77,10 @@ class Config(Section):
         """The ``[profile]`` section as the profile stage's record; its cache is
         ``profiles`` beside the compile cache."""
         return record(self.profile, ProfileSettings, cache_dir=str(Path(self.compile.cache_dir).parent / "profiles"))
+
+    def knobs_settings(self) -> KnobsSettings:
+        """The ``[mutator]`` section's knobs keys as the knobs mutator's record."""
+        return record(self.mutator, KnobsSettings)
 
     def tuning_settings(self) -> TuningSettings:
         """The ``[tuning]`` section as tuning's record (seeded by ``run.seed``)."""

@@ -16,6 +16,7 @@ from evaluators.profile import ProfileSettings
 from evo.config.fields import CONFIG_DIR, InputPathField, PathField, Section, int_or_auto, section_model, suggest
 from evo.engine_settings import EngineSettings
 from evo.tuning_settings import TuningSettings
+from mutators.knobs import KnobsSettings
 
 __all__ = ["KNOWN_GPUS", "RunConfig", "TasksConfig", "SearchConfig", "MutatorConfig", "CompileConfig",
            "EvaluatorConfig", "RayConfig", "ProfileConfig", "TuningConfig"]
@@ -156,13 +157,17 @@ SearchConfig = section_model(
     ":class:`evo.engine_settings.EngineSettings`).", base=_SearchRules, module=__name__)
 
 
-class MutatorConfig(Section):
-    """``[mutator]``: how children are proposed: the offline ``knobs`` mutator or ``llm``
-    (needs an ``[llm]`` section, see docs/llm.md)."""
+class _MutatorKind(Section):
+    """The ``[mutator]`` key no settings record declares: which mutator proposes children."""
 
     kind: Literal["knobs", "llm"] = "knobs"
-    crossover_rate: float = Field(0.3, ge=0.0, le=1.0)
-    perturb_max: int = Field(2, ge=1)
+
+
+MutatorConfig = section_model(
+    KnobsSettings, "MutatorConfig",
+    "``[mutator]``: how children are proposed: the offline ``knobs`` mutator or ``llm`` (needs an "
+    "``[llm]`` section, see docs/llm.md); the knobs mutator's keys: :class:`mutators.knobs.KnobsSettings`.",
+    base=_MutatorKind, module=__name__)
 
 
 CompileConfig = section_model(
