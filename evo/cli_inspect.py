@@ -81,8 +81,8 @@ def show(
     as_json: bool = JsonOpt,
     source: bool = typer.Option(True, "--source/--no-source", help="Print the kernel source."),
 ) -> None:
-    """Show one kernel: source, params, stage verdicts, metrics, profile, and the prompt and
-    response that made it.
+    """Show one kernel: source, params, stage verdicts, metrics, profile, the prompt and
+    response that made it, and for a champion its confirmed gain over the seed.
 
     Example: evo show 3fa9c2e1b7d0
     """
@@ -182,8 +182,9 @@ def status(
     db: Optional[str] = DbOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Where a run stands, live or finished: evaluations, failures by stage, best per task,
-    LLM spend, evaluation rate and GPU busy fraction.
+    """Where a run stands, live or finished: evaluations, failures by stage, best per task
+    (with the champion's confirmed gain over the seed), LLM spend, evaluation rate and GPU
+    busy fraction.
 
     Example: evo status r-20261130-1342-ab12 --json
     """

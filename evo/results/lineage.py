@@ -256,7 +256,8 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
     ``artifacts``), ``env`` and ``gpu`` of that evaluation, ``profiles`` (every stored
     profile), ``llm_calls`` (the calls whose proposal became this candidate: model, kind,
     prompt, response, tokens, cost, latency, error), ``children`` (ids) and ``champion_of``
-    ([{run_id, task, confirmation}]).
+    ([{run_id, task, fitness, confirmation, gain, verdict}]: ``gain`` and ``verdict`` as
+    :meth:`evo.store.StoreReader.champions` returns them, None without a measured gain).
     """
     c = store.get_candidate(cid)
     runs = _runs_of(store, cid)
@@ -285,7 +286,8 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
         for ch in store.champions(rid):
             if ch["candidate_id"] == cid:
                 champion_of.append({"run_id": rid, "task": ch["task"], "fitness": ch["fitness"],
-                                    "confirmation": ch["confirmation"]})
+                                    "confirmation": ch["confirmation"], "gain": ch["gain"],
+                                    "verdict": ch["verdict"]})
     timing = ev.stage("timing") if ev else None
     tm = timing.metrics if timing is not None else {}
     return {

@@ -19,7 +19,8 @@ state, no display needed):
 
 The page also carries the tables of :func:`evo.results.status.run_status` (counts, failures, best
 per task, spend; best per task shows "vs eager" and "vs compile" when the compiled reference
-was timed, the fitness basis marked). Anything that cannot be drawn (a task unknown to this install, a champion
+was timed, the fitness basis marked, and "gain over seed" with its interval and verdict when the
+champion confirmation measured one). Anything that cannot be drawn (a task unknown to this install, a champion
 without timing metrics) is listed under "Notes" rather than failing the report.
 
 matplotlib (>= 3.8) is a runtime dependency of this command only; without it
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from evo.records import Candidate, Evaluation
 from evo.results.status import run_status
-from evo.results.tables import BASIS_NOTE, both_timed, speedup_cells
+from evo.results.tables import BASIS_NOTE, both_timed, gain_text, seed_stays, speedup_cells
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
@@ -378,6 +379,13 @@ _CAPTIONS = {
 }
 
 
+def _champion(b: dict[str, Any]) -> str:
+    """The "champion" cell: confirmed / yes / no, or which seed stayed champion."""
+    if b["champion"]:
+        return "confirmed" if b["confirmed"] else "yes"
+    return f"no: seed {b['champion_id'][:12]} stays" if seed_stays(b) else "no"
+
+
 def _page(status: dict[str, Any], plots: dict[str, str], notes: Sequence[str], gpu: str) -> str:
     run = status["run"]
     prog = status["progress"]
@@ -391,16 +399,20 @@ def _page(status: dict[str, Any], plots: dict[str, str], notes: Sequence[str], g
         tid="summary",
     )
     both = both_timed(status["best"].values())
+    gains = any(b.get("gain") for b in status["best"].values())
     best = _table(
         ["task", "candidate", *(["vs eager", "vs compile"] if both else ["speedup"]), "operator", "island",
-         "generation", "champion"],
+         "generation", "champion", *(["gain over seed"] if gains else [])],
         [[t, b["id"][:12], *(speedup_cells(b) if both else [_num(b["fitness"])]), b["operator"], b["island"],
-          b["generation"], ("confirmed" if b["confirmed"] else "yes") if b["champion"] else "no"]
+          b["generation"], _champion(b), *([gain_text(b.get("gain"), b.get("verdict"))] if gains else [])]
          for t, b in status["best"].items()],
         tid="best",
     ) + (f'<p id="best-note">{_e(BASIS_NOTE)}; vs eager: against the reference run eagerly, vs compile: '
          "against it under torch.compile, both timed in the same process by the same protocol.</p>"
-         if both else "")
+         if both else "") + (
+        '<p id="gain-note">gain over seed: the speedup of the best over the task\'s seed from the champion '
+        "confirmation's paired re-timing, ratio [confidence interval]; without a significant gain the seed "
+        "stays champion.</p>" if gains else "")
     fails = _table(
         ["stage", "reached", "passed", "failed by verdict"],
         [[r["stage"], r["entered"], r["passed"], ", ".join(f"{k} {v}" for k, v in r["failed"].items()) or "-"]

@@ -11,7 +11,8 @@ Where the numbers come from:
 * failures by stage / the funnel: every evaluation's stage results (:func:`failure_funnel`);
 * best per task: :meth:`Store.best_per_task`, marked with the champion row when there is one,
   with the fitness basis and the speedups against the eager and the compiled reference
-  (:meth:`Store.reference_fitness`);
+  (:meth:`Store.reference_fitness`), and the champion confirmation's gain over the seed with
+  its interval and verdict (:meth:`Store.champions`);
 * spend: :meth:`Store.llm_totals` (the sum of the ``cost`` column of ``llm_calls``);
 * rates (evaluations per minute, GPU busy fraction, queues): the payload of the run's latest
   ``progress`` (or ``finish``) event, which the engine logs every few evaluations.
@@ -29,7 +30,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from evo.records import Evaluation, Status
-from evo.results.tables import reference_fields
+from evo.results.tables import gain_fields, reference_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store
@@ -129,9 +130,13 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
     ``by_task`` ({task: {evaluations, correct, pending}}), ``failures_by_stage``
     ({stage: {status: n}}, by the stage that stopped each evaluation), ``funnel``
     (:func:`failure_funnel`), ``best`` ({task: {id, fitness, operator, island, generation,
-    champion, confirmed, reference, fitness_eager, fitness_compile}}; the last three None
-    where the timing did not record them, ``fitness_compile`` None where the compiled
-    reference was not timed), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost),
+    champion, confirmed, reference, fitness_eager, fitness_compile, champion_id, gain,
+    verdict}}: reference and the fitnesses None where the timing did not record them,
+    ``fitness_compile`` None where the compiled reference was not timed; ``champion_id``,
+    ``gain`` and ``verdict`` from the task's champion row, :func:`evo.results.tables.gain_fields`:
+    the confirmed speedup of the task's best over its seed, None without a confirmation that
+    measured one; a best not significantly faster leaves the seed champion, so
+    ``champion_id`` is the seed's), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost),
     ``progress`` (the latest progress event's numbers plus ``at`` and ``age_s``; empty
     without one), ``events`` ({kind: count}), ``stop_reason`` (from the ``finish`` event).
     """
@@ -173,14 +178,14 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
             "champion": bool(champ and champ["candidate_id"] == cand.id),
             "confirmed": bool(champ and champ["candidate_id"] == cand.id
                               and champ["confirmation"].get("confirmed")),
-            **reference_fields(refs.get(cand.id)),
+            **reference_fields(refs.get(cand.id)), **gain_fields(champ),
         }
     for task, champ in champions.items():  # a champion whose task has no 'best' row (unlikely)
         best.setdefault(task, {
             "id": champ["candidate_id"], "fitness": champ["fitness"], "operator": None,
             "island": None, "generation": None, "champion": True,
             "confirmed": bool(champ["confirmation"].get("confirmed")),
-            **reference_fields(refs.get(champ["candidate_id"])),
+            **reference_fields(refs.get(champ["candidate_id"])), **gain_fields(champ),
         })
 
     events = store.events(rid)

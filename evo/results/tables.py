@@ -8,6 +8,12 @@ Speedups against both references (:func:`reference_fields`, :func:`both_timed`,
 shown as a "vs eager" and a "vs compile" value, the fitness basis (``[evaluator]
 reference``) marked with :data:`BASIS_MARK`; where no shown row has a compiled time, the
 views keep their single "speedup" (the fitness) exactly as before.
+
+A champion's confirmed gain (:func:`gain_fields`, :func:`gain_text`): the speedup of the
+task's best over its seed from the champion confirmation's paired re-timing
+(:func:`evo.survivors.speedup_interval`), its confidence interval and the verdict, as the
+store's champion row holds them; a task without that row, or a row without a measured gain,
+shows none of it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from typing import Any, Iterable, Mapping
 
 from rich.table import Table
 
-__all__ = ["table", "fmt", "short_time", "reference_fields", "both_timed", "speedup_cells", "BASIS_MARK",
-           "BASIS_NOTE"]
+__all__ = ["table", "fmt", "short_time", "reference_fields", "both_timed", "speedup_cells", "gain_fields",
+           "gain_cells", "gain_text", "seed_stays", "BASIS_MARK", "BASIS_NOTE"]
 
 #: Appended to the speedup that is the fitness (the basis of ``[evaluator] reference``).
 BASIS_MARK = "*"
@@ -111,3 +117,49 @@ def speedup_cells(row: Mapping[str, Any], nd: int = 3) -> tuple[str, str]:
         text = fmt(None if value is None else float(value), nd)
         cells.append(text + BASIS_MARK if value is not None and name == basis else text)
     return cells[0], cells[1]
+
+
+#: How the stored verdicts (:attr:`evo.survivors.SpeedupInterval.verdict`) read in the views;
+#: "no significant gain" reads as stored.
+_VERDICT_WORDS = {"faster": "significant", "slower": "significantly slower"}
+
+
+def gain_fields(champion: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``champion_id``, ``gain`` and ``verdict`` of a task's champion row
+    (:meth:`evo.store.StoreReader.champions`; None: all three None). ``gain`` is the speedup
+    over the baseline (ratio, low, high, confidence, rounds, method, baseline) or None when
+    the confirmation measured none."""
+    champion = champion or {}
+    return {"champion_id": champion.get("candidate_id"), "gain": champion.get("gain"),
+            "verdict": champion.get("verdict")}
+
+
+def gain_cells(gain: Mapping[str, Any] | None, verdict: str | None) -> tuple[str, str, str]:
+    """``("1.052x", "[1.031, 1.074]", "significant")``: the ratio, its interval and the verdict
+    as the views word it (``"-"`` each without a gain)."""
+    if not gain:
+        return "-", "-", "-"
+    return (f"{gain['ratio']:.3f}x", f"[{gain['low']:.3f}, {gain['high']:.3f}]",
+            _VERDICT_WORDS.get(str(verdict), str(verdict or "-")))
+
+
+def gain_text(gain: Mapping[str, Any] | None, verdict: str | None, *, long: bool = False) -> str:
+    """``1.052x [1.031, 1.074] significant`` (:func:`gain_cells` in one line, "-" without a
+    gain); ``long`` adds the confidence level, the rounds and the baseline's id."""
+    if not gain:
+        return "-"
+    text = " ".join(gain_cells(gain, verdict))
+    if long:
+        level = gain.get("confidence")
+        ci = f"{100 * level:g}% interval" if isinstance(level, (int, float)) else "interval"
+        text += (f" ({ci} from {gain.get('rounds')} paired rounds, over "
+                 f"{str(gain.get('baseline') or '-')[:12]})")
+    return text
+
+
+def seed_stays(row: Mapping[str, Any]) -> bool:
+    """Whether a task's confirmation kept the baseline (the seed) as champion: its champion
+    is the baseline it was timed against, not this row's candidate (a :func:`gain_fields` row
+    with ``id``)."""
+    gain = row.get("gain") or {}
+    return bool(gain.get("baseline")) and row.get("champion_id") == gain["baseline"] != row.get("id")

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evo.results.tables import BASIS_NOTE, both_timed, speedup_cells
+from evo.results.tables import BASIS_NOTE, both_timed, gain_cells, gain_text, seed_stays, speedup_cells
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import short_time as _short_time
 from evo.results.tables import table as _table
@@ -109,10 +109,17 @@ def render_status(data: dict[str, Any]) -> RenderableType:
                                      ("island", "num"), ("gen", "num"), ("champion", "word")],
                    **({"caption": escape(BASIS_NOTE)} if both else {}))
         for task, b in data["best"].items():
-            champ = ("[green]confirmed[/]" if b["confirmed"] else "yes") if b["champion"] else "-"
             t.add_row(task, b["id"][:12], *_speedups(b, both), escape(str(b["operator"])), _fmt(b["island"]),
-                      _fmt(b["generation"]), champ)
+                      _fmt(b["generation"]), _champion_cell(b))
         parts.append(t)
+        confirmed = {task: b for task, b in data["best"].items() if b.get("gain")}
+        if confirmed:
+            t = _table("champion confirmation: the best re-timed against its seed", [
+                ("task", "id"), ("champion", "id"), ("gain over seed", "num"), ("interval", "word"), "verdict"],
+                caption="paired fresh-process rounds; without a significant gain the seed stays champion")
+            for task, b in confirmed.items():
+                t.add_row(task, str(b["champion_id"])[:12], *(escape(c) for c in gain_cells(b["gain"], b["verdict"])))
+            parts.append(t)
     if data["by_task"]:
         t = _table("per task", [("task", "id"), ("evaluations", "num"), ("correct", "num"), ("pending", "num")])
         for task, r in data["by_task"].items():
@@ -126,6 +133,14 @@ def render_status(data: dict[str, Any]) -> RenderableType:
             t.add_row(r["stage"], str(r["entered"]), str(r["passed"]), failed)
         parts.append(t)
     return Group(*parts)
+
+
+def _champion_cell(b: dict[str, Any]) -> str:
+    """``confirmed`` / ``yes`` for a best that is its task's champion; ``seed stays`` where the
+    confirmation kept the seed (no significant gain); ``-`` otherwise."""
+    if b["champion"]:
+        return "[green]confirmed[/]" if b["confirmed"] else "yes"
+    return "seed stays" if seed_stays(b) else "-"
 
 
 # --------------------------------------------------------------------------- lineage
@@ -253,6 +268,11 @@ def render_show(d: dict[str, Any], *, source: bool = True) -> RenderableType:
     for ch in d["champion_of"]:
         conf = "confirmed" if ch["confirmation"].get("confirmed") else "not confirmed"
         head.add_row("champion", f"{ch['task']} in {ch['run_id']} ({conf})")
+        if ch.get("gain"):
+            kept = ch["gain"].get("baseline") == d["id"]
+            head.add_row("best's gain over seed" if kept else "gain over seed",
+                         escape(gain_text(ch["gain"], ch.get("verdict"), long=True))
+                         + ("; the seed stays champion" if kept else ""))
     if d.get("notes"):
         head.add_row("notes", escape(d["notes"]))
     parts.append(head)
