@@ -1,7 +1,7 @@
 """evaluators: the cascade policy -> compile -> correctness -> timing -> profile.
 
-Re-exports of the stages' public names; one import line per module, so additions merge cleanly.
+Import the stages from their packages (``evaluators.compile``, ``evaluators.policy``,
+``evaluators.pipeline``, ...). This ``__init__`` imports nothing, so the isolated child
+(``python -m evaluators.child.harness``) loads only what it uses, not the compile stage or the
+policy.
 """
-
-from evaluators.compile import CompileOutcome, CompileStage, CutlassNotFound, NvccNotFound, compile_candidate, compile_to_file, cutlass_include_dir, cutlass_version, find_nvcc, nvcc_version, parse_ptxas
-from evaluators.policy import POLICY_RULES, PolicyStage, Rule, Violation, check_candidate, check_policy

@@ -202,3 +202,19 @@ def test_same_process_timing_when_asked(tmp_path):
                        entry=str(FIX / "modes.py"), workdir=tmp_path)
     assert log.read_text().splitlines() == ["check+time 99"]
     assert rep.fitness == 3.0 and "timing_process" not in rep.env
+
+
+def test_the_child_loads_only_its_own_side():
+    """``python -m evaluators.child.harness`` (and the profiled program) import nothing of the
+    parent's side: not the process handling, the compile stage, the policy, the store or
+    sqlite-utils (evaluators/__init__.py imports nothing; the protocol is child/protocol.py)."""
+    import subprocess
+    import sys
+
+    parent_side = ("evaluators.isolation", "evaluators.compile", "evaluators.policy", "evaluators.pipeline",
+                   "evo.store", "sqlite_utils")
+    code = ("import sys, evaluators.child.harness, evaluators.child.profile; "
+            f"bad = [m for m in {parent_side!r} if m in sys.modules]; assert not bad, bad")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
