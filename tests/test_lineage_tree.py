@@ -92,7 +92,8 @@ def test_candidate_details_has_prompt_response_profile_and_champion(built, capsy
         assert d["llm_calls"][0]["cost"] == 0.5 and d["llm_calls"][0]["response"] == "RESPONSE-FOR-LLM-CHILD"
         assert d["profiles"][0]["metrics"]["dram_throughput_pct"] == 91.5
         assert d["champion_of"] == [{"run_id": built.run_id, "task": TASK, "fitness": 1.5,
-                                     "confirmation": {"confirmed": True, "fitness_confirmed": 1.48, "ratio": 0.987}}]
+                                     "confirmation": {"confirmed": True, "fitness_confirmed": 1.48, "ratio": 0.987},
+                                     "gain": None, "verdict": None}]
         assert d["children"] == [] and d["parents"] == [built.knobs.id]
         assert d["stages"][3]["metrics"]["shapes"][0]["median_ms"] == 2.2
         assert candidate_details(store, built.knobs.id)["children"] == [built.llm.id, built.cross.id]
