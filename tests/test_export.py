@@ -315,3 +315,34 @@ def test_every_registered_task_has_a_standalone_reference_and_io_dims():
         assert callable(ns["reference"]) and callable(ns["make_inputs"]) and callable(ns["check"])
         ins, outs, n = io_dims(task)
         assert ins is not None and outs is not None and n == len(ins), name
+
+
+def test_manifest_says_which_checks_the_kernel_passed(tmp_path):
+    built = build_run(tmp_path / "evo.db", tmp_path / "cache")
+    with Store.open_reader(built.db) as store:
+        res = export(store, built.run_id, tmp_path / "out", build=False)
+    m = json.loads((res.exported[0].directory / "manifest.json").read_text())
+    assert m["checks"]["policy"] == "ok (re-checked at export)"
+    assert (m["checks"]["compile"], m["checks"]["correctness"], m["checks"]["timing"]) == ("ok", "ok", "ok")
+    assert m["checks"]["champion_confirmation"]["confirmed"] is True
+
+
+def test_a_kernel_that_fails_todays_policy_is_not_exported(tmp_path):
+    """A run evaluated under an older, looser policy: its correct champion calls system().
+    Export re-checks the source (the .so would run unsandboxed in the user's process)."""
+    from evo.records import Candidate, Evaluation, StageResult, Status
+    from evo.tasks.seeds import seed_params, seed_source
+
+    built = build_run(tmp_path / "evo.db", tmp_path / "cache")
+    src = seed_source(TASK).replace("namespace evo_seed {",
+                                    "#include <cstdlib>\nstatic int pwn = std::system(\"id\");\nnamespace evo_seed {", 1)
+    bad = Candidate.create(TASK, src, seed_params(TASK), parents=(built.llm.id,), operator="llm:old", generation=3)
+    ok = [StageResult(s, Status.OK) for s in ("policy", "compile", "correctness", "timing")]
+    with Store(built.db) as store:
+        store.add_candidate(built.run_id, bad)
+        store.add_evaluation(built.run_id, Evaluation(bad.id, tuple(ok), 9.0, gpu="NVIDIA H200", env={}))
+        store.set_champion(built.run_id, TASK, bad.id, 9.0, {"confirmed": True})
+    with Store.open_reader(built.db) as store:
+        with pytest.raises(ExportError, match="fails today's source policy"):
+            export(store, bad.id, tmp_path / "out", build=False)
+        assert not (tmp_path / "out" / TASK).exists()

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from evo.records import Candidate, Evaluation
+from evo.records import Candidate, Evaluation, Status
 from evo.results.export.choose import Choice, choose_champions, resolve_target
 from evo.results.export.errors import ExportError
 from evo.results.export.manifest import (
@@ -95,6 +95,42 @@ def _compile_settings(run: Mapping[str, Any], override: "CompileSettings | None"
     return dataclasses.replace(s, arch=arch) if arch else s
 
 
+class PolicyRecheckError(ExportError):
+    """The kernel chosen for a task fails the source policy of this version: that task is
+    skipped (its reason in ``ExportResult.skipped``), the others are exported."""
+
+
+def _recheck(cand: Candidate, ev: Evaluation, choice: Choice) -> dict[str, Any]:
+    """Which checks the exported kernel passed, for ``manifest["checks"]``; raises ExportError
+    when it fails today's policy.
+
+    The policy is re-run here, on the source exactly as exported (tunables baked in as
+    ``#define`` lines) and on the candidate with its parameters: the run may have used an
+    older, looser policy, and the exported ``.so`` is loaded into the user's own process,
+    unsandboxed. The other entries are the verdicts of the run's evaluation (computed by the
+    harness in its sandboxed child; see docs/SECURITY.md for what that does and does not
+    guarantee)."""
+    from evaluators.policy import check_policy
+
+    baked = bake_params(cand.source, cand.params, header="")
+    for what, res in (("as exported", check_policy(baked)), ("with its parameters", check_policy(cand.source, cand.params))):
+        if res.status is not Status.OK:
+            raise PolicyRecheckError(
+                f"candidate {cand.id[:16]} ({cand.task}) fails today's source policy {what}: {res.reason}. "
+                "It was evaluated under an older policy and is not exported; re-evaluate it with "
+                f"`evo check` (or search again) under this version")
+    stage = {s.stage: s.status.value for s in ev.stages}
+    return {
+        "policy": "ok (re-checked at export)",
+        "compile": stage.get("compile", "not recorded"),
+        "correctness": stage.get("correctness", "not recorded"),
+        "timing": stage.get("timing", "not recorded"),
+        "champion_confirmation": choice.confirmation or None,
+        "sandbox": ev.env.get("sandbox") or None,
+        "seccomp": ev.env.get("seccomp") or None,
+    }
+
+
 def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir: Path,
                 settings: "CompileSettings", build: bool) -> ExportedTask:
     import evo.tasks as T
@@ -112,6 +148,7 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
     except KeyError as e:
         raise ExportError(f"task {cand.task!r} is not registered in this install (a user task? pass its "
                           f"file with --task-file): {e}") from None
+    checks = _recheck(cand, ev, choice)
     d = out_dir / cand.task
     d.mkdir(parents=True, exist_ok=True)
     for stale in d.glob("kernel_*.so"):
@@ -230,6 +267,7 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
         "nvcc": tool_versions["nvcc"],
         "arch": settings.arch,
         "compile_flags": list(settings.extra_flags),
+        "checks": checks,
         "timings": timings(ev),
         "compile": compile_info or compile_resources(ev),
         "env": env,
@@ -302,8 +340,13 @@ def export(
             on_task(ch.task, i, len(choices))
         try:
             exported.append(_export_one(store, run, ch, out, settings, build))
+        except PolicyRecheckError as e:
+            log.warning("%s", e)
+            skipped[ch.task] = str(e)
         except OSError as e:
             raise ExportError(f"cannot write the export of {ch.task} into {out}: {e}") from e
+    if not exported:
+        raise ExportError(f"nothing exported from run {run_id}: " + "; ".join(skipped.values()))
     if on_task is not None:
         on_task("", len(choices), len(choices))
     result = ExportResult(run_id, out, tuple(exported), skipped)
