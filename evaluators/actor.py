@@ -1,50 +1,77 @@
-"""The GPU evaluator actor: one per GPU, evaluates built candidates one at a time.
+"""The GPU evaluator actor: one per GPU, a small scheduler over its GPU.
 
 The actor itself never touches CUDA: for every candidate it calls the injected
-``evaluate_fn`` (by default :func:`evaluators.pipeline.evaluate_built`), which spawns a fresh
-isolated process pinned to the GPU Ray assigned to this actor (Ray sets
-``CUDA_VISIBLE_DEVICES``). A kernel that faults, hangs or segfaults therefore takes down
-only that child process; the actor survives and the next candidate runs on a clean
-context. The actor reports wall-clock start/end of each evaluation so the engine can
-compute the GPU busy fraction honestly (time actually spent evaluating).
+``evaluate_fn`` (by default :func:`evaluators.pipeline.evaluate_built`), which runs the
+candidate's correctness and timing each in a fresh isolated process pinned to the GPU Ray
+assigned to this actor (Ray sets ``CUDA_VISIBLE_DEVICES``). A kernel that faults, hangs or
+segfaults therefore takes down only that child process; the actor survives and the next
+candidate runs on a clean context.
+
+Several calls run at once (Ray threads, ``max_concurrency`` = :meth:`GpuEvaluator.concurrency`):
+the actor's :class:`~evaluators.warm.WarmPool` keeps harness children started before their
+candidates (off the critical path), and its :class:`~evaluators.gpu_schedule.GpuSchedule`
+lets up to ``check_concurrency`` correctness processes share the GPU while a timing
+process (or an ncu profile) has it alone. An ``evaluate_fn`` without a ``pool`` parameter
+knows nothing of the schedule: its calls run one at a time, each with the GPU to itself.
+
+Each result carries its wall-clock start and end (slot occupancy), the seconds its
+correctness and timing stages took (the harness's own GPU-time accounting) and the GPU's
+sampled activity so far (:mod:`evaluators.activity`; ``None`` where NVML cannot be read).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from evaluators.activity import ActivitySampler
 from evaluators.base import HarnessSettings
+from evaluators.gpu_schedule import GpuSchedule
+from evaluators.warm import WarmPool
 from evo.records import Candidate, Evaluation
 
 __all__ = ["GpuEvaluator", "GpuResult", "EvaluateFn"]
 
 log = logging.getLogger(__name__)
 
-#: (candidate, so_bytes, settings) -> Evaluation
-EvaluateFn = Callable[[Candidate, bytes, HarnessSettings], Evaluation]
+#: (candidate, so_bytes, settings[, pool=WarmPool]) -> Evaluation
+EvaluateFn = Callable[..., Evaluation]
+
+#: the stages whose seconds are GPU time (the harness's own accounting)
+GPU_STAGES = ("correctness", "timing")
 
 
 @dataclass(frozen=True)
 class GpuResult:
-    """An evaluation plus where and when it ran (for busy-time accounting)."""
+    """An evaluation plus where and when it ran.
+
+    ``started``/``finished``: wall clock of the call (slot occupancy). ``gpu_stage_s``: the
+    seconds of its correctness and timing stages. ``activity``: the GPU's mean sampled
+    utilisation (0..1) since the actor started and the number of samples, ``None`` when
+    not measured.
+    """
 
     evaluation: Evaluation
     started: float
     finished: float
     worker: str
+    gpu_stage_s: float = 0.0
+    activity: tuple[float, int] | None = None
 
 
 class GpuEvaluator:
-    """Plain class; ``evo.runtime`` wraps it with ``ray.remote(num_gpus=1)``.
+    """Plain class; ``evo.runtime`` wraps it with ``ray.remote(num_gpus=1, max_concurrency=...)``.
 
     Contract: ``evaluate`` is called by the engine's driver only, with a candidate that
-    passed policy and compile; it returns a :class:`GpuResult` for every candidate
-    (failures included) and raises only when the evaluation machinery itself is broken.
+    passed policy and compile, possibly from several threads at once; it returns a
+    :class:`GpuResult` for every candidate (failures included) and raises only when the
+    evaluation machinery itself is broken.
     """
 
     def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings,
@@ -55,11 +82,16 @@ class GpuEvaluator:
 
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
+        #: the function takes the pool (and obeys its schedule) itself
+        self._pooled = "pool" in inspect.signature(evaluate_fn).parameters
         self._settings = settings
+        self.schedule = GpuSchedule(check_concurrency=settings.check_concurrency)
+        self.pool = WarmPool(self.schedule, warm_children=settings.warm_children)
         from evaluators.timeouts import TimeoutBudget
 
         #: per-task timeouts from this GPU's passing evaluations: a hang costs seconds
         self._timeouts = TimeoutBudget()
+        self._lock = threading.Lock()   # the budget is shared by the actor's threads
         if settings.task_files and profile_fn is None:
             # The profiler looks the task up in this process (the harness child loads the
             # files itself from the job); a file that fails here fails the same way there.
@@ -68,25 +100,46 @@ class GpuEvaluator:
             for f in settings.task_files:
                 load_task_file(f)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
+        self.activity = ActivitySampler.for_visible_gpu()
+
+    @staticmethod
+    def concurrency(settings: HarnessSettings) -> int:
+        """Calls the actor runs at once: every correctness slot, one timing, and one more
+        waiting so that no gap opens between candidates (``max_concurrency`` in Ray)."""
+        return settings.check_concurrency + 2
 
     def evaluate(self, candidate: Candidate, so_bytes: bytes) -> GpuResult:
         t0 = time.time()
-        settings = self._timeouts.settings_for(candidate.task, self._settings)
-        ev = self._evaluate(candidate, so_bytes, settings)
-        self._timeouts.record(candidate.task, ev.env or {}, passed=ev.correct)
+        with self._lock:
+            settings = self._timeouts.settings_for(candidate.task, self._settings)
+        if self._pooled:
+            ev = self._evaluate(candidate, so_bytes, settings, pool=self.pool)
+        else:
+            with self.schedule.exclusive("time"):
+                ev = self._evaluate(candidate, so_bytes, settings)
+        with self._lock:
+            self._timeouts.record(candidate.task, ev.env or {}, passed=ev.correct)
         t1 = time.time()
         log.debug("%s evaluated %s in %.2fs: %s", self._worker, candidate.short_id, t1 - t0, ev.status.value)
-        return GpuResult(evaluation=ev, started=t0, finished=t1, worker=self._worker)
+        gpu_s = sum(s.seconds for s in ev.stages if s.stage in GPU_STAGES)
+        return GpuResult(evaluation=ev, started=t0, finished=t1, worker=self._worker,
+                         gpu_stage_s=gpu_s, activity=self.activity.mean())
 
     def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises
         ``ProfileError`` when the profiler itself cannot run."""
-        if self._profile is not None:
-            return self._profile(candidate, so_bytes, shape_idx, settings)
-        from evaluators.profile import profile_candidate
+        with self.schedule.exclusive("profile"):   # ncu measures: nothing else on the GPU
+            if self._profile is not None:
+                return self._profile(candidate, so_bytes, shape_idx, settings)
+            from evaluators.profile import profile_candidate
 
-        return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
-                                 task_files=self._settings.task_files)
+            return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
+                                     task_files=self._settings.task_files)
+
+    def close(self) -> None:
+        """Kill the warm children (their directories go too) and stop sampling."""
+        self.pool.close()
+        self.activity.stop()
 
     def worker(self) -> str:
         return self._worker

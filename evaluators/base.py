@@ -112,3 +112,11 @@ class HarnessSettings:
     #: Also time the compiled reference when fitness is against eager (``evo bench`` sets
     #: it): the timing then carries both speedups.
     time_compiled_reference: bool = False
+    #: Correctness processes of different candidates that may share one GPU at once (the GPU
+    #: actor's schedule, evaluators.gpu_schedule; they are not timed). Timing always has
+    #: the GPU alone.
+    check_concurrency: int = config_key(2, ge=1, le=16)
+    #: Harness processes the GPU actor keeps started and waiting per task and process kind
+    #: (correctness, timing), so a candidate's process start-up is off the critical path
+    #: (evaluators.warm); 0: every process starts when its candidate arrives.
+    warm_children: int = config_key(2, ge=0, le=8)

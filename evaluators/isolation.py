@@ -167,6 +167,23 @@ class HarnessReport:
         return None
 
 
+def spec_json(task: str, mode: str, settings: HarnessSettings, *, task_files: tuple[str, ...] = (),
+              bench_shapes: tuple[int, ...] | None = None, seed: int | None = None) -> dict[str, Any]:
+    """What a warm child is prepared for before its candidate exists (``JOBDIR/spec.json``):
+    every key of :func:`_job_json` but the candidate's own (``candidate_id``, ``params``,
+    ``shapes``). ``seed`` only draws the inputs of the compiled reference's warm-up."""
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "task": task,
+        "mode": mode,
+        "bench_shapes": list(bench_shapes) if bench_shapes is not None else None,
+        "task_files": [str(Path(f).resolve()) for f in (task_files or settings.task_files)],
+        "seed": secrets.randbits(62) if seed is None else seed,
+        "settings": asdict(settings),
+        "so": "kernel.so",
+    }
+
+
 def _job_json(job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str, Any]:
     return {
         "protocol": PROTOCOL_VERSION,
@@ -324,6 +341,7 @@ def run_isolated(
     keep_dir: bool = False,
     workdir: str | Path | None = None,
     sandbox: Any = None,
+    pool: Any = None,
 ) -> HarnessReport:
     """Run one candidate's GPU stages in a fresh, killable process; never raises for candidates.
 
@@ -335,19 +353,26 @@ def run_isolated(
     see docs/SECURITY.md); the layers applied are recorded in ``report.env["sandbox"]``.
 
     ``check+time`` with ``settings.fresh_timing_process`` (the default) runs two children
-    with the same seed: ``check``, then, only if correctness passed, ``time-only`` (started
-    gated next to the first, so its start-up overlaps the trials; killed unread when
-    correctness fails; its timeout counts from the gate); the report
+    with the same seed: ``check``, then, only if correctness passed, ``time-only``; the report
     joins the first's correctness stage with the second's timing stage, fitness and
     environment (``env["timing_process"] = "fresh"``), and ``seconds`` is their sum.
+
+    ``pool``: an :class:`evaluators.warm.WarmPool` (the GPU actor's): the children come
+    from it (warm ones, prepared before this candidate existed, given their job now; its
+    ``entry``, ``python``, ``workdir`` and ``sandbox`` apply, not these), and each runs
+    inside the pool's :class:`~evaluators.gpu_schedule.GpuSchedule` slot: correctness
+    shares the GPU, anything that times has it alone. Without a pool the timing process is
+    started gated next to the correctness process (its start-up overlaps the trials; killed
+    unread when correctness fails; its timeout counts from the gate).
     """
     mode = job.mode
     if settings.check_only and mode == "check+time":
         mode = "check"
     seed = job.seed if job.seed is not None else secrets.randbits(62)
-    kw = dict(entry=entry, python=python, keep_dir=keep_dir, workdir=workdir, sandbox=sandbox)
+    src = pool if pool is not None else _Cold(dict(entry=entry, python=python, keep_dir=keep_dir,
+                                                    workdir=workdir, sandbox=sandbox))
     if mode != "check+time" or not settings.fresh_timing_process:
-        rep = _Child(job, settings, mode, seed, **kw).finish()
+        rep = src.run(job, settings, mode, seed)
         # one process doing both stages counts as the correctness process (its timeout too)
         wall = "wall_time_s" if mode == "time-only" else "wall_check_s"
         return replace(rep, env={**rep.env, wall: f"{rep.seconds:.3f}"})
@@ -355,13 +380,11 @@ def run_isolated(
     # had just run the correctness trials, memory-bound kernels measured up to 11% slower
     # (gelu_bf16 1.686 ms against 1.511 ms in a fresh process; torch's own silu 7% slower)
     # and the slowdown lasted exactly as long as the first buffers allocated after the
-    # trials lived: benchmarks/lab/timing_state.py, docs/evaluator.md. The timing process starts
-    # gated, next to the correctness process, so its start-up (imports, CUDA context) overlaps
-    # the trials; it does no GPU work until it is let through, after the correctness process
-    # has exited with correctness ok, and is killed otherwise.
-    timer = _Child(job, settings, "time-only", seed, gate=True, **kw)
+    # trials lived: benchmarks/lab/timing_state.py, docs/evaluator.md. The timing process
+    # does no GPU work until the correctness process has exited with correctness ok.
+    timer = src.reserve(job, settings, "time-only", seed)
     try:
-        first = _Child(job, settings, "check", seed, **kw).finish()
+        first = src.run(job, settings, "check", seed)
     except BaseException:
         timer.abort()
         raise
@@ -372,8 +395,7 @@ def run_isolated(
         skipped = StageResult("timing", Status.SKIPPED, f"not run: correctness {why}")
         return replace(first, stages=tuple(x for x in (c, skipped) if x is not None),
                        env={**first.env, "mode": "check+time", "wall_check_s": f"{first.seconds:.3f}"})
-    timer.open_gate()
-    second = timer.finish()
+    second = timer.run()
     t = second.stage("timing") or StageResult("timing", Status.CRASH, "the timing process reported no timing stage")
     return HarnessReport(
         stages=(c, t),
@@ -386,6 +408,40 @@ def run_isolated(
     )
 
 
+class _Cold:
+    """Children started for their job, no GPU schedule (``evo check``, ``evo bench``, tests):
+    the source :func:`run_isolated` uses without a pool."""
+
+    def __init__(self, kw: dict[str, Any]) -> None:
+        self.kw = kw
+
+    def run(self, job: HarnessJob, settings: HarnessSettings, mode: str, seed: int) -> HarnessReport:
+        return _Child(job, settings, mode, seed, **self.kw).finish()
+
+    def reserve(self, job: HarnessJob, settings: HarnessSettings, mode: str, seed: int) -> "_Gated":
+        return _Gated(_Child(job, settings, mode, seed, gate=True, **self.kw))
+
+
+class _Gated:
+    """A gated child started now; :meth:`run` opens its gate and waits for its report."""
+
+    def __init__(self, child: "_Child") -> None:
+        self.child = child
+
+    def run(self) -> HarnessReport:
+        self.child.open_gate()
+        return self.child.finish()
+
+    def abort(self) -> None:
+        self.child.abort()
+
+
+def _timeout_for(settings: HarnessSettings, mode: str) -> float:
+    """A child's wall-clock limit: its task's adaptive value, never above ``timeout_s``."""
+    per_child = settings.timeout_time_s if mode == "time-only" else settings.timeout_check_s
+    return float(min(per_child, settings.timeout_s) if per_child else settings.timeout_s)
+
+
 class _Child:
     """One harness child process doing ``mode`` for ``job``, started on construction.
 
@@ -394,11 +450,18 @@ class _Child:
     kills it unread. Either removes the private job directory (unless ``keep_dir``).
     ``gate=True``: the child prepares (imports, CUDA context) and then waits for
     :meth:`open_gate` before any GPU work (``job.json`` key ``gate``; evaluators.child.harness).
+
+    ``job=None`` with ``spec`` (:func:`spec_json`): a *warm* child, started before its
+    candidate exists (evaluators.warm): it writes ``imported`` once it has imported torch
+    and the task, waits for :meth:`allow_cuda` to create its CUDA context, writes ``ready``
+    and waits for :meth:`deliver` to write its ``kernel.so`` and ``job.json`` and open the
+    gate. Same sandbox, environment and private directory as any child; its timeout starts
+    at delivery.
     """
 
     def __init__(
         self,
-        job: HarnessJob,
+        job: HarnessJob | None,
         settings: HarnessSettings,
         mode: str,
         seed: int,
@@ -409,24 +472,27 @@ class _Child:
         workdir: str | Path | None,
         sandbox: Any,
         gate: bool = False,
+        spec: Mapping[str, Any] | None = None,
     ) -> None:
         from evaluators.sandbox import SandboxSettings, sandbox_launch
 
+        if (job is None) == (spec is None):
+            raise ValueError("_Child needs a job or (for a warm child) a spec, not both")
         self.job, self.settings, self.mode, self.keep_dir = job, settings, mode, keep_dir
-        per_child = settings.timeout_time_s if mode == "time-only" else settings.timeout_check_s
-        #: this child's wall-clock limit: its task's adaptive value, never above timeout_s
-        self.timeout_s = float(min(per_child, settings.timeout_s) if per_child else settings.timeout_s)
+        self.seed = seed
+        #: this child's wall-clock limit (a warm child's is set again by deliver)
+        self.timeout_s = _timeout_for(settings, mode)
         self.jobdir = Path(tempfile.mkdtemp(prefix="evo-harness-", dir=workdir))
         self.t0 = time.monotonic()
         self._files: list[Any] = []
         try:
-            so = self.jobdir / "kernel.so"
-            so.write_bytes(bytes(job.so_bytes))
-            os.chmod(so, 0o700)
-            payload = _job_json(job, settings, seed)
-            payload["mode"] = mode
-            payload["gate"] = gate
-            (self.jobdir / "job.json").write_text(json.dumps(payload, indent=1))
+            if job is not None:
+                payload = self._write_job(job, settings, seed)
+                payload["gate"] = gate
+                (self.jobdir / "job.json").write_text(json.dumps(payload, indent=1))
+            else:
+                payload = dict(spec)
+                (self.jobdir / "spec.json").write_text(json.dumps(payload, indent=1))
             env = child_env(settings.device, self.jobdir)
             exe = python or sys.executable
             argv = ([exe, entry, str(self.jobdir)] if entry.endswith(".py")
@@ -452,10 +518,45 @@ class _Child:
             raise
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
 
+    def _write_job(self, job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str, Any]:
+        so = self.jobdir / "kernel.so"
+        so.write_bytes(bytes(job.so_bytes))
+        os.chmod(so, 0o700)
+        payload = _job_json(job, settings, seed)
+        payload["mode"] = self.mode
+        return payload
+
     def open_gate(self) -> None:
         """Let a gated child start its GPU work; its clock and timeout start now."""
         (self.jobdir / "go").touch()
         self.t0 = time.monotonic()
+
+    # --------------------------------------------------------------- a warm child
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def imported(self) -> bool:
+        """A warm child has imported torch and its task (no GPU work yet)."""
+        return (self.jobdir / "imported").exists()
+
+    def allow_cuda(self) -> None:
+        """Let a warm child create its CUDA context and prepare its references."""
+        (self.jobdir / "cuda").touch()
+
+    def ready(self) -> bool:
+        """A warm child is prepared and waits for its job (doing no GPU work)."""
+        return (self.jobdir / "ready").exists()
+
+    def deliver(self, job: HarnessJob, settings: HarnessSettings, seed: int) -> None:
+        """Give a warm child its candidate: ``kernel.so`` and ``job.json`` (written whole,
+        then renamed), then the gate; its clock and ``timeout_s`` start now."""
+        self.job, self.settings, self.seed = job, settings, seed
+        self.timeout_s = _timeout_for(settings, self.mode)
+        payload = self._write_job(job, settings, seed)
+        tmp = self.jobdir / "job.json.tmp"
+        tmp.write_text(json.dumps(payload, indent=1))
+        os.replace(tmp, self.jobdir / "job.json")
+        self.open_gate()
 
     def abort(self) -> None:
         """Kill the child's group unread and clean up."""

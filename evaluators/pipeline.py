@@ -115,17 +115,19 @@ def run_built(
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
     shapes: tuple[int, ...] | None = None,
+    pool: Any = None,
 ) -> HarnessReport:
     """The GPU stages of a built candidate in a fresh isolated process (its report).
 
     ``mode``: one of :data:`evaluators.child.protocol.MODES`; default ``check`` or
     ``check+time`` from ``settings.check_only``. ``shapes``: indices of the task's shapes to
-    check (``None``: all). Raises :class:`~evaluators.isolation.HarnessError` only for a
-    failure of the harness itself.
+    check (``None``: all). ``pool``: the GPU actor's :class:`~evaluators.warm.WarmPool` (warm
+    children and the GPU's schedule). Raises :class:`~evaluators.isolation.HarnessError`
+    only for a failure of the harness itself.
     """
     job = HarnessJob(task=candidate.task, candidate_id=candidate.id, so_bytes=so_bytes, params=candidate.params,
                      mode=mode or _mode(settings), task_files=task_files, shapes=shapes)
-    return isolation.run_isolated(job, settings)
+    return isolation.run_isolated(job, settings, pool=pool)
 
 
 def build_and_run(
@@ -203,16 +205,18 @@ def evaluate_built(
     prior: tuple[StageResult, ...] = (),
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
+    pool: Any = None,
 ) -> Evaluation:
     """Correctness + timing of a built candidate in a fresh isolated process.
 
     ``prior``: the policy/compile results to put in front (the engine may pass them).
     ``mode``: ``"time-only"`` re-times an already-correct candidate (champion
     re-confirmation); default ``check`` or ``check+time`` from ``settings.check_only``.
-    Fitness is set only when every stage passed.
+    Fitness is set only when every stage passed. ``pool``: as :func:`run_built` (the GPU actor
+    passes its own).
     """
     return _evaluation(candidate, tuple(prior), run_built(candidate, so_bytes, settings, mode=mode,
-                                                          task_files=task_files))
+                                                          task_files=task_files, pool=pool))
 
 
 def _evaluation(candidate: Candidate, prior: tuple[StageResult, ...], report: HarnessReport) -> Evaluation:

@@ -8,9 +8,9 @@ and is the only writer of the lineage store. Scheduling rules:
   proposal and result, so the mutator (later an LLM) is never asked for more than the
   cluster can evaluate; ``in_flight`` defaults to 2 per GPU + the compile workers, which
   keeps every GPU fed while compiles run ahead;
-- GPUs first: whenever a GPU actor holds fewer than two requests (one running, one queued
-  in the actor so no gap opens between candidates), the oldest compiled candidate goes
-  to it;
+- GPUs first: whenever a GPU actor holds fewer than ``rt.gpu_slots`` requests (its
+  correctness slots plus one queued so no gap opens between candidates), the oldest
+  compiled candidate goes to it;
 - proposals off the loop: a mutator with ``concurrency`` > 1 (the LLM mutator: its models'
   concurrency) has up to that many proposals in flight on a thread pool; the loop prepares
   each one (``begin``: parents, model, prompt, in the loop's order) and collects answers as
@@ -335,7 +335,8 @@ class Engine:
     def _dispatch_gpus(self) -> None:
         """Mutations first, then delayed profiles, then tuning trials (lowest priority)."""
         while self.gpu_queue or self._profile_queue or self._tune_queue:
-            free = [g for g, load in enumerate(self.gpu_load) if load < 2 and not self.gpu_faults.is_down(g)]
+            slots = self.rt.gpu_slots
+            free = [g for g, load in enumerate(self.gpu_load) if load < slots and not self.gpu_faults.is_down(g)]
             if not free:
                 return
             g = min(free, key=lambda i: self.gpu_load[i])

@@ -10,7 +10,9 @@ and the topology lives in one place; what the engine may rely on is the
 - compile: a Ray task with ``num_cpus=1`` per candidate, returning the ``.so`` bytes (GPU
   nodes need no shared disk); retried once if its worker process dies.
 - GPU: one :class:`~evaluators.actor.GpuEvaluator` actor per GPU (``num_gpus=1``), restarted
-  by Ray if it dies.
+  by Ray if it dies; a threaded actor (``max_concurrency``: its correctness slots, one
+  timing, one waiting), which schedules its GPU itself (evaluators.gpu_schedule). The engine
+  keeps :attr:`Runtime.gpu_slots` requests on each.
 - islands: one :class:`~populations.actor.IslandActor` per island (``num_cpus=0``).
 
 ``Runtime.start`` starts a local Ray instance unless an address is given (``--address``,
@@ -229,7 +231,8 @@ class Runtime:
             )
         gpu_cls = ray.remote(GpuEvaluator)
         self.gpu_actors = [
-            gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0).remote(
+            gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0,
+                            max_concurrency=GpuEvaluator.concurrency(self.harness_settings)).remote(
                 self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn
             )
             for _ in range(n_gpus)
@@ -241,6 +244,12 @@ class Runtime:
     @property
     def n_gpus(self) -> int:
         return len(self.gpu_actors)
+
+    @property
+    def gpu_slots(self) -> int:
+        """Requests the engine keeps on one GPU actor: each correctness slot, and one more
+        queued so that no gap opens when one finishes."""
+        return self.harness_settings.check_concurrency + 1
 
     @property
     def n_cpus(self) -> int:
@@ -314,6 +323,10 @@ class Runtime:
 
     def shutdown(self) -> None:
         for a in self.gpu_actors:
+            try:  # the warm children die with their directories, not orphaned by the kill
+                ray.get(a.close.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001 - a dead actor's children died with it
+                log.debug("GPU actor close: %s", e)
             ray.kill(a, no_restart=True)
         self.gpu_actors = []
         if self.started_ray and ray.is_initialized():

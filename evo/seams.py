@@ -158,6 +158,12 @@ class ClusterRuntime(Protocol):
         """CPUs of the cluster (>= 1); read on every scheduling step, so cache it."""
         ...
 
+    @property
+    def gpu_slots(self) -> int:
+        """Requests the engine keeps on each GPU actor at once (>= 2: the actor runs several
+        correctness processes and schedules its GPU itself, evaluators.gpu_schedule)."""
+        ...
+
     def submit_compile(self, candidate: Candidate) -> Any:
         """Start :class:`CompileFn` on ``candidate`` somewhere with a free CPU; a reference to
         its :class:`CompileResult`. Called once per policy-passed candidate (again after a
@@ -167,8 +173,8 @@ class ClusterRuntime(Protocol):
     def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes) -> Any:
         """Queue :class:`EvaluateFn` on GPU actor ``gpu`` (0 <= gpu < n_gpus); a reference to an
         :class:`evaluators.actor.GpuResult` (the evaluation plus its start and end times).
-        The engine keeps at most two requests per actor (one running, one queued). Requests to
-        one actor run in submission order, one at a time. Must not block."""
+        The engine keeps at most :attr:`gpu_slots` requests per actor; the actor may run
+        several at once (correctness shares the GPU, timing has it alone). Must not block."""
         ...
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> Any:

@@ -5,7 +5,8 @@ Runs in a fresh process that owns nothing but one candidate. Steps:
 1. read ``JOBDIR/job.json`` (written by :func:`evaluators.isolation.run_isolated`);
 2. import the task (user task files first), initialise CUDA on the one visible GPU, turn
    TF32 off, create the harness stream, (a gated job: wait for ``JOBDIR/go``, see
-   :func:`_wait_for_gate`), poison the allocator (allocate + fill NaN + free a
+   :func:`_wait_for_gate`; a warm child, started before its candidate existed: see
+   :func:`_wait_for_job`), poison the allocator (allocate + fill NaN + free a
    large block back to the driver, so memory a kernel allocates holds NaN, not old results);
    install the seccomp filter (:func:`_confine`: no exec, fork, socket, ptrace... from here
    on, in every thread; failing that, a harness error of kind ``sandbox``);
@@ -219,6 +220,37 @@ def _wait_for_gate(jobdir: Path, state: _State) -> None:
         time.sleep(0.005)
 
 
+def _wait_for_file(jobdir: Path, name: str, state: _State, step: str, announce: str) -> None:
+    """Write ``JOBDIR/announce`` (what this process has done), then block until the parent
+    creates ``JOBDIR/name``."""
+    state.progress({"stage": "setup", "step": step})
+    _write_json(jobdir / announce, {"pid": os.getpid(), "time": time.time()})
+    go = jobdir / name
+    while not go.exists():
+        time.sleep(0.005)
+
+
+#: what a warm child prepared from its spec and its job must agree on (evaluators.warm)
+_SPEC_KEYS = ("protocol", "task", "task_files", "mode", "bench_shapes")
+_SPEC_SETTINGS = ("reference", "time_compiled_reference")
+
+
+def _wait_for_job(jobdir: Path, spec: dict[str, Any], state: _State) -> dict[str, Any]:
+    """A warm child's job (``JOBDIR/spec.json`` at start, no ``job.json``): say ``ready``,
+    wait for ``JOBDIR/go``, then read the ``job.json`` and ``kernel.so`` the parent wrote
+    before it (evaluators.warm). The child was prepared (imports, CUDA context, task,
+    references) for ``spec``; a job for anything else is our bug, never run."""
+    _wait_for_file(jobdir, "go", state, "waiting for its job", "ready")
+    job = json.loads((jobdir / "job.json").read_text())
+    wrong = [k for k in _SPEC_KEYS if job.get(k) != spec.get(k)]
+    wrong += [f"settings.{k}" for k in _SPEC_SETTINGS
+              if job["settings"].get(k) != spec["settings"].get(k)]
+    if wrong:
+        raise RuntimeError(f"a warm child prepared for {spec.get('task')!r} ({spec.get('mode')}) got a job "
+                           f"that differs in {', '.join(wrong)}")
+    return job
+
+
 def _sol_fn(task: Any) -> Any:
     """shape -> speed-of-light ms for this GPU, or a function returning None (with a warning)."""
     try:
@@ -298,8 +330,13 @@ def _crash(stage: str, reason: str, tb: str = "") -> StageResult:
     return StageResult(stage, Status.CRASH, reason, {}, arts)
 
 
-def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
-    """Do the job; return the result dict. Raises only for harness bugs (before the candidate ran)."""
+def run_job(jobdir: Path, job: dict[str, Any], state: _State, *, warm: bool = False) -> dict[str, Any]:
+    """Do the job; return the result dict. Raises only for harness bugs (before the candidate ran).
+
+    ``warm``: ``job`` is the spec of a child started before its candidate existed: it
+    prepares everything that needs no GPU, waits for ``JOBDIR/cuda`` (the GPU actor lets
+    it create its CUDA context only when no timing runs: evaluators.gpu_schedule), prepares
+    the rest, then waits for its job (:func:`_wait_for_job`)."""
     import torch
 
     from evaluators.child import abi
@@ -318,6 +355,8 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run GPU stages on a GPU machine" + hint
         )
     task = _load_task(job["task"], job.get("task_files") or [])
+    if warm:
+        _wait_for_file(jobdir, "cuda", state, "waiting to start CUDA", "imported")
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -326,7 +365,11 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State) -> dict[str, Any]:
     env = _env_info(torch, settings)
     # Before the gate (off the critical path) and before seccomp (inductor runs compilers):
     references = _prepare_references(task, job, settings, env) if mode in ("check+time", "time-only") else None
-    if job.get("gate"):
+    if warm:
+        job = _wait_for_job(jobdir, job, state)
+        settings = job["settings"]
+        env.update({k: str(settings.get(k)) for k in ("reps", "warmup", "flush_mb", "trials")})
+    elif job.get("gate"):
         _wait_for_gate(jobdir, state)
     poisoned = _poison_allocator(torch)
     from evaluators.child.device_state import DeviceGuard
@@ -442,8 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     state = _State(jobdir)
     t0 = time.monotonic()
     try:
-        job = json.loads((jobdir / "job.json").read_text())
-        result = run_job(jobdir, job, state)
+        warm = not (jobdir / "job.json").exists()   # a warm child: its job comes later
+        job = json.loads((jobdir / ("spec.json" if warm else "job.json")).read_text())
+        result = run_job(jobdir, job, state, warm=warm)
     except BaseException as e:  # noqa: BLE001 - harness bug: report, exit nonzero
         from evaluators.sandbox import SandboxError
 
