@@ -57,6 +57,10 @@ class Progress:
     gpu_queue: int = 0
     in_flight: int = 0
     gpu_busy_s: float = 0.0
+    #: seconds of the correctness and timing stages (the harness's own GPU-time accounting)
+    gpu_stage_s: float = 0.0
+    #: per GPU, the actor's latest (mean NVML utilisation, samples); absent: not measured
+    gpu_activity_by_gpu: dict = field(default_factory=dict)
     first_gpu_start: float | None = None
     last_gpu_end: float | None = None
     n_gpus: int = 1
@@ -72,8 +76,22 @@ class Progress:
         return 60.0 * self.evaluations / self.elapsed
 
     @property
+    def gpu_activity(self) -> float | None:
+        """The GPUs' measured activity: the mean of each actor's sampled NVML utilisation
+        (0..1); None when no GPU could be sampled ("not measured")."""
+        vals = [a for a, _n in self.gpu_activity_by_gpu.values()]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
+    def gpu_stage_share(self) -> float:
+        """Correctness + timing stage seconds over wall time x GPUs (concurrent correctness
+        processes each count, so it can exceed slot occupancy)."""
+        return self.gpu_stage_s / (self.elapsed * max(self.n_gpus, 1))
+
+    @property
     def gpu_busy(self) -> float:
-        """Time inside GPU evaluations over wall time x GPUs, since the search started."""
+        """Slot occupancy: time inside GPU actor calls over wall time x GPUs, since the
+        search started (not the GPU's activity: see :attr:`gpu_activity`)."""
         return min(1.0, self.gpu_busy_s / (self.elapsed * max(self.n_gpus, 1)))
 
     @property
@@ -85,8 +103,14 @@ class Progress:
         window = max(self.last_gpu_end - self.first_gpu_start, 1e-9)
         return min(1.0, self.gpu_busy_s / (window * max(self.n_gpus, 1)))
 
-    def gpu_ran(self, started: float, finished: float) -> None:
-        """Count one GPU evaluation that ran from ``started`` to ``finished`` (wall clock)."""
+    def gpu_ran(self, started: float, finished: float, stage_s: float = 0.0,
+                activity: tuple[float, int] | None = None, gpu: int = 0) -> None:
+        """Count one GPU evaluation that ran from ``started`` to ``finished`` (wall clock),
+        whose GPU stages took ``stage_s``; ``activity``: its actor's sampled utilisation."""
+        self.gpu_stage_s += max(0.0, stage_s)
+        if activity is not None:
+            self.gpu_activity_by_gpu[gpu] = tuple(activity)
+        # slot occupancy: concurrent calls of one actor each count (gpu_busy caps at 1)
         self.gpu_busy_s += max(0.0, finished - started)
         self.first_gpu_start = started if self.first_gpu_start is None else min(self.first_gpu_start, started)
         self.last_gpu_end = finished if self.last_gpu_end is None else max(self.last_gpu_end, finished)
@@ -96,6 +120,8 @@ class Progress:
             "evaluations": self.evaluations, "correct": self.correct, "proposed": self.proposed,
             "evals_per_min": round(self.evals_per_min, 3), "gpu_busy": round(self.gpu_busy, 4),
             "gpu_busy_steady": round(self.gpu_busy_steady, 4),
+            "gpu_activity": None if self.gpu_activity is None else round(self.gpu_activity, 4),
+            "gpu_stage_share": round(self.gpu_stage_share, 4),
             "compile_queue": self.compile_queue, "gpu_queue": self.gpu_queue,
             "in_flight": self.in_flight, "failures": dict(self.failures),
             "elapsed_s": round(self.elapsed, 2),

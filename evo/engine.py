@@ -6,8 +6,8 @@ and is the only writer of the lineage store. Scheduling rules:
 
 - back-pressure: a new child is proposed only while fewer than ``in_flight`` are between
   proposal and result, so the mutator (later an LLM) is never asked for more than the
-  cluster can evaluate; ``in_flight`` defaults to 2 per GPU + the compile workers, which
-  keeps every GPU fed while compiles run ahead;
+  cluster can evaluate; ``in_flight`` = 0 follows the measured compile and GPU rates
+  (:func:`evo.inflight.inflight_bound`), which keeps the slower pool busy;
 - GPUs first: whenever a GPU actor holds fewer than ``rt.gpu_slots`` requests (its
   correctness slots plus one queued so no gap opens between candidates), the oldest
   compiled candidate goes to it;
@@ -44,6 +44,7 @@ from typing import Any, Callable
 from evo import recovery
 from evo.bookkeeping import Pending, Progress, SearchSummary, member_of
 from evo.engine_settings import EngineSettings
+from evo.inflight import RateMeter, inflight_bound
 from evo.islands import IslandHandle, IslandSet, island_specs
 from evo.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
@@ -86,6 +87,7 @@ class Engine:
         self.gpu_load: list[int] = []
         self.best: dict[str, tuple[float, Candidate]] = {}
         self.progress = Progress(started=time.time())
+        self.rates = RateMeter()  # compile and GPU rates: the auto in-flight bound (evo.inflight)
         self._rr = self._last_migration = self._failed_attempts = self._fill_failures = 0
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
@@ -113,12 +115,11 @@ class Engine:
     def max_inflight(self) -> int:
         if self.s.in_flight > 0:
             return self.s.in_flight
-        # Enough to keep every GPU fed while compiles run ahead, but bounded: everything in
-        # flight must drain when the budget ends (on one H200 with 16 CPUs, 2 x GPUs + workers
-        # = 17 left ~2.5 minutes of queued work behind the budget).
-        workers = max(1, self.rt.n_cpus - 1)
+        # From the measured compile and GPU rates (evo.inflight): enough to keep the slower
+        # pool busy, at most a minute of work queued behind the budget.
         g = self.rt.n_gpus
-        return min(2 * g + workers, 6 * g)
+        return inflight_bound(self.rates.rates(g), workers=max(1, self.rt.n_cpus - 1), n_gpus=g,
+                              gpu_slots=self.rt.gpu_slots)
 
     # ------------------------------------------------------------------ run
 
@@ -396,7 +397,8 @@ class Engine:
                     continue
                 self.breaker.ok("GPU evaluation")
                 self.gpu_faults.finished(pending)
-                self.progress.gpu_ran(res.started, res.finished)
+                self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
+                self.rates.gpu_done(res.started, res.finished)
                 ev = res.evaluation
                 self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                                  fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
@@ -406,6 +408,7 @@ class Engine:
     def _compiled(self, pending: Pending, outcome) -> None:
         stage = outcome.result
         pending.pre_stages = pending.pre_stages + (stage,)
+        self.rates.compiled(stage.seconds)
         if stage.passed and outcome.so_bytes:
             pending.so_bytes = outcome.so_bytes
             (self._tune_queue if self.survivors.is_trial(pending.candidate.id) else self.gpu_queue).append(pending)

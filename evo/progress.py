@@ -1,7 +1,9 @@
 """Progress in the terminal (rich): the live search view and step bars for the rest.
 
-:class:`LiveProgress` shows per island best speedup and fix mode, evaluations/min, GPU
-busy %, compile queue, GPU queue and failures by stage. The engine logs the same numbers as
+:class:`LiveProgress` shows per island best speedup and fix mode, evaluations/min, slot
+occupancy (time inside GPU actor calls: not the GPU's activity), GPU activity (NVML
+utilisation sampled by the GPU actors, "not measured" without NVML), compile queue, GPU
+queue and failures by stage. The engine logs the same numbers as
 ``progress`` events in the store, so `evo status` shows them for finished runs too.
 
 :class:`StepProgress` is the bar of the commands that otherwise sit silent for a minute:
@@ -82,7 +84,8 @@ def render(run_id: str, p) -> Group:
         f"run [bold]{run_id}[/]",
         f"evals {p.evaluations} ({p.correct} correct)",
         f"{p.evals_per_min:.1f}/min",
-        f"GPU busy {100 * p.gpu_busy:.0f}% of {p.n_gpus}",
+        f"slot occupancy {100 * p.gpu_busy:.0f}% of {p.n_gpus} GPU(s)",
+        "GPU activity " + ("not measured" if p.gpu_activity is None else f"{100 * p.gpu_activity:.0f}%"),
         f"compile queue {p.compile_queue}",
         f"GPU queue {p.gpu_queue}",
         f"in flight {p.in_flight}",

@@ -391,11 +391,12 @@ def _page(status: dict[str, Any], plots: dict[str, str], notes: Sequence[str], g
     prog = status["progress"]
     summary = _table(
         ["run", "name", "status", "created", "updated", "evaluations", "correct", "pending", "LLM cost",
-         "evals/min", "GPU busy"],
+         "evals/min", "slot occupancy", "GPU activity"],
         [[run["id"], run["name"], run["status"] + (" (stale)" if status["stale"] else ""), run["created"],
           run["updated"], status["evaluations"], status["correct"], status["pending"],
           f"${status['spend']['cost']:.4f}", _num(prog.get("evals_per_min"), 2),
-          f"{100 * prog['gpu_busy']:.0f}%" if prog.get("gpu_busy") is not None else "-"]],
+          f"{100 * prog['gpu_busy']:.0f}%" if prog.get("gpu_busy") is not None else "-",
+          "not measured" if prog.get("gpu_activity") is None else f"{100 * prog['gpu_activity']:.0f}%"]],
         tid="summary",
     )
     both = both_timed(status["best"].values())

@@ -14,7 +14,7 @@ Where the numbers come from:
   (:meth:`Store.reference_fitness`), and the champion confirmation's gain over the seed with
   its interval and verdict (:meth:`Store.champions`);
 * spend: :meth:`Store.llm_totals` (the sum of the ``cost`` column of ``llm_calls``);
-* rates (evaluations per minute, GPU busy fraction, queues): the payload of the run's latest
+* rates (evaluations per minute, slot occupancy, GPU activity, queues): the payload of the run's latest
   ``progress`` (or ``finish``) event, which the engine logs every few evaluations.
 
 A run whose status is still ``running`` but whose last event is older than
@@ -45,7 +45,7 @@ STALE_AFTER_S = 15 * 60.0
 CANONICAL_STAGES = ("policy", "compile", "correctness", "timing", "profile")
 #: Progress-event keys copied into ``run_status()["progress"]``.
 _PROGRESS_KEYS = (
-    "evaluations", "correct", "proposed", "evals_per_min", "gpu_busy", "compile_queue",
+    "evaluations", "correct", "proposed", "evals_per_min", "gpu_busy", "gpu_activity", "compile_queue",
     "gpu_queue", "in_flight", "elapsed_s",
 )
 

@@ -94,7 +94,10 @@ def render_status(data: dict[str, Any]) -> RenderableType:
                                 f"{data['candidates']} candidates)")
     if prog:
         busy = f"{100 * prog['gpu_busy']:.0f}%" if prog.get("gpu_busy") is not None else "-"
-        head.add_row("rate", f"{_fmt(prog.get('evals_per_min'), 2)} evals/min, GPU busy {busy}, "
+        act = prog.get("gpu_activity")   # NVML, sampled by the GPU actors; absent: not measured
+        act = "not measured" if act is None else f"{100 * act:.0f}%"
+        head.add_row("rate", f"{_fmt(prog.get('evals_per_min'), 2)} evals/min, slot occupancy {busy}, "
+                             f"GPU activity {act}, "
                              f"in flight {_fmt(prog.get('in_flight'))}, compile queue "
                              f"{_fmt(prog.get('compile_queue'))}, GPU queue {_fmt(prog.get('gpu_queue'))}")
         head.add_row("last progress", f"{_short_time(prog.get('at'))} UTC ({_fmt(prog.get('age_s'), 0)} s ago)")

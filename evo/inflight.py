@@ -1,0 +1,81 @@
+"""How many candidates the engine keeps in flight, from the rates it measured.
+
+Little's law: to keep the slower of the two pools busy (the compile workers, or the GPUs)
+the pipeline must hold throughput x latency candidates, plus what the GPU actors queue.
+A fixed cap was wrong both ways: on one H200 with 15 compile workers and 16 s compiles
+the compile pool alone could feed ~50 candidates a minute while in-flight was capped at 5.
+
+:func:`inflight_bound` is pure; :class:`RateMeter` keeps the running means the engine
+feeds it (each compile's seconds, each GPU result's start and end).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["inflight_bound", "RateMeter", "Rates", "DRAIN_S"]
+
+#: At most this many seconds of work stay queued behind the budget (everything in flight
+#: drains when it ends): the bound never exceeds throughput x DRAIN_S.
+DRAIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Measured means: ``compile_s`` a compile's seconds, ``gpu_s`` a GPU evaluation's
+    seconds from submission to result, ``gpu_per_s`` evaluations a second per GPU."""
+
+    compile_s: float
+    gpu_s: float
+    gpu_per_s: float
+
+
+def inflight_bound(rates: Rates | None, *, workers: int, n_gpus: int, gpu_slots: int) -> int:
+    """Candidates to keep in flight.
+
+    Without measurements (``rates`` None): enough to fill every GPU slot and every compile
+    worker once, ``n_gpus * gpu_slots + workers``. With them: the throughput the slower pool
+    allows, ``x = min(workers / compile_s, n_gpus * gpu_per_s)``, times a candidate's
+    latency through both (``compile_s + gpu_s``), plus the GPU slots (the actors' queues),
+    never under ``n_gpus * gpu_slots + 1`` and never more than ``x * DRAIN_S`` (or that
+    floor).
+    """
+    floor = n_gpus * gpu_slots + 1
+    if rates is None:
+        return n_gpus * gpu_slots + max(1, workers)
+    x = min(workers / max(rates.compile_s, 1e-6), n_gpus * max(rates.gpu_per_s, 1e-6))
+    want = math.ceil(x * (rates.compile_s + rates.gpu_s)) + n_gpus * gpu_slots
+    cap = max(floor, math.floor(x * DRAIN_S))
+    return max(floor, min(want, cap))
+
+
+@dataclass
+class RateMeter:
+    """Running means of what :func:`inflight_bound` needs; ``rates()`` is None until at
+    least ``min_samples`` compiles and GPU results were seen."""
+
+    min_samples: int = 3
+    _compiles: int = 0
+    _compile_sum: float = 0.0
+    _gpu: int = 0
+    _gpu_sum: float = 0.0
+    _first: float | None = None
+    _last: float | None = None
+
+    def compiled(self, seconds: float) -> None:
+        self._compiles += 1
+        self._compile_sum += max(0.0, seconds)
+
+    def gpu_done(self, started: float, finished: float) -> None:
+        self._gpu += 1
+        self._gpu_sum += max(0.0, finished - started)
+        self._first = started if self._first is None else min(self._first, started)
+        self._last = finished if self._last is None else max(self._last, finished)
+
+    def rates(self, n_gpus: int) -> Rates | None:
+        if self._compiles < self.min_samples or self._gpu < self.min_samples:
+            return None
+        window = max((self._last or 0.0) - (self._first or 0.0), 1e-6)
+        return Rates(compile_s=self._compile_sum / self._compiles, gpu_s=self._gpu_sum / self._gpu,
+                     gpu_per_s=self._gpu / window / max(n_gpus, 1))
