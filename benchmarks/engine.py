@@ -1,14 +1,23 @@
 """Scheduling benchmark: the real engine on a local Ray instance with simulated stages.
 
 Compile and GPU latencies are drawn from lognormal distributions whose medians and spreads
-come from measured runs (``--compile-median`` / ``--gpu-median``; defaults are the medians
-measured on the H200 machine, see benchmarks/ENGINE.md), scaled by ``--time-scale`` so a
-sweep finishes in minutes. Everything else is real: Ray scheduling, island actors, the
-store, back-pressure and dedupe. Reports, for each simulated GPU count, the GPU busy
-fraction (time inside GPU evaluations / (wall x GPUs)), evaluations/hour (in simulated
-time, i.e. divided by the time scale) and the scaling relative to one GPU.
+come from measured runs (defaults: the H200 demo of 2026-12-03, benchmarks/ENGINE.md: compile
+16.2 s, correctness 1.79 s, timing 0.96 s, and (9 - 2.75) / 2 = 3.1 s of process start-up
+per harness process), scaled by ``--time-scale`` so a sweep finishes in minutes. Everything
+else is real: Ray scheduling, the threaded GPU actors and their GpuSchedule (correctness
+shares a GPU up to ``check_concurrency``, timing has it alone), island actors, the store,
+back-pressure, the rate-following in-flight bound and dedupe.
 
-    python benchmarks/engine.py --gpus 1 2 4 8 --evals-per-gpu 60
+The harness processes are modelled, not spawned: ``--pool warm`` (the GPU actor's warm
+children: a process whose start-up finished is taken at once, its replacement starts in
+the background, its CUDA part ``--cuda-share`` of the start-up under a shared GPU slot),
+``--pool cold`` (every process starts when its candidate arrives, one candidate at a time:
+the old actor). Reports, per simulated GPU count, slot occupancy (time inside GPU actor calls
+/ (wall x GPUs)), GPU stage share (simulated correctness + timing seconds / (wall x GPUs)),
+evaluations/hour in simulated time, the scaling relative to one GPU and the per-candidate
+overhead (a GPU call's wall clock beyond its correctness and timing).
+
+    python benchmarks/engine.py --gpus 1 2 4 8 --evals-per-gpu 30
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -60,17 +70,70 @@ def sim_compile(candidate: Candidate, settings: CompileSettings) -> CompileOutco
     return CompileOutcome(result=res, so_bytes=b"sim", key=candidate.id, cached=False)
 
 
-def sim_evaluate(candidate: Candidate, so: bytes, settings: HarnessSettings) -> Evaluation:
-    dt = _draw("gpu", candidate.id)
-    time.sleep(dt)
+class SimChildren:
+    """The warm pool's timing model in one GPU actor: per process kind, children ready now;
+    taking one starts its replacement (start-up ``startup`` s, its last ``cuda`` s under a
+    shared slot of the actor's real GpuSchedule). ``warm=False``: every child starts when
+    asked, on the critical path."""
+
+    def __init__(self, schedule, warm: int, startup: float, cuda: float) -> None:
+        self.schedule, self.warm, self.startup, self.cuda = schedule, warm, startup, cuda
+        self.ready = {"check": 0, "time": 0}
+        self.lock = threading.Lock()
+        for kind in self.ready:
+            for _ in range(warm):
+                self._spawn(kind)
+
+    def _spawn(self, kind: str) -> None:
+        def run() -> None:
+            time.sleep(self.startup - self.cuda)
+            while not self.schedule.try_shared("warm"):
+                time.sleep(0.002)
+            t0 = time.time()
+            time.sleep(self.cuda)
+            self.schedule.release_shared("warm", t0)
+            with self.lock:
+                self.ready[kind] += 1
+        threading.Thread(target=run, daemon=True).start()
+
+    def take(self, kind: str) -> None:
+        """Return when a child of ``kind`` can start its job (call inside the GPU slot)."""
+        if self.warm:
+            with self.lock:
+                if self.ready[kind]:
+                    self.ready[kind] -= 1
+                    self._spawn(kind)
+                    return
+            self._spawn(kind)
+        time.sleep(self.startup)   # cold: its own start-up, on the critical path
+
+
+_CHILDREN: dict[int, SimChildren] = {}
+
+
+def sim_evaluate(candidate: Candidate, so: bytes, settings: HarnessSettings, pool=None) -> Evaluation:
+    cfg = json.loads(os.environ[ENV])
+    sched = pool.schedule
+    if id(pool) not in _CHILDREN:
+        _CHILDREN[id(pool)] = SimChildren(sched, settings.warm_children, cfg["scale"] * cfg["startup"],
+                                          cfg["scale"] * cfg["startup"] * cfg["cuda_share"])
+    kids = _CHILDREN[id(pool)]
+    check, timing = _draw("check", candidate.id), _draw("time", candidate.id)
+    with pool.gpu("check"):
+        kids.take("check")
+        time.sleep(check)
+    with pool.gpu("time"):
+        kids.take("time")
+        time.sleep(timing)
     f = 1.0 + sum(int(v) for _, v in candidate.params) / 40.0
-    return Evaluation(candidate.id, (StageResult("correctness", Status.OK), StageResult("timing", Status.OK)), f)
+    return Evaluation(candidate.id, (StageResult("correctness", Status.OK, seconds=check),
+                                     StageResult("timing", Status.OK, seconds=timing)), f)
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int) -> dict:
+def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int, harness: HarnessSettings) -> dict:
     ray.init(num_cpus=compile_workers, num_gpus=n_gpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {ENV: os.environ[ENV]}})
     try:
@@ -78,12 +141,12 @@ def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int) -> dict:
             store = Store(Path(tmp) / "bench.db")
             run_id = store.create_run(f"bench-{n_gpus}", {}, seed=seed, config_hash="bench")
             rt = Runtime(stages=Stages(sim_compile, sim_evaluate), compile_settings=CompileSettings(),
-                         harness_settings=HarnessSettings()).start()
+                         harness_settings=harness).start()
             tasks = [f"sim{i}" for i in range(max(2, n_gpus))]
             eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=tasks,
                          seeds={t: (SOURCE, {}) for t in tasks},
                          settings=EngineSettings(islands_per_task=2, max_evaluations=evals,
-                                                 max_wall_seconds=3600, in_flight=2 * n_gpus + compile_workers,
+                                                 max_wall_seconds=3600, in_flight=0,
                                                  confirm_champions=False, progress_every=10**9),
                          rng=random.Random(seed), policy=lambda s: StageResult("policy", Status.OK))
             t0 = time.time()
@@ -94,8 +157,12 @@ def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int) -> dict:
     finally:
         ray.shutdown()
     scale = json.loads(os.environ[ENV])["scale"]
+    p = eng.progress
+    stage_share = p.gpu_stage_s / (wall * n_gpus)
+    overhead = (p.gpu_busy_s - p.gpu_stage_s) / max(s.evaluations, 1) / scale
     return {"gpus": n_gpus, "compile_workers": compile_workers, "evaluations": s.evaluations,
             "wall_s": wall, "gpu_busy": s.gpu_busy, "gpu_busy_steady": s.gpu_busy_steady,
+            "gpu_stage_share": stage_share, "overhead_s": overhead,
             "evals_per_hour": 3600 * s.evaluations / (wall / scale)}
 
 
@@ -103,32 +170,45 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--evals-per-gpu", type=int, default=60)
-    ap.add_argument("--compile-median", type=float, default=20.0, help="seconds (measured median nvcc time)")
+    ap.add_argument("--compile-median", type=float, default=16.2, help="seconds (measured mean nvcc time)")
     ap.add_argument("--compile-sigma", type=float, default=0.3)
-    ap.add_argument("--gpu-median", type=float, default=6.0, help="seconds (measured median GPU evaluation)")
+    ap.add_argument("--check-median", type=float, default=1.79, help="seconds (measured mean correctness stage)")
+    ap.add_argument("--time-median", type=float, default=0.96, help="seconds (measured mean timing stage)")
     ap.add_argument("--gpu-sigma", type=float, default=0.3)
+    ap.add_argument("--startup", type=float, default=3.1, help="seconds of one harness process's start-up")
+    ap.add_argument("--cuda-share", type=float, default=0.2,
+                    help="part of the start-up that is CUDA (under a GPU slot); an assumption, not measured")
+    ap.add_argument("--pool", choices=("warm", "cold"), default="warm")
+    ap.add_argument("--check-concurrency", type=int, default=HarnessSettings.check_concurrency)
+    ap.add_argument("--warm-children", type=int, default=HarnessSettings.warm_children)
     ap.add_argument("--time-scale", type=float, default=0.05, help="simulated seconds -> real seconds")
     ap.add_argument("--compile-workers-per-gpu", type=int, default=0,
                     help="0 = enough to keep GPUs fed: ceil(1.3 x compile/GPU time ratio)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     os.environ[ENV] = json.dumps({"compile_median": args.compile_median, "compile_sigma": args.compile_sigma,
-                                  "gpu_median": args.gpu_median, "gpu_sigma": args.gpu_sigma,
+                                  "check_median": args.check_median, "check_sigma": args.gpu_sigma,
+                                  "time_median": args.time_median, "time_sigma": args.gpu_sigma,
+                                  "startup": args.startup, "cuda_share": args.cuda_share,
                                   "scale": args.time_scale})
-    per_gpu = args.compile_workers_per_gpu or math.ceil(1.3 * args.compile_median / args.gpu_median)
+    warm = args.pool == "warm"
+    harness = HarnessSettings(check_concurrency=args.check_concurrency if warm else 1,
+                              warm_children=args.warm_children if warm else 0)
+    gpu_s = args.check_median + args.time_median + (0.0 if warm else 2 * args.startup)
+    per_gpu = args.compile_workers_per_gpu or math.ceil(1.3 * args.compile_median / gpu_s)
     rows = []
     for g in args.gpus:
-        rows.append(run_once(g, per_gpu * g, args.evals_per_gpu * g, seed=g))
+        rows.append(run_once(g, per_gpu * g, args.evals_per_gpu * g, seed=g, harness=harness))
         print(f"  {g} GPU(s): {rows[-1]}", file=sys.stderr, flush=True)
     base = rows[0]["evals_per_hour"] / rows[0]["gpus"]
-    print(f"{'GPUs':>4} {'compile workers':>15} {'evals':>6} {'GPU busy':>9} {'steady':>7} {'evals/hour':>11} "
-          f"{'scaling':>8} {'efficiency':>10}")
+    print(f"{'GPUs':>4} {'compile workers':>15} {'evals':>6} {'slot occupancy':>14} {'steady':>7} "
+          f"{'GPU stage share':>15} {'evals/hour':>11} {'scaling':>8} {'efficiency':>10} {'overhead/cand':>13}")
     for r in rows:
         eff = r["evals_per_hour"] / (base * r["gpus"])
         r["efficiency"] = eff
-        print(f"{r['gpus']:>4} {r['compile_workers']:>15} {r['evaluations']:>6} {100 * r['gpu_busy']:>8.1f}% "
-              f"{100 * r['gpu_busy_steady']:>6.1f}% {r['evals_per_hour']:>11.0f} "
-              f"{r['evals_per_hour'] / rows[0]['evals_per_hour']:>7.2f}x {100 * eff:>9.1f}%")
+        print(f"{r['gpus']:>4} {r['compile_workers']:>15} {r['evaluations']:>6} {100 * r['gpu_busy']:>13.1f}% "
+              f"{100 * r['gpu_busy_steady']:>6.1f}% {100 * r['gpu_stage_share']:>14.1f}% {r['evals_per_hour']:>11.0f} "
+              f"{r['evals_per_hour'] / rows[0]['evals_per_hour']:>7.2f}x {100 * eff:>9.1f}% {r['overhead_s']:>12.2f}s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -1,0 +1,166 @@
+"""The H200 acceptance of issue 32: evaluations a minute of real searches, start-up included.
+
+Two parts, each one ``evo search`` in a fresh temporary database, bounded by ``--limit-s``
+(default 530 s, under the device's 9-minute call; a search still running then is stopped
+with SIGINT, which records what finished, and the row says so):
+
+- ``demo``: ``python3 -m evo.cli search configs/demo.toml`` unchanged;
+- ``gemm``: the demo config with ``[tasks] include = [--gemm-task]`` (compiles of 30-50 s):
+  the long tail, where the compile pool may be the limit.
+
+Per part, from the run's own records (``evo status --json`` and the store): evaluations and
+correct ones, wall clock from the command's start to its end, evaluations a minute over
+that whole wall clock, slot occupancy and GPU activity (NVML, as sampled by the GPU actor:
+"not measured" where it could not be read), the mean compile, correctness and timing
+seconds, and which pool limited the run: the one with the lower capacity, compile =
+workers / mean compile s against GPU = evaluations / seconds the GPU stages of the run
+spanned; the queues in the progress events say the same from the other side (a GPU queue
+that stays full: the GPUs; an empty one: the compile pool).
+
+    python benchmarks/throughput.py --part demo gemm [--limit-s 530] [--json OUT.json]
+
+Writes nothing but its temporary databases and ``--json``; prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "demo.toml"
+
+
+def _gemm_config(tmp: Path, task: str) -> Path:
+    text = DEMO.read_text()
+    include = f'include = ["{task}"]'
+    lines = [include if ln.startswith("include = ") else ln for ln in text.splitlines()]
+    out = tmp / "gemm.toml"
+    out.write_text("\n".join(lines) + "\n")
+    tomllib.loads(out.read_text())   # still a valid config
+    return out
+
+
+def _search(config: Path, db: Path, limit_s: float) -> tuple[float, bool, int]:
+    """Run the search; (wall seconds, stopped at the limit, exit code)."""
+    argv = [sys.executable, "-m", "evo.cli", "search", str(config), "--db", str(db), "--no-progress"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=str(ROOT))
+    try:
+        rc = proc.wait(timeout=limit_s)
+        stopped = False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)   # graceful: in-flight work is recorded
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        stopped = True
+    return time.monotonic() - t0, stopped, rc
+
+
+def _status(db: Path) -> dict:
+    runs = json.loads(subprocess.run([sys.executable, "-m", "evo.cli", "runs", "--db", str(db), "--json"],
+                                     cwd=str(ROOT), capture_output=True, text=True, check=True).stdout)
+    run_id = runs[0]["id"] if isinstance(runs, list) else runs["runs"][0]["id"]
+    return json.loads(subprocess.run([sys.executable, "-m", "evo.cli", "status", run_id, "--db", str(db), "--json"],
+                                     cwd=str(ROOT), capture_output=True, text=True, check=True).stdout)
+
+
+def _records(db: Path) -> dict:
+    """Stage seconds and progress queues from the store (plain SQL on its tables)."""
+    con = sqlite3.connect(str(db))
+    try:
+        stages = {}
+        for name in ("compile", "correctness", "timing"):
+            rows = con.execute("SELECT seconds FROM stage_results WHERE stage = ? AND status != 'skipped'",
+                               (name,)).fetchall()
+            stages[name] = [float(r[0]) for r in rows if r[0] is not None]
+        prog = [json.loads(r[0]) for r in con.execute(
+            "SELECT payload FROM events WHERE kind = 'progress' ORDER BY id").fetchall()]
+    finally:
+        con.close()
+    return {"stages": stages, "progress": prog}
+
+
+def _limit(rec: dict, evaluations: int, workers: int) -> tuple[str, float | None, float | None]:
+    st = rec["stages"]
+    if not st["compile"] or not st["correctness"]:
+        return "not enough records", None, None
+    compile_cap = 60.0 * workers / mean(st["compile"])   # candidates a minute the pool can build
+    gpu_s = sum(st["correctness"]) + sum(st["timing"])
+    gpu_cap = 60.0 * evaluations / gpu_s if gpu_s > 0 else None   # if the GPU did nothing else
+    if gpu_cap is None:
+        return "not enough records", compile_cap, None
+    return ("compile pool" if compile_cap < gpu_cap else "GPU"), compile_cap, gpu_cap
+
+
+def part(name: str, config: Path, limit_s: float, workers: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"evo-throughput-{name}-") as tmp:
+        db = Path(tmp) / f"{name}.db"
+        wall, stopped, rc = _search(config, db, limit_s)
+        status = _status(db)
+        rec = _records(db)
+    prog = status.get("progress") or {}
+    n = int(status.get("evaluations") or 0)
+    limit, compile_cap, gpu_cap = _limit(rec, n, workers)
+    queues = [(p.get("compile_queue", 0), p.get("gpu_queue", 0)) for p in rec["progress"][1:]]
+    act = prog.get("gpu_activity")
+    return {
+        "part": name, "config": str(config), "exit_code": rc, "stopped_at_limit": stopped,
+        "evaluations": n, "correct": status.get("correct"), "wall_s": round(wall, 1),
+        "evals_per_min": round(60.0 * n / wall, 2),
+        "slot_occupancy": prog.get("gpu_busy"), "gpu_activity": act,
+        "mean_s": {k: round(mean(v), 2) if v else None for k, v in rec["stages"].items()},
+        "limit": limit, "compile_capacity_per_min": compile_cap and round(compile_cap, 1),
+        "gpu_capacity_per_min": gpu_cap and round(gpu_cap, 1),
+        "mean_gpu_queue": round(mean(q[1] for q in queues), 2) if queues else None,
+        "mean_compile_queue": round(mean(q[0] for q in queues), 2) if queues else None,
+    }
+
+
+def _pct(x) -> str:
+    return "not measured" if x is None else f"{100 * float(x):.0f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", nargs="+", choices=("demo", "gemm"), default=["demo", "gemm"])
+    ap.add_argument("--gemm-task", default="gemm_bf16")
+    ap.add_argument("--limit-s", type=float, default=530.0, help="wall-clock bound of each search (s)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    workers = max(1, (os.cpu_count() or 2) - 1)   # Ray's CPUs minus the driver's, as the engine counts
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.part:
+            config = DEMO if name == "demo" else _gemm_config(Path(tmp), args.gemm_task)
+            rows.append(part(name, config, args.limit_s, workers))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print("| part | evaluations (correct) | wall s | evals/min | slot occupancy | GPU activity | compile s "
+          "| correctness s | timing s | limit (compile / GPU capacity a minute) | stopped at limit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["mean_s"]
+        print(f"| {r['part']} | {r['evaluations']} ({r['correct']}) | {r['wall_s']} | {r['evals_per_min']} "
+              f"| {_pct(r['slot_occupancy'])} | {_pct(r['gpu_activity'])} | {m['compile']} | {m['correctness']} "
+              f"| {m['timing']} | {r['limit']} ({r['compile_capacity_per_min']} / {r['gpu_capacity_per_min']}) "
+              f"| {r['stopped_at_limit']} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["exit_code"] in (0, 130) or r["stopped_at_limit"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
