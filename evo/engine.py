@@ -16,6 +16,14 @@ and is the only writer of the lineage store. Scheduling rules:
   each one (``begin``: parents, model, prompt, in the loop's order) and collects answers as
   they come while it keeps collecting compile and GPU results, so a slow model never holds
   a GPU result uncollected. Other mutators propose on the loop;
+- ordered (``search.ordered``, off by default): every proposal and candidate is an item
+  numbered when it starts; finished items are taken in that order (one that finishes early
+  waits for the older ones) and the engine proposes only right after taking one. Parent
+  choices, repair queues and migrations then depend on the order of the items, not on which
+  compile, GPU result or model answer came first, so a replay (answers keyed by attempt,
+  :class:`mutators.cassette.ReplayClient`) of an ordered run makes the same children
+  whatever the number of islands and proposals in flight. It costs throughput: a slow item
+  holds back the feedback of those behind it (the GPUs still run them);
 - dedupe: a child whose content id was seen in this run is never compiled again;
 - budgets count evaluations (``search.max_evaluations``) plus a wall-clock safety limit;
   when one is reached no new child is proposed and in-flight work drains and is recorded;
@@ -46,6 +54,7 @@ from evo.bookkeeping import Pending, Progress, SearchSummary, member_of
 from evo.engine_settings import EngineSettings
 from evo.inflight import RateMeter, inflight_bound
 from evo.islands import IslandHandle, IslandSet, island_specs
+from evo.ordering import ItemOrder
 from evo.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
 from evo.records import Candidate, Evaluation, Member, Operator, StageResult
@@ -99,7 +108,10 @@ class Engine:
         self.gpu_faults = recovery.GpuFaults()
         self._n_proposers = mut.concurrency(mutator)
         self._pool: futures.ThreadPoolExecutor | None = None
-        self._proposals: dict[futures.Future, tuple[IslandHandle, bool, int]] = {}
+        self._proposals: dict[futures.Future, tuple[IslandHandle, bool, int, int]] = {}
+        self._claimed = 0  # proposals begun that are neither a submitted candidate nor settled yet
+        self.items = ItemOrder(settings.ordered, on_taken=lambda: None if self._stop_reason else self._fill())
+        self._filling = False
 
     @property
     def island_meta(self) -> list[IslandHandle]:
@@ -108,6 +120,8 @@ class Engine:
 
     @property
     def n_inflight(self) -> int:
+        if self.items.ordered:
+            return len(self.items)
         return (len(self.compile_refs) + len(self.gpu_refs) + len(self.gpu_queue) + len(self._tune_queue)
                 + len(self._proposals))
 
@@ -161,8 +175,8 @@ class Engine:
                         self._stop_reason = "evaluation budget spent"
                     elif time.time() > deadline:
                         self._stop_reason = "wall-clock limit reached"
-                if not self._stop_reason:
-                    self._fill()
+                if not self._stop_reason and not (self.items.ordered and len(self.items)):
+                    self._fill()  # ordered: right after each item is taken (evo.ordering)
                 self._dispatch_gpus()
                 if not self.n_inflight:
                     if not self._stop_reason and self._fill_failures:
@@ -202,12 +216,22 @@ class Engine:
             self._submit(Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel"))
 
     def _fill(self) -> None:
+        if self._filling:
+            return
+        self._filling = True
+        try:
+            self._fill_slots()
+        finally:
+            self._filling = False
+
+    def _fill_slots(self) -> None:
         self._fill_failures = 0
         tries, n = 0, len(self.islands)
         limit = self.max_inflight - self.survivors.reserve(self.max_inflight)
+        # ordered: the pool queues what it cannot run yet (its load would make fills depend on timing)
         while self.n_inflight < limit and tries < n and not self._stop_reason and \
-                len(self._proposals) < self._n_proposers:
-            if self.progress.proposed + len(self._proposals) >= self.s.max_evaluations:
+                (self.items.ordered or len(self._proposals) < self._n_proposers):
+            if self.progress.proposed + self._claimed >= self.s.max_evaluations:
                 return  # never propose more than the budget can evaluate
             isl = self.islands[self._rr % n]
             self._rr += 1
@@ -239,7 +263,8 @@ class Engine:
         if self._pool is None:
             return self._proposed(isl, not parents, gen, prop)
         isl.genesis_pending = isl.genesis_pending or not parents
-        self._proposals[self._pool.submit(job)] = (isl, bool(parents), gen)
+        self._claimed += 1
+        self._proposals[self._pool.submit(job)] = (isl, bool(parents), gen, self.items.start())
         return True
 
     def _begin(self, isl: IslandHandle, parents: list[Member], ctx: mut.MutationContext):
@@ -254,27 +279,39 @@ class Engine:
         return self.mutator.begin_repair(req, rctx, self.rng), gen
 
     def _collect_proposals(self) -> None:
-        """Take the finished proposal jobs, in the order they were started."""
+        """Take the finished proposal jobs, in the order they were started. A child is
+        submitted at once; ordered, what else an outcome changes waits for its item's turn."""
         for fut in [f for f in self._proposals if f.done()]:
-            isl, had_parents, gen = self._proposals.pop(fut)
-            if not had_parents:
-                isl.genesis_pending = False  # set again below when the genesis child is submitted
+            isl, had_parents, gen, item = self._proposals.pop(fut)
             try:
                 prop = fut.result()
             except _budget_errors() as e:
-                self._mutator_stopped(e)
+                self._settle(item, lambda e=e: self._mutator_stopped(e))
                 continue
-            self._proposed(isl, not had_parents, gen, prop)
+            if prop is None:
+                self._settle(item, lambda isl=isl, g=not had_parents, gen=gen, item=item:
+                             self._proposed(isl, g, gen, None, item=item))
+            elif not self._proposed(isl, not had_parents, gen, prop, item=item):
+                self._settle(item, lambda: None)  # a duplicate: no candidate
+
+    def _settle(self, item: int, action: Callable[[], None]) -> None:
+        """A proposal that made no candidate: its claim ends and ``action`` runs on its turn."""
+        def done() -> None:
+            self._claimed -= 1
+            action()
+        self.items.close(item, done)
 
     def _mutator_stopped(self, e: BaseException) -> None:
         if not self._stop_reason:
             log.warning("mutator stopped: %s", e)
             self._stop_reason = f"mutator stopped: {e}"
 
-    def _proposed(self, isl: IslandHandle, genesis: bool, gen: int, prop) -> bool:
+    def _proposed(self, isl: IslandHandle, genesis: bool, gen: int, prop, item: int | None = None) -> bool:
         """A proposal's outcome (``genesis``: it had no parents): None counts as a failed (or,
         for an exhaustive mutator, the last) attempt; a Proposal becomes a Candidate and is
-        submitted."""
+        submitted (as ``item`` when it came from the pool)."""
+        if genesis and item is not None:
+            isl.genesis_pending = False  # set again below when the genesis child is submitted
         if prop is None:
             if mut.is_exhaustive(self.mutator):
                 isl.exhausted = True  # None from an exhaustive mutator: nothing new here
@@ -288,9 +325,16 @@ class Engine:
         isl.genesis_pending = isl.genesis_pending or genesis
         cand = Candidate.create(isl.task, prop.source, prop.params, parents=prop.parents, operator=prop.operator,
                                 island=isl.index, generation=gen, notes=prop.notes)
+        if item is None or cand.id in self.seen:
+            return self._record_child(isl, prop) and self._submit(cand)
+        self._claimed -= 1  # the claim becomes a proposed candidate
+        self.items.before(item, lambda: self._record_child(isl, prop) and None)  # ordered: on the item's turn
+        return self._submit(cand, item=item)
+
+    def _record_child(self, isl: IslandHandle, prop) -> bool:
         for pid in prop.parents[:1]:
             self.rt.cast(isl.actor, "record_child", pid)
-        return self._submit(cand)
+        return True
 
     def _repair_first(self, isl: IslandHandle):
         """A queued repair of this island's task, before any new proposal (the CuTeGen loop:
@@ -308,10 +352,14 @@ class Engine:
         prop = self.mutator.repair(req, ctx, self.rng)
         return None if prop is None else (prop, gen)
 
-    def _submit(self, cand: Candidate) -> bool:
+    def _submit(self, cand: Candidate, item: int | None = None) -> bool:
         if cand.id in self.seen:
             return False
         self.seen.add(cand.id)
+        if item is None:
+            self.items.start(cand.id)
+        else:
+            self.items.bind(cand.id, item)
         self.store.add_candidate(self.run_id, cand)
         self.progress.proposed += 1
         pol = self._policy_cache.get(cand.source)  # knobs children share their parent's source
@@ -442,6 +490,9 @@ class Engine:
     # ------------------------------------------------------------------ recording
 
     def _record(self, pending: Pending, ev: Evaluation, gpu: int | None) -> None:
+        self.items.close(self.items.of(pending.candidate.id), lambda: self._record_now(pending, ev, gpu))
+
+    def _record_now(self, pending: Pending, ev: Evaluation, gpu: int | None) -> None:
         cand = pending.candidate
         self.store.add_evaluation(self.run_id, ev)
         self.progress.evaluations += 1
@@ -494,6 +545,7 @@ class Engine:
         self.progress.evaluations, self.progress.correct, self.progress.proposed = done, plan.correct, plan.proposed
         self._last_migration = done
         for cand in plan.pending:
+            self.items.start(cand.id)
             self._start(Pending(candidate=cand, pre_stages=(self.policy(cand.source),)))
         self.store.log_event(self.run_id, "resume", {"evaluated": done, "resubmitted": len(plan.pending)})
         log.info("resumed run %s: %d evaluated, %d resubmitted", self.run_id, done, len(plan.pending))

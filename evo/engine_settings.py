@@ -27,7 +27,8 @@ class EngineSettings:
     ``max_wall_minutes``). ``in_flight``: proposals between proposal and result (0 = auto).
     ``migration_every`` / ``migration_count``: ring migration period (in evaluations) and
     size. ``selection_lambda``: the selector's pressure. ``archive``: a MAP-Elites archive
-    per island.
+    per island. ``ordered``: take finished work in the order it started, so that a replay of
+    the run makes the same children (:mod:`evo.engine`; costs throughput).
 
     Set by code: ``confirm_champions`` (re-time a task's new best before it is reported),
     ``progress_every`` (evaluations between progress events), ``profile`` / ``tuning`` (the
@@ -45,6 +46,7 @@ class EngineSettings:
     migration_count: int = config_key(2, ge=0)
     selection_lambda: float = config_key(1.0, gt=0)
     archive: bool = config_key(True)
+    ordered: bool = config_key(False)
     confirm_champions: bool = True
     progress_every: int = 10
     profile: Any = None

@@ -26,7 +26,7 @@ from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators import base as mb  # noqa: E402
 from mutators.budget import Budget  # noqa: E402
-from mutators.cassette import Cassette  # noqa: E402
+from mutators.cassette import Cassette, ReplayClient  # noqa: E402
 from mutators.client import LLMClient  # noqa: E402
 from mutators.fake_server import FakeLLMServer  # noqa: E402
 from mutators.llm import LLMMutator  # noqa: E402
@@ -100,4 +100,78 @@ def test_eight_calls_of_2s_at_concurrency_4_overlap_and_gpu_results_are_collecte
     assert len(calls) == 8 and all(c["error"] is None for c in calls)
     lineage = [(c.parents, store.get_evaluation(c.id, run_id).status.value) for c in store.candidates(run_id)]
     assert len(lineage) == 9 and all(st == "ok" for _, st in lineage)
+    store.close()
+
+
+def typo(k: int) -> str:
+    """Variant ``k`` with a compile error (fixed by FIX)."""
+    return variant(k) + ("\n<<<<<<< SEARCH\n  int64_t i = int64_t(blockIdx.x) * BLOCK + threadIdx.x;\n=======\n"
+                         "  int64_t i = int64_t(blockIdx.x) * BLOK + threadIdx.x;\n>>>>>>> REPLACE\n")
+FIX = ("The macro name is misspelled.\n\n<<<<<<< SEARCH\n  int64_t i = int64_t(blockIdx.x) * BLOK + threadIdx.x;\n"
+       "=======\n  int64_t i = int64_t(blockIdx.x) * BLOCK + threadIdx.x;\n>>>>>>> REPLACE\n")
+
+
+def _ordered_search(store, run_id, client, model):
+    """2 islands, 4 in flight, 4 concurrent proposals, ordered; every attempt logged as the CLI logs it."""
+    def log_attempt(rec):
+        store.log_event(run_id, "llm_attempt", {"attempt_key": rec.attempt_key, "prompt_hash": rec.prompt_hash,
+                                                "ok": rec.ok, "kind": rec.kind})
+    mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"), attempt_sink=log_attempt,
+                     concurrency=4)
+    mut.max_failed_attempts = 50
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                 harness_settings=HarnessSettings()).start()
+    try:
+        eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
+                     seeds={TASK: ((FIXTURES / "tiny_kernel.cu").read_text(), {"BLOCK": "128"})},
+                     settings=EngineSettings(islands_per_task=2, max_evaluations=14, in_flight=4, migration_every=5,
+                                             migration_count=1, ordered=True, confirm_champions=False),
+                     rng=random.Random(5), policy=lambda s: StageResult("policy", Status.OK))
+        return eng.run()
+    finally:
+        rt.shutdown()
+
+
+def _lineage(store, run_id):
+    return sorted((c.id, c.parents, c.island, store.get_evaluation(c.id, run_id).status.value)
+                  for c in store.candidates(run_id))
+
+
+def test_an_ordered_run_with_2_islands_and_4_in_flight_replays_identically(local_ray, tmp_path):
+    """Before: answers were replayed by prompt hash, and prompts (attempt outcomes, other
+    islands' kernels) and parent choices depended on which result came first: 3 of 3 replays
+    of such a run raised ReplayMiss as a traceback."""
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("recorded", {}, seed=5, config_hash="x")
+    rng = random.Random(7)  # answers arrive out of order: delays of 0 to 0.4 s
+    entries = [{"response": typo(k) if k in (3, 9) else variant(k), "delay_s": rng.choice([0.0, 0.1, 0.4])}
+               for k in range(1, 30)]
+    entries += [{"match": "[kind:repair]", "response": FIX, "repeat": True}]
+    with FakeLLMServer(Cassette(entries)) as server:
+        model = ModelSpec("fake", server.base_url, "fake-coder", key_env="EVO_TEST_NO_KEY")
+        client = LLMClient([model], timeout_s=10, max_attempts=1, concurrency=4,
+                           sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
+        recorded = _ordered_search(store, run_id, client, model)
+    assert recorded.evaluations == 14
+    lineage = _lineage(store, run_id)
+    statuses = [st for *_, st in lineage]
+    assert "compile_error" in statuses and len({isl for _, _, isl, _ in lineage}) == 3  # seed (-1) + 2 islands
+    repaired = [c for c in store.candidates(run_id) if c.parents and store.get_evaluation(c.parents[0], run_id)
+                and store.get_evaluation(c.parents[0], run_id).status.value == "compile_error"]
+    assert repaired, "a broken child was repaired"
+    calls = store.llm_calls(run_id)
+    attempts = [e["payload"] for e in store.events(run_id, "llm_attempt")]
+
+    offline = ModelSpec("fake", "http://127.0.0.1:9/v1", "fake-coder", key_env="EVO_TEST_NO_KEY")
+    for i in range(3):
+        rid = store.create_run(f"replay{i}", {}, seed=5, config_hash="x")
+        summary = _ordered_search(store, rid, ReplayClient.from_run(calls, attempts), offline)
+        assert "replay" not in summary.stop_reason, summary.stop_reason
+        assert _lineage(store, rid) == lineage, f"replay {i} differs from the recorded run"
+
+    # A recording cut short: the run ends with one line naming the missing attempt, no traceback.
+    rid = store.create_run("replay-cut", {}, seed=5, config_hash="x")
+    summary = _ordered_search(store, rid, ReplayClient.from_run(calls[:5], attempts), offline)
+    assert summary.stop_reason.startswith("mutator stopped: replay has no recorded answer for attempt ")
+    assert "\n" not in summary.stop_reason
     store.close()
