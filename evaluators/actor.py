@@ -83,7 +83,7 @@ class GpuEvaluator:
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
         #: the function takes the pool (and obeys its schedule) itself
-        self._pooled = "pool" in inspect.signature(evaluate_fn).parameters
+        self._pooled = self.takes_pool(evaluate_fn)
         self._settings = settings
         self.schedule = GpuSchedule(check_concurrency=settings.check_concurrency)
         self.pool = WarmPool(self.schedule, warm_children=settings.warm_children)
@@ -101,6 +101,14 @@ class GpuEvaluator:
                 load_task_file(f)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
         self.activity = ActivitySampler.for_visible_gpu()
+
+    @staticmethod
+    def takes_pool(evaluate_fn: EvaluateFn | None) -> bool:
+        """Whether calls with ``evaluate_fn`` (None: the pipeline's) run concurrently, each
+        obeying the pool's schedule; otherwise the actor runs one call at a time."""
+        if evaluate_fn is None:
+            return True
+        return "pool" in inspect.signature(evaluate_fn).parameters
 
     @staticmethod
     def concurrency(settings: HarnessSettings) -> int:

@@ -187,6 +187,7 @@ class Runtime:
     gpu_actors: list = field(default_factory=list)
     _compile_remote: Any = None
     _n_cpus: int | None = None
+    _gpu_slots: int = 2
     #: compile verdict reference -> its binary's reference (see :func:`_compile_task`)
     _binaries: dict = field(default_factory=dict)
 
@@ -230,9 +231,13 @@ class Runtime:
                 f"(cluster resources: {dict(resources)})"
             )
         gpu_cls = ray.remote(GpuEvaluator)
+        # A threaded actor only for an evaluate_fn that takes the pool (the pipeline's): one
+        # without it runs one call at a time, two requests kept on it, as before.
+        pooled = GpuEvaluator.takes_pool(self.stages.evaluate_fn)
+        opts: dict[str, Any] = {"max_concurrency": GpuEvaluator.concurrency(self.harness_settings)} if pooled else {}
+        self._gpu_slots = self.harness_settings.check_concurrency + 1 if pooled else 2
         self.gpu_actors = [
-            gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0,
-                            max_concurrency=GpuEvaluator.concurrency(self.harness_settings)).remote(
+            gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0, **opts).remote(
                 self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn
             )
             for _ in range(n_gpus)
@@ -248,8 +253,9 @@ class Runtime:
     @property
     def gpu_slots(self) -> int:
         """Requests the engine keeps on one GPU actor: each correctness slot, and one more
-        queued so that no gap opens when one finishes."""
-        return self.harness_settings.check_concurrency + 1
+        queued so that no gap opens when one finishes (2 for an actor that runs one call at
+        a time). Set by :meth:`start`."""
+        return self._gpu_slots
 
     @property
     def n_cpus(self) -> int:

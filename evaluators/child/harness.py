@@ -222,11 +222,16 @@ def _wait_for_gate(jobdir: Path, state: _State) -> None:
 
 def _wait_for_file(jobdir: Path, name: str, state: _State, step: str, announce: str) -> None:
     """Write ``JOBDIR/announce`` (what this process has done), then block until the parent
-    creates ``JOBDIR/name``."""
+    creates ``JOBDIR/name``. A parent that dies meanwhile (the GPU actor's process: the
+    sandbox wrapper ``exec``s this one) leaves nobody to give the job or kill this process,
+    which then exits at once instead of waiting forever with a CUDA context."""
     state.progress({"stage": "setup", "step": step})
     _write_json(jobdir / announce, {"pid": os.getpid(), "time": time.time()})
+    parent = os.getppid()
     go = jobdir / name
     while not go.exists():
+        if os.getppid() != parent:
+            os._exit(0)
         time.sleep(0.005)
 
 
