@@ -54,9 +54,24 @@ def _engine(store, run_id, rt, budget=40, seed=0, **kw):
                   settings=settings, rng=random.Random(seed), policy=ok_policy, **kw)
 
 
+_RUNTIMES: list = []
+
+
+@pytest.fixture(autouse=True)
+def _shutdown_runtimes():
+    """Every runtime a test started gives its GPU actors back when the test ends: the module
+    shares one Ray instance with 2 GPUs, and actors left alive (an engine kept by a reference
+    cycle keeps its runtime's handles) would hold them, so the next test's actors never start."""
+    yield
+    while _RUNTIMES:
+        _RUNTIMES.pop().shutdown()
+
+
 def _runtime():
-    return Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                   harness_settings=HarnessSettings())
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                 harness_settings=HarnessSettings())
+    _RUNTIMES.append(rt)
+    return rt
 
 
 def test_search_records_everything_and_improves_on_the_seed(local_ray, tmp_path):
