@@ -41,13 +41,37 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo.toml"
 
 
-def _gemm_config(tmp: Path, task: str) -> Path:
-    text = DEMO.read_text()
-    include = f'include = ["{task}"]'
-    lines = [include if ln.startswith("include = ") else ln for ln in text.splitlines()]
-    out = tmp / "gemm.toml"
-    out.write_text("\n".join(lines) + "\n")
-    tomllib.loads(out.read_text())   # still a valid config
+def _with(text: str, sets: list[str]) -> str:
+    """``text`` (the demo config) with each ``section.key=value`` of ``--set`` applied to the
+    key's line in its section (the key must be there: the demo lists every key)."""
+    lines = text.splitlines()
+    for item in sets:
+        dotted, _, value = item.partition("=")
+        section, _, key = dotted.strip().rpartition(".")
+        if not section or not value:
+            raise SystemExit(f"--set {item!r}: give section.key=value, e.g. evaluator.warm_children=2")
+        current, done = "", False
+        for i, ln in enumerate(lines):
+            if ln.startswith("["):
+                current = ln.strip().strip("[]")
+            elif current == section and ln.split("=")[0].strip() == key:
+                lines[i], done = f"{key} = {value.strip()}", True
+                break
+        if not done:
+            raise SystemExit(f"--set {item!r}: configs/demo.toml has no key {key!r} in [{section}]")
+    out = "\n".join(lines) + "\n"
+    tomllib.loads(out)   # still a valid config
+    return out
+
+
+def _config(tmp: Path, name: str, sets: list[str], task: str | None = None) -> Path:
+    text = _with(DEMO.read_text(), sets)
+    if task is not None:
+        include = f'include = ["{task}"]'
+        text = "\n".join(include if ln.startswith("include = ") else ln for ln in text.splitlines()) + "\n"
+    out = tmp / f"{name}.toml"
+    out.write_text(text)
+    tomllib.loads(out.read_text())
     return out
 
 
@@ -140,14 +164,22 @@ def main() -> int:
     ap.add_argument("--gemm-task", default="gemm_bf16")
     ap.add_argument("--limit-s", type=float, default=530.0, help="wall-clock bound of each search (s)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="change one key of the demo config for both parts, e.g. "
+                         "--set evaluator.warm_children=2 --set evaluator.check_concurrency=2 "
+                         "(the table's title lists them)")
     args = ap.parse_args()
     workers = max(1, (os.cpu_count() or 2) - 1)   # Ray's CPUs minus the driver's, as the engine counts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.part:
-            config = DEMO if name == "demo" else _gemm_config(Path(tmp), args.gemm_task)
+            if name == "demo":
+                config = _config(Path(tmp), name, args.set) if args.set else DEMO
+            else:
+                config = _config(Path(tmp), name, args.set, args.gemm_task)
             rows.append(part(name, config, args.limit_s, workers))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(f"configs/demo.toml{' with ' + ', '.join(args.set) if args.set else ' unchanged'}\n")
     print("| part | evaluations (correct) | wall s | evals/min | slot occupancy | GPU activity | compile s "
           "| correctness s | timing s | limit (compile / GPU capacity a minute) | stopped at limit |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -114,9 +114,12 @@ class HarnessSettings:
     time_compiled_reference: bool = False
     #: Correctness processes of different candidates that may share one GPU at once (the GPU
     #: actor's schedule, evaluators.gpu_schedule; they are not timed). Timing always has
-    #: the GPU alone.
-    check_concurrency: int = config_key(2, ge=1, le=16)
+    #: the GPU alone. Default 1 (one at a time, the protocol measured on the H200) until
+    #: benchmarks/throughput.py has measured more on a GPU.
+    check_concurrency: int = config_key(1, ge=1, le=16)
     #: Harness processes the GPU actor keeps started and waiting per task and process kind
     #: (correctness, timing), so a candidate's process start-up is off the critical path
-    #: (evaluators.warm); 0: every process starts when its candidate arrives.
-    warm_children: int = config_key(2, ge=0, le=8)
+    #: (evaluators.warm); 0: every process starts when its candidate arrives. Default 0
+    #: (the start-up path measured on the H200) until benchmarks/throughput.py has measured
+    #: warm children on a GPU; tested on the CPU with stand-in children.
+    warm_children: int = config_key(0, ge=0, le=8)
