@@ -90,7 +90,7 @@ def test_table_is_on_disk_after_each_variant_so_a_cut_run_keeps_its_rows(tmp_pat
     monkeypatch.setattr(probe, "_compile_all", lambda cands, jobs: [Built() for _ in cands])
     calls = []
 
-    def fake_run(job, settings):
+    def fake_run(job, settings, pool=None):
         calls.append(job.mode)
         if len(calls) == 2:
             raise KeyboardInterrupt("the device call's limit")
