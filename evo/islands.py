@@ -153,6 +153,10 @@ class IslandSet:
         isl.parents_ref = self.rt.ask(isl.actor, "parents", k)
         return parents
 
+    def record_child(self, isl: IslandHandle, parent_id: str) -> None:
+        """Tell island ``isl`` that ``parent_id`` made a child (fire-and-forget)."""
+        self.rt.cast(isl.actor, "record_child", parent_id)
+
     def add(self, member: Member) -> None:
         """Send an evaluated member to its islands (a fire-and-forget call, ordered before
         this driver's next call to them)."""
