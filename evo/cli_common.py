@@ -26,7 +26,7 @@ from rich.markup import escape
 
 __all__ = ["DEFAULT_DB", "DbOpt", "JsonOpt", "console", "err_console", "fail", "db_path", "open_reader",
            "emit_json", "setup_logging", "log_path", "OWN_PACKAGES", "store_error_text",
-           "distinguishable_ids", "resolve_run", "resolve_candidate", "ProgressOpt"]
+           "distinguishable_ids", "resolve_run", "ProgressOpt"]
 
 DEFAULT_DB = "runs/evo.db"
 DbOpt = typer.Option(
@@ -197,15 +197,5 @@ def resolve_run(store: Any, text: str) -> str:
 
     try:
         return _resolve(store, text)
-    except StoreError as e:
-        fail(store_error_text(e))
-
-
-def resolve_candidate(store: Any, text: str) -> str:
-    """The full id of the candidate ``text`` names (id or unique prefix), else :func:`fail`."""
-    from evo.store import StoreError
-
-    try:
-        return store.resolve_id(text)
     except StoreError as e:
         fail(store_error_text(e))

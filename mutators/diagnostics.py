@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 __all__ = ["Diagnostic", "Frame", "parse_diagnostics", "digest", "kernel_lines", "numbered_excerpt",
            "CANDIDATE_FILE"]
 
-#: The name the compile stage gives the candidate's source (evaluators/compile.py).
+#: The name the compile stage gives the candidate's source (evaluators/compile/nvcc.py).
 CANDIDATE_FILE = "candidate.cu"
 
 _NVCC_RE = re.compile(r"^(?P<file>\S+?)\((?P<line>\d+)\): (?P<sev>(?:catastrophic )?error|warning)(?: #[\w-]+)?: "
