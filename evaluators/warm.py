@@ -5,7 +5,7 @@ Isolation), but the process's start-up (interpreter, torch, the task, its CUDA c
 compiled reference) no longer sits on the critical path: the GPU actor keeps, per (task,
 process kind), up to ``warm_children`` processes prepared and waiting, and hands each one
 job (``kernel.so`` + ``job.json``, then the gate) when a candidate arrives. A warm child is
-an ordinary :class:`evaluators.isolation._Child` started with a spec instead of a job: same
+an ordinary :class:`evaluators.child_process.ChildProcess` started with a spec instead of a job: same
 environment scrub, Landlock, seccomp (installed after the job arrives, before the
 candidate's binary is loaded), own process group and private directory.
 
@@ -20,7 +20,7 @@ Rules:
 - a warm child creates its CUDA context only with a shared slot of the
   :class:`~evaluators.gpu_schedule.GpuSchedule` (never while a timing process runs), held
   until it says ``ready``;
-- the timeout clock starts at job arrival (:meth:`_Child.deliver`).
+- the timeout clock starts at job arrival (:meth:`ChildProcess.deliver`).
 
 One keeper thread spawns replacements, watches the waiting children and grants CUDA
 start-up; :meth:`WarmPool.start` is called from the actor's evaluation threads.
@@ -40,7 +40,8 @@ from typing import Any, Iterator
 
 from evaluators.base import HarnessSettings
 from evaluators.gpu_schedule import GpuSchedule
-from evaluators.isolation import HarnessJob, HarnessReport, _Child, spec_json
+from evaluators.child_process import ChildProcess
+from evaluators.harness_job import HarnessJob, HarnessReport, spec_json
 
 __all__ = ["WarmPool", "MAX_DEATHS"]
 
@@ -61,7 +62,7 @@ def _key(task: str, mode: str, settings: HarnessSettings, task_files: tuple[str,
 
 @dataclass
 class _Warm:
-    child: _Child
+    child: ChildProcess
     cuda_since: float | None = None   # holding a shared slot for its CUDA start-up since
     cuda_done: bool = False
 
@@ -105,7 +106,7 @@ class WarmPool:
             yield
 
     # ------------------------------------------------------------------ jobs
-    def start(self, job: HarnessJob, settings: HarnessSettings, mode: str, seed: int) -> _Child:
+    def start(self, job: HarnessJob, settings: HarnessSettings, mode: str, seed: int) -> ChildProcess:
         """A child running ``job`` in ``mode`` now: a warm one if one is ready, else a cold one.
         Call inside :meth:`gpu` (its GPU work starts here)."""
         key = _key(job.task, mode, settings, job.task_files, job.bench_shapes)
@@ -128,7 +129,7 @@ class WarmPool:
             child.abort()   # died between the check and the job: replaced, not charged
             self.counts["replaced"] += 1
         self.counts["cold"] += 1
-        return _Child(job, settings, mode, seed, **self._kw)
+        return ChildProcess(job, settings, mode, seed, **self._kw)
 
     def run(self, job: HarnessJob, settings: HarnessSettings, mode: str, seed: int) -> HarnessReport:
         """``job`` in ``mode`` in a child of its own, inside the schedule's slot for it."""
@@ -187,7 +188,7 @@ class WarmPool:
                     continue
                 while len(ws) < self.warm_children:
                     spec = {**spec, "seed": secrets.randbits(62)}   # the reference warm-up's inputs
-                    ws.append(_Warm(_Child(None, settings, spec["mode"], int(spec["seed"]), spec=spec,
+                    ws.append(_Warm(ChildProcess(None, settings, spec["mode"], int(spec["seed"]), spec=spec,
                                            **self._kw)))
 
     def _watch(self, key: Key, w: _Warm, ws: list[_Warm], settings: HarnessSettings) -> None:

@@ -152,6 +152,6 @@ def test_the_basis_is_a_validated_evaluator_key():
 
 
 def test_a_reference_compile_failure_is_our_error_with_a_fix():
-    from evaluators.isolation import _HARNESS_FIXES
+    from evaluators.harness_job import HARNESS_FIXES
 
-    assert "reference = \"eager\"" in _HARNESS_FIXES["reference"]
+    assert "reference = \"eager\"" in HARNESS_FIXES["reference"]
