@@ -183,6 +183,13 @@ class Engine:
 
     # ------------------------------------------------------------------ proposing
 
+    def _seed(self, task: str) -> Candidate | None:
+        """The task's seed candidate as submitted (same id every time), or None without one."""
+        if task not in self.seeds:
+            return None
+        source, params = self.seeds[task]
+        return Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel")
+
     def _submit_seeds(self) -> None:
         for task in self.tasks:
             if task not in self.seeds:
@@ -190,8 +197,7 @@ class Engine:
                     raise SearchError(f"task {task!r} has no seed kernel and mutator "
                                       f"{getattr(self.mutator, 'name', '?')!r} cannot write one (use the llm mutator)")
                 continue  # its islands start from genesis
-            source, params = self.seeds[task]
-            self._submit(Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel"))
+            self._submit(self._seed(task))
 
     def _fill(self) -> None:
         if self._filling:
@@ -420,7 +426,7 @@ class Engine:
     def _confirm_champions(self) -> None:
         """Re-time each task's best in a fresh process; store the confirmation."""
         for task, (fitness, cand) in sorted(self.best.items()):
-            c = confirm_champion(self.rt, task, cand, fitness)
+            c = confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task))
             if c.stop:
                 self._fail(c.stop, detail=c.detail)
             self.store.set_champion(self.run_id, task, *c.champion(cand, fitness), c.record)

@@ -482,23 +482,13 @@ class Confirmation:
         return self.crown.id, self.crown_fitness
 
 
-def task_seed(task: str) -> Candidate | None:
-    """The seed candidate of ``task`` as the engine submits it (same id), or None."""
-    from evo.search import seed_for
-
-    got = seed_for(task)
-    if got is None:
-        return None
-    source, params = got
-    return Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel")
-
-
 def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline: Candidate | None = None,
                      pairs: int = CONFIRM_PAIRS, confidence: float = 0.95) -> Confirmation:
     """Compile and evaluate ``cand`` again (fresh processes on GPU 0); confirmed when the
     first new fitness is at least 90% of ``fitness``.
 
-    When ``baseline`` (default: the task's seed, :func:`task_seed`) is another candidate,
+    When ``baseline`` (the engine passes its task's seed candidate; None: the task has no
+    seed, so there is no gain to measure) is another candidate,
     ``pairs`` rounds evaluate baseline and champion back to back (the order alternating)
     and the record gets the speedup interval over the baseline
     (:func:`paired_from_evaluations`, :func:`speedup_interval`); ``crown`` is the baseline
@@ -507,14 +497,7 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
     """
     from evo.recovery import infra_cause
 
-    from evo.search import SearchError
-
-    note = {}
-    if baseline is None:
-        try:
-            baseline = task_seed(task)
-        except (KeyError, SearchError) as e:  # a task outside the registry, an unreadable seed file
-            note = {"gain_error": f"no baseline: {e}"[:500]}
+    note = {} if baseline is not None else {"gain_error": f"no baseline: task {task!r} has no seed kernel"}
     compare = baseline is not None and baseline.id != cand.id
 
     def evaluate(c: Candidate, so: bytes):

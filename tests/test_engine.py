@@ -99,6 +99,9 @@ def test_search_records_everything_and_improves_on_the_seed(local_ray, tmp_path)
     assert len(gpu_ids) == 2, gpu_ids
     champs = store.champions(run_id)
     assert {c["task"] for c in champs} == set(TASKS)
+    seeds = {c.task: c.id for c in cands if c.operator == "seed"}
+    for ch in champs:  # the engine's own seed is what the champion's gain is measured against
+        assert ch["gain"] is not None and ch["gain"]["baseline"] == seeds[ch["task"]], ch
     kinds = {e["kind"] for e in store.events(run_id)}
     assert {"progress", "finish", "new_best"} <= kinds
     store.close()
