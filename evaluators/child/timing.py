@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from evaluators.child.reference import COMPILE_MODE, TimedReference, warm_up
 from evo.records import StageResult, Status
 
 __all__ = [
@@ -201,8 +202,6 @@ def summarize(samples: Sequence[ShapeSamples], basis: str = "eager") -> StageRes
         "needs_reconfirm": bool(basis_speedups) and max(basis_speedups) > RECONFIRM_SPEEDUP,
     }
     if timed_compile:
-        from evaluators.child.reference import COMPILE_MODE
-
         metrics["fitness_compile"] = fitness_compile
         metrics["compile_mode"] = COMPILE_MODE
     return StageResult("timing", Status.OK, "", metrics)
@@ -261,10 +260,8 @@ def time_shapes(
 
     from evaluators.child import abi
     from evaluators.child.correctness import CandidateFault, poison_, trial_seed
-    from evaluators.child.reference import TimedReference, warm_up
-
-    refs = list(references) if references else [TimedReference("eager", task.reference)]
-    if refs[0].kind != "eager":
+    timed = list(references) if references else [TimedReference("eager", task.reference)]
+    if timed[0].kind != "eager":
         raise ValueError("the eager reference must be timed first")
 
     t_start = time.monotonic()
@@ -307,7 +304,7 @@ def time_shapes(
             device_guard.restore()
         progress({"stage": "timing", "shape": shape, "step": "warm-up"})
         with torch.no_grad():
-            warm_up(task.name, refs, copies, warmup, torch.cuda.synchronize)
+            warm_up(task.name, timed, copies, warmup, torch.cuda.synchronize)
             for i in range(max(int(warmup), 1)):
                 call(copies[i % n], outs[i % n])
             torch.cuda.synchronize()
@@ -316,10 +313,10 @@ def time_shapes(
 
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
             ref_ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in refs[1:]]
+                      for _ in timed[1:]]
             cand_ms: list[float] = []
             ref_ms: list[float] = []
-            extra_ms: list[list[float]] = [[] for _ in refs[1:]]
+            extra_ms: list[list[float]] = [[] for _ in timed[1:]]
             left_ms: list[float] = []
             base_ms: list[float] = []
             progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
@@ -330,9 +327,9 @@ def time_shapes(
                 # references: eager, then compiled (when timed), each after its own flush
                 flush.zero_()
                 ev[0].record(stream)
-                refs[0].fn(*copies[c])
+                timed[0].fn(*copies[c])
                 ev[1].record(stream)
-                for ref, (e0, e1) in zip(refs[1:], ref_ev):
+                for ref, (e0, e1) in zip(timed[1:], ref_ev):
                     flush.zero_()
                     e0.record(stream)
                     ref.fn(*copies[c])
@@ -412,7 +409,7 @@ def time_shapes(
             sol = sol_ms(shape)
         except Exception as e:  # a missing bound must not fail the candidate
             log.warning("no speed-of-light bound for %s %s: %s", task.name, shape, e)
-        compiled = next((tuple(x) for r, x in zip(refs[1:], extra_ms) if r.kind == "compile"), ())
+        compiled = next((tuple(x) for r, x in zip(timed[1:], extra_ms) if r.kind == "compile"), ())
         all_samples.append(ShapeSamples(shape, tuple(cand_ms), tuple(ref_ms), tuple(left_ms), n, sol,
                                         tuple(base_ms), compiled))
         del first, base
@@ -420,7 +417,7 @@ def time_shapes(
     res = summarize(all_samples, basis)
     metrics = dict(res.metrics)
     metrics.update({"reps": int(reps), "warmup": int(warmup), "flush_mb": int(flush_mb)})
-    compile_s = sum(r.compile_s for r in refs if r.kind == "compile")
+    compile_s = sum(r.compile_s for r in timed if r.kind == "compile")
     if compile_s:
         metrics["reference_compile_s"] = compile_s
     if device_guard is not None:
