@@ -273,6 +273,13 @@ def _sol_fn(task: Any) -> Any:
     return lambda shape: speed_of_light_ms(task, shape, gpu, bandwidth_gbs=gpu.datasheet_bandwidth_gbs)
 
 
+def _bench_shapes(task: Any, job: dict[str, Any]) -> list[int]:
+    """The shape indices the timing stage times: the job's, else the task's first
+    ``bench_shapes``."""
+    bench = job.get("bench_shapes")
+    return list(bench) if bench is not None else list(range(min(task.bench_shapes, len(task.shapes))))
+
+
 def _prepare_references(task: Any, job: dict[str, Any], settings: dict[str, Any],
                         env: dict[str, str]) -> list[Any] | None:
     """The references the timing stage times (:mod:`evaluators.child.reference`), the
@@ -304,9 +311,7 @@ def _prepare_references(task: Any, job: dict[str, Any], settings: dict[str, Any]
     import torch._inductor.config as inductor_config
 
     inductor_config.compile_threads = 1
-    bench = job.get("bench_shapes")
-    if bench is None:
-        bench = list(range(min(task.bench_shapes, len(task.shapes))))
+    bench = _bench_shapes(task, job)
     dev = torch.device("cuda")
     try:
         refs = references_for(task, basis=basis, time_compiled=True)
@@ -428,9 +433,7 @@ def run_job(jobdir: Path, job: dict[str, Any], state: _State, *, warm: bool = Fa
                 stages.append(res)
             if mode in ("check+time", "time-only") and stages[-1].status in (Status.OK, Status.SKIPPED):
                 current = "timing"
-                bench = job.get("bench_shapes")
-                if bench is None:
-                    bench = list(range(min(task.bench_shapes, len(task.shapes))))
+                bench = _bench_shapes(task, job)
                 release()
                 tres = time_shapes(
                     task, kernel, shape_indices=bench, scalars=scalars,

@@ -146,8 +146,9 @@ def nvcc_version(nvcc: str) -> str:
     return m.group(1)
 
 
-def _host_compiler_version(settings: CompileSettings) -> str:
-    """Version of the host C++ compiler nvcc will call (part of the cache key)."""
+def _ccbin(settings: CompileSettings) -> str:
+    """The host compiler named by ``-ccbin`` / ``--compiler-bindir`` in the extra flags (a
+    command, a path or a directory), else ``g++``."""
     flags = list(settings.extra_flags)
     cc = "g++"
     for i, f in enumerate(flags):
@@ -155,6 +156,12 @@ def _host_compiler_version(settings: CompileSettings) -> str:
             cc = flags[i + 1]
         elif f.startswith(("-ccbin=", "--compiler-bindir=")):
             cc = f.split("=", 1)[1]
+    return cc
+
+
+def _host_compiler_version(settings: CompileSettings) -> str:
+    """Version of the host C++ compiler nvcc will call (part of the cache key)."""
+    cc = _ccbin(settings)
     path = cc if os.sep in cc else shutil.which(cc)
     if not path or not os.path.exists(path):
         return f"{cc}:unknown"
@@ -170,13 +177,7 @@ def _host_compiler_version(settings: CompileSettings) -> str:
 
 
 def _host_compiler(settings: CompileSettings) -> str:
-    flags = list(settings.extra_flags)
-    cc = "g++"
-    for i, f in enumerate(flags):
-        if f in ("-ccbin", "--compiler-bindir") and i + 1 < len(flags):
-            cc = flags[i + 1]
-        elif f.startswith(("-ccbin=", "--compiler-bindir=")):
-            cc = f.split("=", 1)[1]
+    cc = _ccbin(settings)
     if os.path.isdir(cc):
         cc = os.path.join(cc, "g++")
     return cc
