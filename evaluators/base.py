@@ -123,3 +123,12 @@ class HarnessSettings:
     #: (the start-up path measured on the H200) until benchmarks/throughput.py has measured
     #: warm children on a GPU; tested on the CPU with stand-in children.
     warm_children: int = config_key(0, ge=0, le=8)
+    #: Who runs the candidate and who decides: ``"harness"`` (one isolated Python process
+    #: loads the candidate and computes its own verdict, the path measured so far) or
+    #: ``"judge"`` (the judge, a trusted process that never loads candidate code, decides
+    #: every verdict and drives a small sandboxed runner per candidate: evaluators.judge).
+    #: Default ``"harness"`` until a GPU run has passed issue 40's acceptance.
+    isolation: str = config_key("harness", pattern=r"^(harness|judge)$")
+    #: With the judge: longest wait for one call of the candidate, s (a hang is killed and
+    #: recorded after this; the whole evaluation stays bounded by ``timeout_s``).
+    call_timeout_s: float = config_key(10.0, gt=0)

@@ -1,0 +1,391 @@
+"""The judge: the trusted process that decides every verdict and never loads candidate code.
+
+One :class:`Judge` per GPU lives in the process that asks for evaluations (the GPU actor,
+``evo check``, ``evo bench``), stays warm across candidates (torch imported, CUDA context up,
+the exchange's buffers and compiled references kept per task and shape), and runs one
+candidate at a time:
+
+1. start a runner (:mod:`evaluators.runner`, sandboxed, one per candidate) and time its empty
+   call (:class:`~evaluators.judge.timing.Calibration`) before anything of the candidate exists
+   in it;
+2. give it the shape buffers to map, install its seccomp filter, then let it load the ``.so``;
+3. correctness (:mod:`evaluators.judge.trials`), then, by :func:`evaluators.protocol.timing_after`,
+   timing (:mod:`evaluators.judge.timing`);
+4. kill the runner whatever happened.
+
+What the runner says is only ever the return codes and event time of one call, parsed
+strictly; whether the call was right, and how long it took, is decided here. A failure of ours
+(the runner or its CUDA context would not start, a buffer could not be mapped, the judge's own
+memory ran out) raises :class:`~evaluators.harness_job.HarnessError` and is never recorded as
+the candidate's verdict; such reports are believed only from this side, which runs no
+candidate code. Everything after the ``LOAD`` is the candidate's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from evaluators import protocol
+from evaluators.base import HarnessSettings
+from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, ShapeTiming
+from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
+from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
+from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, time_shapes
+from evaluators.judge.trials import CallFailed, run_correctness
+from evaluators.protocol import Done, Failed, Loaded, Mapped, Mode, ProtocolViolation
+from evo.records import StageResult, Status
+
+__all__ = ["Judge", "NULL_CALLS", "RUNNER_RESERVE_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Empty calls timed before the candidate is loaded (the judge's round-trip overhead).
+NULL_CALLS = 15
+#: Device memory a runner needs beside the judge's buffers (its CUDA context, a workspace).
+RUNNER_RESERVE_BYTES = 1 << 30
+#: Of the device memory, what the judge's cached buffers may hold at most.
+CACHE_FRACTION = 0.25
+
+
+class Judge:
+    """Evaluates built candidates through runners; thread-safe (one evaluation at a time).
+
+    ``backend``: ``cuda`` (device buffers shared by IPC, the judge's CUDA events and L2 flush)
+    or ``host`` (the CPU stand-in: file-backed buffers, the wall clock). ``runner``: the argv
+    that starts a runner (default: the built C++ runner of the backend). ``ops``: the device
+    operations (tests pass a :class:`~evaluators.judge.timing.CpuOps` with a fake clock).
+    ``start_runner(jobdir=, timeout_s=, seccomp=)``: what starts a runner (default
+    :meth:`RunnerProcess.start <evaluators.judge.runner_process.RunnerProcess.start>` on
+    ``runner``); tests pass in-process fakes with the same members.
+    """
+
+    def __init__(self, *, backend: str = "cuda", runner: Sequence[str] | None = None,
+                 workdir: str | os.PathLike[str] | None = None, ops: DeviceOps | None = None,
+                 sandbox: Any = None, cuda_device: str | None = None,
+                 start_runner: Callable[..., Any] | None = None) -> None:
+        if backend not in ("cuda", "host"):
+            raise ValueError(f"judge backend {backend!r}: expected 'cuda' or 'host'")
+        self.backend = backend
+        self._runner = list(runner) if runner else None
+        self._workdir = Path(workdir) if workdir else Path(tempfile.gettempdir()) / f"evo-judge-{os.getpid()}"
+        self._ops = ops
+        self._sandbox = sandbox
+        self._cuda_device = cuda_device
+        self._start = start_runner
+        self._lock = threading.Lock()
+        self._exchange: Exchange | None = None
+        self._slots: OrderedDict[tuple[str, int], ShapeSlots] = OrderedDict()
+        self._refs: dict[tuple[str, str, bool], list[Any]] = {}
+        self._flush_mb = 0
+
+    # ----------------------------------------------------------------- set-up (ours)
+
+    def _runner_argv(self) -> list[str]:
+        if self._runner is None:
+            from evaluators.runner import runner_binary
+
+            self._runner = [str(runner_binary(self.backend))]
+        return list(self._runner)
+
+    def _device_ops(self, settings: HarnessSettings) -> DeviceOps:
+        if self._ops is not None and (self.backend == "host" or self._flush_mb == settings.flush_mb):
+            return self._ops
+        if self.backend == "host":
+            self._ops = CpuOps()
+        else:
+            self._ops = CudaOps(settings.flush_mb)
+            self._flush_mb = settings.flush_mb
+        return self._ops
+
+    def _cuda_exchange(self) -> Exchange:
+        if self._exchange is None:
+            import torch
+
+            torch.cuda.set_device(0)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.set_float32_matmul_precision("highest")
+            self._exchange = IpcExchange()
+        return self._exchange
+
+    def _slots_for(self, task: Any, si: int, ex: Exchange, cached: bool) -> ShapeSlots:
+        key = (task.name, si)
+        if cached and key in self._slots:
+            self._slots.move_to_end(key)
+            return self._slots[key]
+        ins, outs = probe_specs(task, dict(task.shapes[si]), ex.device)
+        need = sum(max(s.extent, 1) * 8 for s in (*ins, *outs))
+        if cached:
+            self._make_room(need)
+        try:
+            slots = make_slots(ex, ins, outs)
+        except ExchangeError as e:
+            raise HarnessError(f"the judge could not allocate the buffers of {task.name} shape {si}: {e}",
+                               fix="free GPU memory (other processes on this GPU), or lower check_concurrency",
+                               kind="memory") from e
+        if cached:
+            self._slots[key] = slots
+        return slots
+
+    def _make_room(self, need: int) -> None:
+        """Evict cached shape buffers (least recently used first) until ``need`` more bytes fit
+        in the cache's share of the device and the device has room for a runner beside them."""
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        while self._slots:
+            cached = sum(s.nbytes for s in self._slots.values())
+            free = torch.cuda.mem_get_info()[0]
+            if cached + need <= CACHE_FRACTION * total and free >= need + RUNNER_RESERVE_BYTES:
+                return
+            _key, old = self._slots.popitem(last=False)
+            free_slots(self._exchange, old)
+            torch.cuda.empty_cache()
+
+    def _references(self, task: Any, settings: HarnessSettings) -> list[Any]:
+        from evaluators.child.reference import references_for
+
+        key = (task.name, settings.reference, bool(settings.time_compiled_reference))
+        if key not in self._refs:
+            self._refs[key] = references_for(task, basis=settings.reference,
+                                             time_compiled=settings.time_compiled_reference)
+        return self._refs[key]
+
+    # ----------------------------------------------------------------- one candidate
+
+    def evaluate(self, job: HarnessJob, settings: HarnessSettings, *,
+                 progress: Callable[[dict[str, Any]], None] = lambda p: None) -> HarnessReport:
+        """The GPU stages of one built candidate. Raises :class:`HarnessError` for our own
+        failures only; everything the candidate does is in the report."""
+        with self._lock:
+            try:
+                return self._evaluate(job, settings, progress)
+            except HarnessError:
+                raise
+            except Exception as e:   # our own: the candidate never runs in this process
+                if _is_oom(e):
+                    self._drop_caches()
+                    raise HarnessError(f"the judge ran out of device memory evaluating {job.candidate_id}: {e}",
+                                       fix="free GPU memory (other processes on this GPU) and resume the run",
+                                       kind="memory") from e
+                raise
+
+    def _drop_caches(self) -> None:
+        while self._slots:
+            _k, s = self._slots.popitem(last=False)
+            free_slots(self._exchange, s)
+        if self.backend == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _evaluate(self, job: HarnessJob, settings: HarnessSettings,
+                  progress: Callable[[dict[str, Any]], None]) -> HarnessReport:
+        from evaluators.child.harness import TaskLoadError, _load_task
+
+        t0 = time.monotonic()
+        mode = Mode(job.mode)
+        seed = secrets.randbits(62) if job.seed is None else int(job.seed)
+        try:
+            task = _load_task(job.task, list(job.task_files or settings.task_files))
+        except TaskLoadError as e:
+            raise HarnessError(str(e), kind="task") from e
+        cuda = self.backend == "cuda"
+        ops = self._device_ops(settings)
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        jobdir = Path(tempfile.mkdtemp(prefix=f"{job.candidate_id[:12]}-", dir=self._workdir))
+        ex = self._cuda_exchange() if cuda else HostExchange(jobdir / "buffers")
+        so = jobdir / "kernel.so"
+        so.write_bytes(job.so_bytes)
+        so.chmod(0o500)
+        check_shapes = list(job.shapes) if job.shapes is not None else list(range(len(task.shapes)))
+        bench = (list(job.bench_shapes) if job.bench_shapes is not None
+                 else list(range(min(task.bench_shapes, len(task.shapes)))))
+        needed = sorted(set((check_shapes if mode.checks else []) + (bench if mode.times else [])))
+        own: list[ShapeSlots] = []
+        slots: dict[int, ShapeSlots] = {}
+        env = _env(task, settings, cuda)
+        runner = None
+        try:
+            for si in needed:
+                slots[si] = self._slots_for(task, si, ex, cached=cuda)
+                if not cuda:
+                    own.append(slots[si])
+            references = self._references(task, settings) if mode.times else []
+            runner, calib = self._start_runner(jobdir, slots, settings, env)
+            stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
+                               check_shapes, bench, env, progress)
+        finally:
+            if runner is not None:
+                runner.close()
+            for s in own:
+                free_slots(ex, s)
+            shutil.rmtree(jobdir, ignore_errors=True)
+        return _report(stages, env, time.monotonic() - t0)
+
+    def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
+                      env: dict[str, str]) -> tuple[Any, Calibration]:
+        """A runner with every buffer mapped and its empty call timed; our failure if not."""
+        from evaluators.judge.runner_process import RunnerProcess, RunnerStartError
+        from evaluators.sandbox import seccomp_wanted
+
+        want_seccomp = seccomp_wanted()
+        try:
+            if self._start is not None:
+                runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp)
+            else:
+                argv = self._runner_argv()
+                runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
+                                             sandbox=self._sandbox, timeout_s=settings.timeout_s,
+                                             seccomp=want_seccomp, cuda_device=self._cuda_device)
+        except RunnerStartError as e:
+            raise HarnessError(f"the runner did not start: {e}", kind="runner",
+                               fix="run `evo check` on a seed kernel to see the runner's own error") from e
+        try:
+            env["sandbox"] = ", ".join(runner.layers)
+            env["runner_backend"] = runner.backend
+            for s in slots.values():
+                for b in s.buffers:
+                    reply, _ = runner.request(b.map_line(), 30.0)
+                    if not isinstance(reply, Mapped) or reply.buf != b.buf:
+                        raise HarnessError(f"the runner could not map buffer {b.buf} ({b.nbytes} bytes): {reply}",
+                                           kind="runner", fix="see docs/SECURITY.md (the exchange)")
+            walls, events = [], []
+            for _ in range(NULL_CALLS):
+                reply, wall = runner.request(protocol.nullcall(), 30.0)
+                if not isinstance(reply, Done):
+                    raise HarnessError(f"the runner's empty call failed: {reply}", kind="runner")
+                walls.append(wall * 1e3)
+                events.append(reply.ms)
+            if want_seccomp:
+                env["seccomp"] = f"seccomp-bpf in the runner ({runner.install_seccomp()} threads)"
+            else:
+                env["seccomp"] = "off (EVO_SANDBOX_SECCOMP=0)"
+            # the first and last round trips of a fresh process are its slowest: drop both
+            return runner, Calibration(tuple(walls[1:-1]), tuple(events[1:-1]))
+        except HarnessError:
+            runner.kill()
+            raise
+        except Exception as e:  # noqa: BLE001 - nothing of the candidate is in the runner yet
+            tail = runner.stderr_tail()
+            runner.kill()
+            raise HarnessError(f"the runner failed before the candidate was loaded: {type(e).__name__}: {e}",
+                               detail=tail, kind="runner", fix="see the runner's stderr in the detail") from e
+
+    def _run(self, task: Any, job: HarnessJob, mode: Mode, seed: int, settings: HarnessSettings, runner: Any,
+             so: Path, slots: dict[int, ShapeSlots], calib: Calibration, ops: DeviceOps, references: list[Any],
+             check_shapes: list[int], bench: list[int], env: dict[str, str],
+             progress: Callable[[dict[str, Any]], None]) -> list[StageResult]:
+        from evaluators.judge.runner_process import RunnerGone, RunnerTimeout
+
+        deadline = time.monotonic() + float(settings.timeout_s)
+        scalars = tuple(float(s) for s in task.scalars)
+        call_timeout = float(getattr(settings, "call_timeout_s", 10.0))
+
+        def request(line: str, what: str) -> tuple[Any, float]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CallFailed(Status.TIMEOUT, f"{what}: the evaluation's {settings.timeout_s:.0f} s were spent")
+            try:
+                reply, wall = runner.request(line, min(call_timeout, left))
+            except RunnerTimeout:
+                raise CallFailed(Status.TIMEOUT, f"{what}: no answer within {min(call_timeout, left):.1f} s "
+                                                 "(the kernel hangs or is far too slow); the runner was killed") from None
+            except RunnerGone as e:
+                raise CallFailed(Status.CRASH, f"{what}: the runner died: {e}",
+                                 {"stderr": runner.stderr_tail()}) from None
+            except ProtocolViolation as e:
+                raise CallFailed(Status.CRASH, f"{what}: the runner answered outside the protocol ({e})") from None
+            if isinstance(reply, Failed):
+                raise CallFailed(Status.CRASH, f"{what}: {reply.where}: {reply.message}")
+            return reply, wall
+
+        def call(s: ShapeSlots) -> tuple[Done, float]:
+            reply, wall = request(protocol.call(s.in_args, s.out_args, scalars), "the candidate's call")
+            if not isinstance(reply, Done):
+                raise CallFailed(Status.CRASH, f"the runner answered {reply} to a call")
+            return reply, wall * 1e3
+
+        stages: list[StageResult] = []
+        current = "correctness" if mode.checks else "timing"
+        try:
+            reply, _ = request(protocol.load(str(so)), "loading the kernel")
+            if not isinstance(reply, Loaded):
+                raise CallFailed(Status.CRASH, f"loading the kernel: the runner answered {reply}")
+            if mode.checks:
+                stages.append(run_correctness(task, call, slots.__getitem__, trials=settings.trials, seed=seed,
+                                              shape_indices=check_shapes, sync=ops.sync, progress=progress))
+            else:
+                stages.append(StageResult("correctness", Status.SKIPPED, "time-only re-confirmation"))
+            skip = protocol.timing_after(mode, None if not mode.checks else stages[-1].status.value)
+            if skip is not None:
+                stages.append(StageResult("timing", Status.SKIPPED, skip))
+                return stages
+            current = "timing"
+            stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
+                                      reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
+                                      sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
+                                      progress=progress))
+        except CallFailed as f:
+            stages.append(StageResult(current, f.status, f.reason, {}, f.artifacts))
+            if current == "correctness":
+                stages.append(StageResult("timing", Status.SKIPPED, f"not run: correctness {f.status.value}"))
+        return stages
+
+
+def _is_oom(e: BaseException) -> bool:
+    return "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
+
+
+def _sol_fn(task: Any, backend: str) -> Callable[[dict[str, int]], float | None]:
+    if backend != "cuda":
+        return lambda shape: None
+    from evaluators.child.harness import _sol_fn as harness_sol
+
+    return harness_sol(task)
+
+
+def _env(task: Any, settings: HarnessSettings, cuda: bool) -> dict[str, str]:
+    import sys
+
+    if cuda:
+        import torch
+
+        from evaluators.child.harness import _env_info
+
+        env = _env_info(torch, {"reps": settings.reps, "warmup": settings.warmup, "flush_mb": settings.flush_mb,
+                                "trials": settings.trials})
+    else:
+        import torch
+
+        env = {"gpu": "cpu (host stand-in)", "torch": torch.__version__, "python": sys.version.split()[0],
+               "reps": str(settings.reps), "warmup": str(settings.warmup), "trials": str(settings.trials)}
+    env.update({"protocol": protocol.PROTOCOL_VERSION, "judge": "separate process from the runner",
+                "reference": settings.reference})
+    return env
+
+
+def _report(stages: list[StageResult], env: dict[str, str], seconds: float) -> HarnessReport:
+    fitness, timings = None, ()
+    timing = next((s for s in stages if s.stage == "timing"), None)
+    if timing is not None and timing.status is Status.OK:
+        fitness = timing.metrics.get("fitness")
+        timings = tuple(
+            ShapeTiming(shape={str(k): int(v) for k, v in r["shape"].items()}, median_ms=float(r["median_ms"]),
+                        iqr_ms=float(r["iqr_ms"]), ref_median_ms=float(r["ref_median_ms"]),
+                        ref_iqr_ms=float(r["ref_iqr_ms"]), speedup=float(r["speedup"]),
+                        sol_ms=None if r.get("sol_ms") is None else float(r["sol_ms"]),
+                        **{k: float(r[k]) for k in ("compile_ref_median_ms", "compile_ref_iqr_ms", "compile_speedup")
+                           if r.get(k) is not None})
+            for r in timing.metrics.get("shapes", []))
+    return HarnessReport(stages=tuple(stages), fitness=None if fitness is None else float(fitness),
+                         timings=timings, env={str(k): str(v) for k, v in env.items()}, seconds=seconds)

@@ -1,0 +1,289 @@
+"""Timing, decided by the judge (shared/EVALUATION.md, Timing, and the 2026-12-06 revision).
+
+Every timed call is driven by the judge, one round trip each, and every step a timing relies
+on happens in the judge's process, on the device memory the candidate reads:
+
+1. fresh inputs written into the shape's buffers (new values every rep: no result can be
+   carried from one timed call to the next), the judge keeps copies;
+2. outputs poisoned;
+3. each reference (eager, then compiled when timed) after an L2 flush, between the judge's
+   own events: its time, and the eager output the candidate's is compared with;
+4. an L2 flush (and persisting lines reset), then a device synchronise: the candidate starts
+   from a cold cache it cannot warm from its own process;
+5. the runner calls the candidate once; the judge's clock runs around the round trip;
+6. the call's codes, the inputs unchanged, and the output fully written and equal to the
+   eager reference's within :data:`SANITY_REL_L2` (the first timed rep against the fp64
+   ground truth with the task's tolerance): a call that skipped work, or answered before its
+   work was done, fails here.
+
+The candidate's time is the runner's event time, believed only when the judge's clock agrees
+(:func:`corroborate`): the median round trip minus the median round trip of the runner's own
+empty call (measured before the candidate was loaded, ``NULLCALL``) is what the call took;
+the runner may not claim much less. Medians, IQRs, speedups, the speed-of-light and
+reconfirm rules are those of :func:`evaluators.child.timing.summarize`.
+
+The device is reached through :class:`DeviceOps` so the loop runs on the CPU in the tests
+with a fake clock and a fake kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from evaluators.judge.slots import ShapeSlots
+from evaluators.judge.trials import Call, CallFailed, check_done, fill_inputs
+from evo.records import StageResult, Status
+
+__all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "time_shape", "time_shapes",
+           "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]
+
+#: A timed output whose relative L2 distance to the eager reference's exceeds this was not
+#: computed (an unrelated or stale answer is ~1.4; a correct one is below 1e-2 in bf16).
+SANITY_REL_L2 = 0.05
+#: The runner's median may fall short of the judge's implied time by this fraction...
+CORROBORATE_REL = 0.25
+#: ... plus this many ms (scheduling jitter of one round trip) ...
+CORROBORATE_ABS_MS = 0.05
+#: ... plus this many IQRs of the empty call's round trips.
+CORROBORATE_NOISE_K = 3.0
+
+
+class DeviceOps:
+    """What the loop needs of the judge's device: ``flush`` (evict the cache the candidate
+    would read from), ``sync`` (wait for the judge's work), ``time_ms(fn)`` (run ``fn`` between
+    the judge's own clock marks: ``(result, ms)``), ``clock()`` (the judge's wall clock, s)."""
+
+    def flush(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def sync(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def time_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+
+class CpuOps(DeviceOps):
+    """The CPU stand-in: no cache to flush, the wall clock for everything (``clock`` may be a
+    fake)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+
+    def flush(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def clock(self) -> float:
+        return self._clock()
+
+    def time_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = self._clock()
+        r = fn()
+        return r, (self._clock() - t0) * 1e3
+
+
+class CudaOps(DeviceOps):
+    """The judge's GPU: an L2 flush of ``flush_mb`` written on the current stream (persisting
+    lines reset first), CUDA events for the references, a device synchronise."""
+
+    def __init__(self, flush_mb: int) -> None:
+        import ctypes
+
+        import torch
+
+        self._torch = torch
+        self._buf = torch.empty(int(flush_mb) << 20, dtype=torch.uint8, device="cuda")
+        self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        try:
+            self._reset = ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
+        except (OSError, AttributeError):
+            self._reset = None
+
+    def flush(self) -> None:
+        if self._reset is not None:
+            self._reset()
+        self._buf.zero_()
+
+    def sync(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def time_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        s = self._torch.cuda.current_stream()
+        self._ev[0].record(s)
+        r = fn()
+        self._ev[1].record(s)
+        self._ev[1].synchronize()
+        return r, self._ev[0].elapsed_time(self._ev[1])
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The runner's empty call before the candidate was loaded: the judge's round-trip ms
+    (what a call costs beyond its own work) and the runner's event ms."""
+
+    wall_ms: tuple[float, ...]
+    event_ms: tuple[float, ...] = ()
+
+    @property
+    def overhead_ms(self) -> float:
+        from evaluators.child.timing import median
+
+        return median(self.wall_ms) if self.wall_ms else 0.0
+
+    @property
+    def noise_ms(self) -> float:
+        from evaluators.child.timing import iqr
+
+        return iqr(self.wall_ms) if len(self.wall_ms) > 1 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overhead_ms": self.overhead_ms, "noise_ms": self.noise_ms, "wall_ms": list(self.wall_ms)}
+
+
+def corroborate(shape: dict[str, int], cand_ms: Sequence[float], wall_ms: Sequence[float],
+                calib: Calibration) -> tuple[str | None, dict[str, float]]:
+    """``(reason, numbers)``: the ``invalid`` reason when the runner's median event time is
+    shorter than the judge's clock allows (None when it agrees), and both numbers."""
+    from evaluators.child.timing import median
+
+    claimed = median(cand_ms)
+    implied = median(wall_ms) - calib.overhead_ms
+    slack = CORROBORATE_REL * max(implied, 0.0) + CORROBORATE_ABS_MS + CORROBORATE_NOISE_K * calib.noise_ms
+    nums = {"runner_median_ms": claimed, "judge_implied_ms": implied, "judge_wall_median_ms": median(wall_ms),
+            "call_overhead_ms": calib.overhead_ms, "slack_ms": slack}
+    if claimed < implied - slack:
+        return (f"shape {shape}: the runner reports {claimed:.4f} ms per call (median) but the judge's clock "
+                f"measured {implied:.4f} ms beyond the empty call's round trip (slack {slack:.4f} ms): the "
+                "reported time is not what the call took (work outside the timed events, or a forged time)"), nums
+    return None, nums
+
+
+def _sanity(task: Any, outs: Sequence[Any], refs: Sequence[Any]) -> str | None:
+    """Why the timed output cannot be the reference's answer (None when it can)."""
+    import torch
+
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        if tuple(o.shape) != tuple(r.shape):
+            return f"output {k} has shape {tuple(o.shape)}, the reference {tuple(r.shape)}"
+        if not r.is_floating_point():
+            if not torch.equal(o.to(r.dtype), r) and getattr(task, "index_rule", None) is None:
+                return f"output {k} differs from the reference's"
+            continue
+        od, rd = o.double(), r.double()
+        bad = ~torch.isfinite(od) & torch.isfinite(rd)
+        if bool(bad.any()):
+            return f"output {k}: {int(bad.sum())} elements non-finite (unwritten poison) after the call"
+        fin = torch.isfinite(rd)
+        num = float(torch.linalg.vector_norm((od - rd)[fin]))
+        den = float(torch.linalg.vector_norm(rd[fin]))
+        rel = num / den if den > 0 else num
+        if not math.isfinite(rel) or rel > SANITY_REL_L2:
+            return (f"output {k}: relative L2 distance {rel:.3g} to the reference's output on the same "
+                    f"inputs (at most {SANITY_REL_L2})")
+    return None
+
+
+def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int], references: Sequence[Any],
+               reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
+               progress: Callable[[dict[str, Any]], None] = lambda p: None) -> tuple[Any, StageResult | None, dict]:
+    """Warm-up and ``reps`` judge-driven timed calls of one shape.
+
+    Returns ``(samples, failure, extra)``: the :class:`~evaluators.child.timing.ShapeSamples`
+    and ``None``, or ``None`` and the failing StageResult (``incorrect`` or ``invalid``);
+    ``extra`` holds the judge's wall samples and the corroboration numbers. Raises
+    :class:`CallFailed` when a call fails.
+    """
+    import torch
+
+    from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits, trial_seed
+    from evaluators.child.reference import warm_up
+    from evaluators.child.timing import ShapeSamples
+
+    dist = task.distributions[0] if task.distributions else "normal"
+    refs = list(references)
+    progress({"stage": "timing", "shape": shape, "step": "warm-up"})
+    saved = fill_inputs(task, slots, shape, trial_seed(seed, 2000, 0), dist)
+    with torch.no_grad():
+        warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
+    for i in range(max(int(warmup), 1)):
+        check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
+    cand, walls, ref_ms = [], [], [[] for _ in refs]
+    progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
+    for r in range(int(reps)):
+        where = f"shape {shape}, timed call {r}"
+        saved = fill_inputs(task, slots, shape, trial_seed(seed, 1000 + r, 1), dist)
+        with torch.no_grad():
+            for o in slots.outs:
+                poison_(o)
+            eager_out = None
+            for j, ref in enumerate(refs):
+                ops.flush()
+                out, ms = ops.time_ms(lambda ref=ref: ref.fn(*slots.ins))
+                ref_ms[j].append(ms)
+                if j == 0:
+                    eager_out = out if isinstance(out, (tuple, list)) else (out,)
+            ops.flush()
+            ops.sync()
+        done, wall = call(slots)
+        check_done(done, where)
+        cand.append(done.ms)
+        walls.append(wall)
+        with torch.no_grad():
+            for k, (x, s) in enumerate(zip(slots.ins, saved)):
+                if not same_bits(x, s):
+                    return None, StageResult("timing", Status.INCORRECT,
+                                             f"{where}: the kernel modified input {k}"), {}
+            wrong = _sanity(task, slots.outs, eager_out)
+            if wrong is None and r == 0:
+                wrong = first_wrong_output(task, slots.outs, ground_truth(task, saved))
+            if wrong:
+                return None, StageResult(
+                    "timing", Status.INCORRECT,
+                    f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
+                    "passed: the kernel behaves differently when timed"), {}
+    reason, nums = corroborate(shape, cand, walls, calib)
+    extra = {"wall_ms": walls, **nums}
+    if reason:
+        return None, StageResult("timing", Status.INVALID, reason, {"shape": shape, "samples_ms": cand, **extra}), extra
+    compiled = next((tuple(x) for ref, x in zip(refs, ref_ms) if ref.kind == "compile"), ())
+    return ShapeSamples(shape, tuple(cand), tuple(ref_ms[0]), (), 1, None, (), compiled), None, extra
+
+
+def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, shape_indices: Sequence[int],
+                references: Sequence[Any], reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
+                sol_ms: Callable[[dict[str, int]], float | None], basis: str = "eager",
+                progress: Callable[[dict[str, Any]], None] = lambda p: None) -> StageResult:
+    """The timing stage over the benchmark shapes: ``ok`` with fitness, or the first
+    ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails."""
+    from evaluators.child.timing import summarize
+
+    t0 = time.monotonic()
+    samples, per_shape_extra = [], []
+    for si in shape_indices:
+        shape = dict(task.shapes[si])
+        s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
+                                       warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress)
+        if failure is not None:
+            return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,
+                               seconds=time.monotonic() - t0)
+        try:
+            sol = sol_ms(shape)
+        except Exception:  # noqa: BLE001 - a missing bound must not fail the candidate
+            sol = None
+        samples.append(type(s)(s.shape, s.cand_ms, s.ref_ms, s.leftover_ms, s.copies, sol, s.sync_ms,
+                               s.compile_ref_ms))
+        per_shape_extra.append({"shape": shape, **{k: v for k, v in extra.items() if k != "wall_ms"},
+                                "wall_samples_ms": extra.get("wall_ms", [])})
+    res = summarize(samples, basis)
+    metrics = {**res.metrics, "reps": int(reps), "warmup": int(warmup), "corroboration": per_shape_extra,
+               "calibration": calib.to_json(), "timed_by": "judge"}
+    return StageResult(res.stage, res.status, res.reason, metrics, res.artifacts, time.monotonic() - t0)
