@@ -59,6 +59,10 @@ def run_isolated(
 ) -> HarnessReport:
     """Run one candidate's GPU stages in a fresh, killable process; never raises for candidates.
 
+    With ``settings.isolation == "judge"`` the judge of this process evaluates it instead
+    (:mod:`evaluators.judge`: a trusted judge, a sandboxed runner per candidate); ``entry``,
+    ``python``, ``keep_dir``, ``workdir`` and ``pool`` then do not apply.
+
     ``entry``: the child's module (run as ``python -m entry JOBDIR``) or a ``.py`` path (run
     as ``python path JOBDIR``); tests point it at small fake children. ``settings.check_only``
     downgrades ``check+time`` to ``check``. Raises :class:`HarnessError` only when the child
@@ -82,6 +86,13 @@ def run_isolated(
     mode = job.mode
     if settings.check_only and mode == "check+time":
         mode = "check"
+    if settings.isolation == "judge":
+        # The judge decides (evaluators.judge); the candidate runs in its runner, never here.
+        import dataclasses
+
+        from evaluators.judge import judge_for
+
+        return judge_for("cuda").evaluate(dataclasses.replace(job, mode=mode), settings, sandbox=sandbox)
     seed = job.seed if job.seed is not None else secrets.randbits(62)
     src = pool if pool is not None else _Cold(dict(entry=entry, python=python, keep_dir=keep_dir,
                                                     workdir=workdir, sandbox=sandbox))

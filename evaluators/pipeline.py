@@ -127,10 +127,6 @@ def run_built(
     """
     job = HarnessJob(task=candidate.task, candidate_id=candidate.id, so_bytes=so_bytes, params=candidate.params,
                      mode=mode or _mode(settings), task_files=task_files, shapes=shapes)
-    if settings.isolation == "judge":
-        from evaluators.judge import judge_for
-
-        return judge_for("cuda").evaluate(job, settings)
     return isolation.run_isolated(job, settings, pool=pool)
 
 

@@ -162,13 +162,15 @@ class Judge:
 
     # ----------------------------------------------------------------- one candidate
 
-    def evaluate(self, job: HarnessJob, settings: HarnessSettings, *,
+    def evaluate(self, job: HarnessJob, settings: HarnessSettings, *, sandbox: Any = None,
                  progress: Callable[[dict[str, Any]], None] = lambda p: None) -> HarnessReport:
         """The GPU stages of one built candidate. Raises :class:`HarnessError` for our own
-        failures only; everything the candidate does is in the report."""
+        failures only; everything the candidate does is in the report. ``sandbox``: this
+        runner's :class:`~evaluators.sandbox.SandboxSettings` (default: the judge's, else
+        from the environment)."""
         with self._lock:
             try:
-                return self._evaluate(job, settings, progress)
+                return self._evaluate(job, settings, progress, sandbox if sandbox is not None else self._sandbox)
             except HarnessError:
                 raise
             except Exception as e:   # our own: the candidate never runs in this process
@@ -189,7 +191,7 @@ class Judge:
             torch.cuda.empty_cache()
 
     def _evaluate(self, job: HarnessJob, settings: HarnessSettings,
-                  progress: Callable[[dict[str, Any]], None]) -> HarnessReport:
+                  progress: Callable[[dict[str, Any]], None], sandbox: Any) -> HarnessReport:
         from evaluators.child.harness import TaskLoadError, _load_task
 
         t0 = time.monotonic()
@@ -221,7 +223,7 @@ class Judge:
                 if not cuda:
                     own.append(slots[si])
             references = self._references(task, settings) if mode.times else []
-            runner, calib = self._start_runner(jobdir, slots, settings, env)
+            runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox)
             stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
                                check_shapes, bench, env, progress)
         finally:
@@ -233,7 +235,7 @@ class Judge:
         return _report(stages, env, time.monotonic() - t0)
 
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
-                      env: dict[str, str]) -> tuple[Any, Calibration]:
+                      env: dict[str, str], sandbox: Any) -> tuple[Any, Calibration]:
         """A runner with every buffer mapped and its empty call timed; our failure if not."""
         from evaluators.judge.runner_process import RunnerProcess, RunnerStartError
         from evaluators.sandbox import seccomp_wanted
@@ -245,7 +247,7 @@ class Judge:
             else:
                 argv = self._runner_argv()
                 runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
-                                             sandbox=self._sandbox, timeout_s=settings.timeout_s,
+                                             sandbox=sandbox, timeout_s=settings.timeout_s,
                                              seccomp=want_seccomp, cuda_device=self._cuda_device)
         except RunnerStartError as e:
             raise HarnessError(f"the runner did not start: {e}", kind="runner",

@@ -35,7 +35,9 @@ TESTS = Path(__file__).resolve().parents[1]
 BAD = TESTS / "fixtures" / "bad"
 ATTACKS = TESTS / "fixtures" / "attacks"
 SMALL = (1, 2)  # check shapes of kb19_relu and kb01_square (index 0 is the benchmark shape)
-FAST = HarnessSettings(trials=5, warmup=2, reps=10, flush_mb=256, timeout_s=180)
+#: "harness" (default) or "judge" (issue 40): which path evaluates (EVO_TEST_ISOLATION)
+ISOLATION = os.environ.get("EVO_TEST_ISOLATION", "harness")
+FAST = HarnessSettings(trials=5, warmup=2, reps=10, flush_mb=256, timeout_s=180, isolation=ISOLATION)
 KEY = "sk-attack-test-0123456789abcdefghij"
 PORT = 47613
 VICTIM_DB = Path("/tmp/evo-attack-victim.db")
@@ -145,7 +147,8 @@ def test_host_attack_in_the_real_harness(built, name, monkeypatch):
         variants.append((True, h["runtime-expect-files-open"]))
     try:
         for files_open, want in variants:
-            settings = HarnessSettings(trials=5, warmup=2, reps=10, timeout_s=45 if want == "timeout" else 180)
+            settings = HarnessSettings(trials=5, warmup=2, reps=10, timeout_s=45 if want == "timeout" else 180,
+                                       isolation=ISOLATION)
             rep = _run(out.so_bytes, name, "kb19_relu", "check", SMALL, None, settings=settings,
                        sandbox=sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
             c = rep.stage("correctness")

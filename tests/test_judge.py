@@ -1,0 +1,243 @@
+"""The judge on the CPU (issue 40): every verdict decided in the judge's process from memory it
+owns and its own clock, against an in-process runner that computes honestly, lies about its
+times, skips work, hangs, dies, forges result files or answers outside the protocol.
+
+The runner here is tests/fakes/fake_runner.py (the protocol line for line, on host buffers it
+maps from the judge's files); the real C++ runner's host backend is tested in
+tests/test_runner.py, and the same judge with it in tests/test_judge_runner.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluators import protocol
+from evaluators.base import HarnessSettings
+from evaluators.harness_job import HarnessError, HarnessJob
+from evaluators.judge.judge import Judge
+from evaluators.judge.timing import Calibration, CpuOps, corroborate
+from evaluators.protocol import Done, Mode, ProtocolViolation, parse_reply, timing_after
+from evo.records import Status
+from tests.fakes.fake_runner import FakeClock, FakeRunner, relu_kernel
+
+TASK_FILE = str(Path(__file__).parent / "fixtures" / "judge" / "tiny_tasks.py")
+REF_MS = 2.0
+
+
+class FakeOps(CpuOps):
+    """The judge's device on the fake clock: every reference call costs REF_MS."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.clock_ = clock
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def time_ms(self, fn):
+        r = fn()
+        self.clock_.advance(REF_MS / 1e3)
+        return r, REF_MS
+
+
+def _settings(**kw) -> HarnessSettings:
+    base = dict(trials=5, warmup=1, reps=10, timeout_s=60.0, isolation="judge", task_files=(TASK_FILE,))
+    base.update(kw)
+    return HarnessSettings(**base)
+
+
+def _judge(tmp_path: Path, made: list, kernel=relu_kernel, **behaviour) -> tuple[Judge, FakeClock]:
+    clock = FakeClock()
+
+    def start(*, jobdir, timeout_s, seccomp):
+        r = FakeRunner(kernel, clock, Path(jobdir), **behaviour)
+        made.append(r)
+        return r
+
+    return Judge(backend="host", ops=FakeOps(clock), workdir=tmp_path, start_runner=start), clock
+
+
+def _job(mode: str = "check+time") -> HarnessJob:
+    return HarnessJob(task="judge_relu", candidate_id="c0ffee", so_bytes=b"\x7fELF not loaded by the judge",
+                      mode=mode, task_files=(TASK_FILE,), seed=1234)
+
+
+def _statuses(rep) -> list[tuple[str, str]]:
+    return [(s.stage, s.status.value) for s in rep.stages]
+
+
+def test_an_honest_kernel_passes_and_is_timed_by_the_judges_references(tmp_path):
+    made: list = []
+    judge, _ = _judge(tmp_path, made)
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
+    assert rep.fitness == pytest.approx(REF_MS / 1.0)
+    timing = rep.stage("timing")
+    assert timing.metrics["timed_by"] == "judge"
+    corr = timing.metrics["corroboration"][0]
+    assert corr["judge_implied_ms"] == pytest.approx(1.0, abs=1e-9)
+    # correctness: 2 shapes x 5 trials x 2 calls; timing: 1 warm-up + 10 reps
+    assert made[0].calls == 2 * 5 * 2 + 1 + 10
+    assert made[0].closed
+    assert made[0].log[:2] == ["MAP", "MAP"] and "SECCOMP" in made[0].log
+    assert made[0].log.index("SECCOMP") < made[0].log.index("LOAD") < made[0].log.index("CALL")
+
+
+def test_a_runner_that_reports_a_tenth_of_its_time_is_invalid(tmp_path):
+    judge, _ = _judge(tmp_path, [], lie_factor=10.0)
+    rep = judge.evaluate(_job(), _settings())
+    timing = rep.stage("timing")
+    assert timing.status is Status.INVALID
+    assert "not what the call took" in timing.reason
+    assert rep.fitness is None
+
+
+def test_a_time_within_the_clocks_slack_is_believed(tmp_path):
+    judge, _ = _judge(tmp_path, [], lie_factor=1.2)
+    rep = judge.evaluate(_job(), _settings())
+    assert rep.stage("timing").status is Status.OK
+    assert rep.fitness == pytest.approx(REF_MS * 1.2 / 1.0)
+
+
+def test_a_kernel_that_stops_working_when_timed_is_incorrect(tmp_path):
+    judge, _ = _judge(tmp_path, [], skip_from=2 * 5 * 2 + 1)   # every check call, the warm-up, then nothing
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "incorrect")]
+    assert "timed call 0" in rep.stage("timing").reason and "non-finite" in rep.stage("timing").reason
+
+
+def test_a_kernel_that_writes_nothing_is_incorrect(tmp_path):
+    judge, _ = _judge(tmp_path, [], skip_from=0)
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "incorrect"), ("timing", "skipped")]
+    assert "non-finite" in rep.stage("correctness").reason
+
+
+def test_a_kernel_that_modifies_its_input_is_incorrect(tmp_path):
+    def mutate(ins, outs, scalars):
+        outs[0].copy_(torch.relu(ins[0]))
+        ins[0].zero_()
+        return 0
+
+    judge, _ = _judge(tmp_path, [], kernel=mutate)
+    rep = judge.evaluate(_job(), _settings())
+    assert rep.stage("correctness").status is Status.INCORRECT
+    assert "modified input 0" in rep.stage("correctness").reason
+
+
+def test_an_error_code_is_a_crash_named_by_cuda(tmp_path):
+    judge, _ = _judge(tmp_path, [], kernel=lambda ins, outs, sc: 700)
+    rep = judge.evaluate(_job(), _settings())
+    assert rep.stage("correctness").status is Status.CRASH
+    assert "cudaErrorIllegalAddress (700)" in rep.stage("correctness").reason
+
+
+def test_a_hang_is_a_timeout_and_a_death_a_crash(tmp_path):
+    judge, _ = _judge(tmp_path, [], hang_at=3)
+    rep = judge.evaluate(_job(), _settings(call_timeout_s=5.0))
+    assert _statuses(rep) == [("correctness", "timeout"), ("timing", "skipped")]
+    assert "5.0 s" in rep.stage("correctness").reason
+    judge, _ = _judge(tmp_path, [], die_at=25)
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "crash")]
+    assert "SIGSEGV" in rep.stage("timing").reason
+
+
+def test_a_forged_result_file_is_never_read(tmp_path):
+    """Exploit class: 'result written then exit 0' (and a forged harness-error report): the
+    runner writes result.json claiming fitness 500 and error.json claiming our failure, then
+    exits 0. The judge reads nothing a runner wrote: it is the candidate's crash."""
+    made: list = []
+    judge, _ = _judge(tmp_path, made, forge_at=0)
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "crash"), ("timing", "skipped")]
+    assert rep.fitness is None and "died" in rep.stage("correctness").reason
+
+
+def test_an_answer_outside_the_protocol_is_a_crash(tmp_path):
+    judge, _ = _judge(tmp_path, [], garbage_at=0)
+    rep = judge.evaluate(_job(), _settings())
+    assert rep.stage("correctness").status is Status.CRASH
+    assert "outside the protocol" in rep.stage("correctness").reason
+
+
+def test_a_runner_that_cannot_map_memory_is_our_failure_not_a_verdict(tmp_path):
+    judge, _ = _judge(tmp_path, [], refuse_map=True)
+    with pytest.raises(HarnessError) as e:
+        judge.evaluate(_job(), _settings())
+    assert e.value.kind == "runner"
+
+
+def test_time_only_skips_correctness_and_check_skips_timing(tmp_path):
+    made: list = []
+    judge, _ = _judge(tmp_path, made)
+    rep = judge.evaluate(_job("time-only"), _settings())
+    assert _statuses(rep) == [("correctness", "skipped"), ("timing", "ok")]
+    assert made[0].calls == 1 + 10
+    rep = judge.evaluate(_job("check"), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "skipped")]
+
+
+def test_no_judge_module_reads_a_file_a_runner_could_write():
+    """Nothing a runner writes is parsed as a result: no code of the judge names a result or
+    error file or parses JSON (the runner's only channel is the strictly parsed reply line;
+    its stderr is shown to people, never parsed)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "evaluators" / "judge"
+    for f in sorted(root.glob("*.py")):
+        tree = ast.parse(f.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings:
+                assert "result.json" not in n.value and "error.json" not in n.value, f"{f.name}: {n.value!r}"
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "json":
+                assert n.attr not in ("load", "loads"), f"{f.name} parses JSON (json.{n.attr})"
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in n.names] + [getattr(n, "module", None) or ""]
+                assert "json" not in names, f"{f.name} imports json"
+
+
+# --- the pieces, without a runner ------------------------------------------------------------
+
+def test_corroborate_compares_the_runners_median_with_the_judges_clock():
+    calib = Calibration(wall_ms=(0.10, 0.11, 0.10, 0.12, 0.10))
+    shape = {"N": 1}
+    ok, nums = corroborate(shape, [1.0] * 5, [1.10] * 5, calib)
+    assert ok is None and nums["judge_implied_ms"] == pytest.approx(1.0)
+    bad, _ = corroborate(shape, [0.5] * 5, [1.10] * 5, calib)
+    assert bad and "0.5000 ms" in bad
+    # slack: 25% of the implied time + 0.05 ms + 3 IQRs of the empty call
+    edge = 1.0 - (0.25 * 1.0 + 0.05 + 3 * calib.noise_ms)
+    assert corroborate(shape, [edge + 1e-6] * 5, [1.10] * 5, calib)[0] is None
+    assert corroborate(shape, [edge - 1e-3] * 5, [1.10] * 5, calib)[0] is not None
+
+
+def test_timing_follows_correctness_by_one_rule():
+    assert timing_after(Mode.CHECK_TIME, "ok") is None
+    assert timing_after(Mode.TIME_ONLY, None) is None
+    assert timing_after(Mode.CHECK, "ok") == "check-only mode"
+    assert timing_after(Mode.CHECK_TIME, "incorrect") == "not run: correctness incorrect"
+
+
+@pytest.mark.parametrize("raw", [b"DONE 0 0", b"DONE 0 0 nan", b"DONE 0 0 -1", b"DONE x 0 1", b"OK",
+                                 b"READY 2 gpu", b"LOADED 2", b"DONE 0 0 1\r", b"\xff\xfe", b"",
+                                 b"DONE 0 0 " + b"1" * 50, b"X" * (protocol.MAX_LINE + 1)])
+def test_a_reply_outside_the_grammar_is_a_violation(raw):
+    with pytest.raises(ProtocolViolation):
+        parse_reply(raw)
+
+
+def test_replies_parse_to_typed_records():
+    assert parse_reply(b"DONE 0 0 1.25\n") == Done(0, 0, 1.25)
+    assert parse_reply(b"READY 2 cuda") == protocol.Ready("2", "cuda")
+    assert parse_reply(b"ERR map no such buffer") == protocol.Failed("map", "no such buffer")
+    line = protocol.call([protocol.TensorArg(1, 0, "float32", (2, 3), (3, 1))],
+                         [protocol.TensorArg(2, 0, "bfloat16", (6,), (1,))], [0.5])
+    assert line == "CALL 1 1 0 0 2 2 3 3 1 1 2 0 2 1 6 1 1 0.5"
