@@ -1,6 +1,7 @@
 """Landlock: the stdlib-only code that applies a rule set (:data:`LANDLOCK_CODE`, run by the
 child's exec wrapper and by nvcc's), the kernel's Landlock ABI, and the files the harness
-child may read, list and write (:func:`harness_paths`), derived per launch.
+child (:func:`harness_paths`) or a native runner (:func:`runner_paths`) may read, list and
+write, derived per launch.
 """
 
 from __future__ import annotations
@@ -199,15 +200,93 @@ def harness_paths(argv: Sequence[str], env: Mapping[str, str], jobdir: str | os.
             read.append(os.path.realpath(root))
     read += [a for a in argv[1:] if a.startswith("/") and os.path.isfile(a)]
     read += [str(p) for p in readable]
+    return {"read": _uniq(read), "list": _uniq(listed), "write": _uniq(_write_paths(env, jobdir, writable))}
+
+
+def _uniq(xs: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [x for x in xs if not (x in seen or seen.add(x))]
+
+
+def _write_paths(env: Mapping[str, str], jobdir: str | os.PathLike[str], writable: Sequence[str]) -> list[str]:
+    """The job directory, :data:`SYSTEM_WRITABLE`, the MPS pipe and log directories when set
+    or present, and ``writable``."""
     write = [str(jobdir), *SYSTEM_WRITABLE]
     for var, default in (("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), ("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")):
         d = env.get(var) or default
         if os.path.isdir(d):
             write.append(d)
     write += [str(p) for p in writable]
+    return write
 
-    def uniq(xs: list[str]) -> list[str]:
-        seen: set[str] = set()
-        return [x for x in xs if not (x in seen or seen.add(x))]
 
-    return {"read": uniq(read), "list": uniq(listed), "write": uniq(write)}
+def _elf_interpreter(path: str) -> str | None:
+    """The dynamic loader a 64-bit little-endian ELF executable names (``PT_INTERP``), or None."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            for i in range(min(phnum, 256)):
+                f.seek(phoff + i * phentsize)
+                ph = f.read(56)
+                if len(ph) < 56:
+                    return None
+                p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", ph, 0)
+                if p_type == 3:  # PT_INTERP
+                    f.seek(p_offset)
+                    return f.read(min(p_filesz, 4096)).split(b"\0", 1)[0].decode("utf-8", "replace") or None
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def _libc_dirs() -> list[str]:
+    """Directories of the C library and loader this machine's processes map (from this
+    process's own /proc/self/maps: the runner links the same system libc)."""
+    out: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                name = parts[-1] if len(parts) >= 6 else ""
+                base = os.path.basename(name)
+                if name.startswith("/") and (base.startswith(("libc.so", "libc-", "ld-linux", "libstdc++.so"))):
+                    out.append(os.path.dirname(os.path.realpath(name)))
+    except OSError:
+        pass
+    return out
+
+
+def runner_paths(binary: str | os.PathLike[str], env: Mapping[str, str], jobdir: str | os.PathLike[str], *,
+                 readable: Sequence[str] = (), writable: Sequence[str] = ()) -> dict[str, list[str]]:
+    """What a native runner (:mod:`evaluators.runner`, no Python) may read, list and write
+    under Landlock: ``{"read", "list", "write"}``, like :func:`harness_paths` but without any
+    Python: no interpreter is asked, no project package is readable.
+
+    read: the runner binary itself, its dynamic loader (``PT_INTERP``) and the C library's
+    directories, :data:`SYSTEM_READABLE` (system libraries, where the NVIDIA driver's libraries
+    and /etc/ld.so.cache live, what the CUDA driver reads in /proc and /sys), the loader's
+    configured library directories and ``LD_LIBRARY_PATH``, the CUDA toolkit (a candidate
+    linked against a shared cudart), and ``readable`` (the candidate's .so when it is not in the
+    job directory). write (and read): the job directory (the candidate's .so and the host
+    backend's buffers live there), /dev (/dev/nvidia*, /dev/shm), the runner's own
+    /proc/self, the MPS directories, and ``writable``.
+    """
+    b = os.path.realpath(os.fspath(binary))
+    read = [b]
+    interp = _elf_interpreter(b)
+    if interp:
+        read += [interp, os.path.dirname(os.path.realpath(interp))]
+    read += _libc_dirs()
+    read += list(SYSTEM_READABLE) + _ld_conf_dirs()
+    read += [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.startswith("/")]
+    for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            read.append(os.path.realpath(root))
+    read += [str(p) for p in readable]
+    return {"read": _uniq(read), "list": [], "write": _uniq(_write_paths(env, jobdir, writable))}

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from evaluators.sandbox.capabilities import Capabilities, probe
 from evaluators.sandbox.environment import make_undumpable, scrub_env
-from evaluators.sandbox.landlock import harness_paths
+from evaluators.sandbox.landlock import harness_paths, runner_paths
 from evaluators.sandbox.settings import LAYERS_ENV, SECCOMP_ENV, SandboxSettings
 from evaluators.sandbox.wrapper import _wrapper_argv
 
@@ -71,6 +71,8 @@ def sandbox_launch(
     timeout_s: float,
     settings: SandboxSettings | None = None,
     readable: Sequence[str] = (),
+    *,
+    native: bool = False,
 ) -> Launch:
     """The sandboxed form of launching ``argv`` with ``env`` for the job in ``jobdir``.
 
@@ -78,6 +80,9 @@ def sandbox_launch(
     ``XDG_CACHE_HOME`` point into ``jobdir``. With ``settings.enabled`` (default), ``argv``
     is wrapped so the child confines itself before ``exec`` (:mod:`evaluators.sandbox`).
     ``readable``: more paths the child may read under Landlock (user task files' directories).
+    ``native``: ``argv[0]`` is a native program with no Python in it (the runner,
+    :mod:`evaluators.runner`): Landlock's read set is :func:`runner_paths`'s, not
+    :func:`harness_paths`'s (which would ask ``argv[0]`` for its Python layout).
     """
     s = settings or SandboxSettings.from_env()
     jd = Path(jobdir)
@@ -102,7 +107,9 @@ def sandbox_launch(
         cfg["netns"] = caps.netns
         layers.append(f"netns({caps.netns})")
     if s.landlock and caps.landlock_abi > 0:
-        paths = harness_paths(argv, e, jd, readable=(*readable, *s.extra_readable), writable=s.extra_writable)
+        paths = (runner_paths(argv[0], e, jd, readable=(*readable, *s.extra_readable), writable=s.extra_writable)
+                 if native else
+                 harness_paths(argv, e, jd, readable=(*readable, *s.extra_readable), writable=s.extra_writable))
         ll = {"fs_read": bool(s.landlock_reads), "fs_write": bool(s.landlock_fs),
               "net": s.network and caps.landlock_abi >= 4, "signal": caps.landlock_abi >= 6, **paths}
         if ll["fs_read"] or ll["fs_write"] or ll["net"] or ll["signal"]:
