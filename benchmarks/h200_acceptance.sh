@@ -10,6 +10,10 @@
 #   selftest  the self-test alone (every task's null / zero / copy / constant / half kernels must fail),
 #          split over EVO_SELFTEST_SHARDS (default 3) pytest processes on disjoint task lists at once
 #          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
+#   judge  issue 40 on the GPU: benchmarks/judge_acceptance.py (seeds by the harness and by the judge,
+#          a hang's time to verdict, evo check start to verdict) -> $OUT/judge/; the demo search with
+#          [evaluator] isolation = "judge" (benchmarks/throughput.py, bounded by EVO_JUDGE_DEMO_S, default
+#          120 s) -> $OUT/judge_demo.json; the adversarial GPU tests under the judge -> $OUT/gpu_adversarial_judge.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
@@ -100,11 +104,23 @@ PY
       gpu_files ${EVO_GPU_TEST_FILES:?set EVO_GPU_TEST_FILES} ;;
     selftest)
       selftest_shards ;;
+    judge)
+      python benchmarks/judge_acceptance.py --out "$out/judge" > "$out/judge_stdout.txt" 2>&1
+      echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"
+      timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
+        --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" \
+        > "$out/judge_demo.txt" 2>&1
+      echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
+      EVO_TEST_ISOLATION=judge EVO_ADVERSARIAL_TABLE="$out/adversarial_judge.md" timeout "${EVO_JUDGE_ADV_S:-180}" \
+        python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/gpu/test_adversarial_gpu.py \
+        > "$out/gpu_adversarial_judge.txt" 2>&1
+      echo "adversarial (judge) rc=$?: $(tail -n 1 "$out/gpu_adversarial_judge.txt")"
+      cat "$out/adversarial_judge.md" 2>/dev/null ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
       sed -n '/## Families/,/^$/p' "$out/RESULTS.md" ;;
-    *) echo "unknown step $step (seeds demo gemm tests files selftest bench)"; exit 2 ;;
+    *) echo "unknown step $step (seeds demo gemm tests files selftest judge bench)"; exit 2 ;;
   esac
   echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
 done

@@ -84,11 +84,20 @@ class Exchange(abc.ABC):
 
     def __init__(self) -> None:
         self._next = 0
+        self._free_ids: list[int] = []
         self.live_bytes = 0
 
     def _id(self) -> int:
+        """The smallest free buffer id: ids stay below the number of live buffers (a
+        runner accepts a bounded range)."""
+        if self._free_ids:
+            self._free_ids.sort()
+            return self._free_ids.pop(0)
         self._next += 1
         return self._next
+
+    def _release_id(self, bid: int) -> None:
+        self._free_ids.append(bid)
 
     @abc.abstractmethod
     def alloc(self, nbytes: int) -> Buffer: ...
@@ -135,6 +144,7 @@ class HostExchange(Exchange):
             pass
         Path(path).unlink(missing_ok=True)
         self.live_bytes -= b.nbytes
+        self._release_id(b.buf)
 
 
 class _CudaArray:
@@ -162,6 +172,14 @@ class IpcExchange(Exchange):
             self._cu = ctypes.CDLL("libcuda.so.1")
         except OSError as e:
             raise ExchangeError(f"the CUDA driver library cannot be loaded ({e})") from e
+        # torch's (primary) context, made current again on whichever thread allocates later
+        self._ctx = ctypes.c_void_p()
+        self._check(self._cu.cuCtxGetCurrent(ctypes.byref(self._ctx)), "cuCtxGetCurrent")
+        if not self._ctx.value:
+            raise ExchangeError("no CUDA context is current after torch initialised CUDA")
+
+    def _current(self) -> None:
+        self._check(self._cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -174,6 +192,7 @@ class IpcExchange(Exchange):
         import torch
 
         n = max(int(nbytes), 1)
+        self._current()
         ptr = ctypes.c_uint64()
         self._check(self._cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(n)), f"cuMemAlloc of {n} bytes")
         handle = (ctypes.c_char * 64)()
@@ -192,5 +211,7 @@ class IpcExchange(Exchange):
 
         torch.cuda.synchronize()
         b._raw = None
+        self._current()
         self._cu.cuMemFree_v2(b._keep)
         self.live_bytes -= b.nbytes
+        self._release_id(b.buf)

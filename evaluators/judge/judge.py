@@ -54,6 +54,8 @@ NULL_CALLS = 15
 RUNNER_RESERVE_BYTES = 1 << 30
 #: Of the device memory, what the judge's cached buffers may hold at most.
 CACHE_FRACTION = 0.25
+#: Cached buffers at most (a runner maps buffer ids below 256; a shape needs a few).
+MAX_CACHED_BUFFERS = 192
 
 
 class Judge:
@@ -144,8 +146,10 @@ class Judge:
         total = torch.cuda.get_device_properties(0).total_memory
         while self._slots:
             cached = sum(s.nbytes for s in self._slots.values())
+            count = sum(len(s.buffers) for s in self._slots.values())
             free = torch.cuda.mem_get_info()[0]
-            if cached + need <= CACHE_FRACTION * total and free >= need + RUNNER_RESERVE_BYTES:
+            if (cached + need <= CACHE_FRACTION * total and free >= need + RUNNER_RESERVE_BYTES
+                    and count <= MAX_CACHED_BUFFERS):
                 return
             _key, old = self._slots.popitem(last=False)
             free_slots(self._exchange, old)
