@@ -374,8 +374,11 @@ void cmd_load(const std::vector<std::string>& t) {
   if (S.load_tried) { err("load", "one LOAD per process"); return; }
   if (!S.seccomp && !S.no_seccomp) { err("load", "refused: no seccomp filter is installed (send SECCOMP first)"); return; }
   S.load_tried = true;
+  // Nothing of the runner's own is open here (inherited fds were closed at start, its files are
+  // closed after use). On the host backend every fd above 2 goes; on the cuda backend the ones
+  // left are the driver's (/dev/nvidia*, event fds, an MPS socket), which the context needs.
 #ifdef EVO_RUNNER_HOST
-  close_fds_from_3();  // nothing of ours is open; on the cuda backend the driver's fds are
+  close_fds_from_3();
 #endif
   dlerror();
   void* h = dlopen(t[1].c_str(), RTLD_NOW | RTLD_LOCAL);
