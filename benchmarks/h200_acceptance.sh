@@ -105,8 +105,11 @@ PY
     selftest)
       selftest_shards ;;
     judge)
-      python benchmarks/judge_acceptance.py --out "$out/judge" > "$out/judge_stdout.txt" 2>&1
-      echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"
+      timeout 90 python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/test_runner.py > "$out/gpu_runner.txt" 2>&1
+      echo "runner gpu tests rc=$?: $(tail -n 1 "$out/gpu_runner.txt")"
+      timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" \
+        > "$out/judge_stdout.txt" 2>&1
+      echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
       timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
         --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" \
         > "$out/judge_demo.txt" 2>&1
