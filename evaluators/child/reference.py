@@ -72,12 +72,29 @@ def references_for(task: Any, *, basis: str = "eager", time_compiled: bool = Fal
         raise ValueError(f"reference basis {basis!r} is not one of {', '.join(REFERENCE_KINDS)}")
     refs = [TimedReference("eager", task.reference)]
     if basis == "compile" or time_compiled:
+        _ensure_user_name()
         if compile_fn is None:
             import torch
 
             compile_fn = torch.compile
         refs.append(TimedReference("compile", compile_fn(task.reference, mode=COMPILE_MODE, dynamic=False)))
     return refs
+
+
+def _ensure_user_name() -> None:
+    """Give inductor a user name to key its caches by. It asks ``getpass.getuser()``, which
+    fails (``KeyError: 'getpwuid(): uid not found'``) for a uid without a passwd entry and no
+    ``USER``/``LOGNAME`` (root in a minimal container, a scrubbed sandbox environment): seen
+    on the H200 machine, where every compiled reference failed so."""
+    import os
+    import pwd
+
+    if any(os.environ.get(k) for k in ("LOGNAME", "USER", "LNAME", "USERNAME")):
+        return
+    try:
+        pwd.getpwuid(os.getuid())
+    except KeyError:
+        os.environ["USER"] = f"uid{os.getuid()}"
 
 
 def warm_up(task_name: str, refs: Sequence[TimedReference], inputs: Sequence[Sequence[Any]], calls: int,
