@@ -129,6 +129,8 @@ HOST_ATTACKS = sorted(p.stem for p in ATTACKS.glob("*.cu"))
 @pytest.mark.parametrize("name", HOST_ATTACKS)
 def test_host_attack_in_the_real_harness(built, name, monkeypatch):
     h = _header(ATTACKS / f"{name}.cu")
+    if h.get("judge-only") == "yes" and ISOLATION == "harness":
+        pytest.skip("an exploit of the harness path (issue 40): run with EVO_TEST_ISOLATION=judge")
     expect = h["runtime-expect"]
     if os.geteuid() == 0 and "runtime-expect-root" in h:
         expect = h["runtime-expect-root"]
