@@ -219,6 +219,15 @@ def test_corroborate_compares_the_runners_median_with_the_judges_clock():
     assert corroborate(shape, [edge - 1e-3] * 5, [1.10] * 5, calib)[0] is not None
 
 
+def test_a_busy_host_delays_round_trips_without_making_an_honest_time_a_lie():
+    """Delays only add to a round trip: with most round trips pushed up by a busy host, the
+    low quantile still reads the call's own cost; a liar stays caught."""
+    calib = Calibration(wall_ms=(0.10,) * 15)
+    walls = [1.10] * 5 + [3.0] * 15
+    assert corroborate({"N": 1}, [1.0] * 20, walls, calib)[0] is None
+    assert corroborate({"N": 1}, [0.1] * 20, walls, calib)[0] is not None
+
+
 def test_timing_follows_correctness_by_one_rule():
     assert timing_after(Mode.CHECK_TIME, "ok") is None
     assert timing_after(Mode.TIME_ONLY, None) is None

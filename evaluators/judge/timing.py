@@ -37,7 +37,7 @@ from evaluators.judge.slots import ShapeSlots
 from evaluators.judge.trials import Call, CallFailed, check_done, fill_inputs
 from evo.records import StageResult, Status
 
-__all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "time_shape", "time_shapes",
+__all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
            "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]
 
 #: A timed output whose relative L2 distance to the eager reference's exceeds this was not
@@ -49,6 +49,8 @@ CORROBORATE_REL = 0.25
 CORROBORATE_ABS_MS = 0.05
 #: ... plus this many IQRs of the empty call's round trips.
 CORROBORATE_NOISE_K = 3.0
+#: The quantile of round trips the judge's clock is read at (delays only add to a round trip).
+LOW_QUANTILE = 0.1
 
 
 class DeviceOps:
@@ -135,9 +137,9 @@ class Calibration:
 
     @property
     def overhead_ms(self) -> float:
-        from evaluators.child.timing import median
-
-        return median(self.wall_ms) if self.wall_ms else 0.0
+        """A low quantile of the empty round trips: scheduling delays only ever add to a
+        round trip, so the low end is the call's own cost."""
+        return low_quantile(self.wall_ms) if self.wall_ms else 0.0
 
     @property
     def noise_ms(self) -> float:
@@ -149,16 +151,33 @@ class Calibration:
         return {"overhead_ms": self.overhead_ms, "noise_ms": self.noise_ms, "wall_ms": list(self.wall_ms)}
 
 
+def low_quantile(xs: Sequence[float], q: float = LOW_QUANTILE) -> float:
+    """The ``q`` quantile of ``xs`` (linear interpolation)."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("quantile of no samples")
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def corroborate(shape: dict[str, int], cand_ms: Sequence[float], wall_ms: Sequence[float],
                 calib: Calibration) -> tuple[str | None, dict[str, float]]:
     """``(reason, numbers)``: the ``invalid`` reason when the runner's median event time is
-    shorter than the judge's clock allows (None when it agrees), and both numbers."""
+    shorter than the judge's clock allows (None when it agrees), and both numbers.
+
+    The judge's side uses a low quantile (:data:`LOW_QUANTILE`) of the round trips, of the
+    timed calls and of the empty ones alike: a busy host (the compile pool, the judge's own
+    threads) only ever delays a round trip, so the low end is what the call itself took,
+    while a runner that reports less than its call took is caught on every rep."""
     from evaluators.child.timing import median
 
     claimed = median(cand_ms)
-    implied = median(wall_ms) - calib.overhead_ms
+    implied = low_quantile(wall_ms) - calib.overhead_ms
     slack = CORROBORATE_REL * max(implied, 0.0) + CORROBORATE_ABS_MS + CORROBORATE_NOISE_K * calib.noise_ms
     nums = {"runner_median_ms": claimed, "judge_implied_ms": implied, "judge_wall_median_ms": median(wall_ms),
+            "judge_wall_low_ms": low_quantile(wall_ms),
             "call_overhead_ms": calib.overhead_ms, "slack_ms": slack}
     if claimed < implied - slack:
         return (f"shape {shape}: the runner reports {claimed:.4f} ms per call (median) but the judge's clock "
@@ -272,6 +291,14 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
                                        warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress)
+        if failure is not None and failure.status is Status.INVALID:
+            # A host busy for the whole loop can still push every round trip up: one more
+            # loop, and the timing stands only if it agrees (a liar fails both).
+            first = failure
+            s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
+                                           reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
+                                           progress=progress)
+            extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,
                                seconds=time.monotonic() - t0)
