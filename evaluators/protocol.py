@@ -229,12 +229,19 @@ class Failed:
 Reply = Ready | Mapped | Seccomped | Loaded | Done | Failed
 
 _INT = re.compile(r"^-?[0-9]{1,12}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9 _.:-]")
+
+
+def _q(text: str, n: int = 32) -> str:
+    """What a runner said, as quoted in a verdict's reason: short and with only harmless
+    characters (reasons reach repair prompts, and a runner's words are the candidate's)."""
+    return repr(_UNSAFE.sub("?", text[:n]) + ("..." if len(text) > n else ""))
 _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 def _int(tok: str, line: str) -> int:
     if not _INT.match(tok):
-        raise ProtocolViolation(f"expected an integer, got {tok[:40]!r} in {line[:120]!r}")
+        raise ProtocolViolation(f"expected an integer, got {_q(tok, 16)} in {_q(line)}")
     return int(tok)
 
 
@@ -242,9 +249,9 @@ def _float(tok: str, line: str) -> float:
     try:
         v = float(tok)
     except ValueError:
-        raise ProtocolViolation(f"expected a number, got {tok[:40]!r} in {line[:120]!r}") from None
+        raise ProtocolViolation(f"expected a number, got {_q(tok, 16)} in {_q(line)}") from None
     if not math.isfinite(v) or len(tok) > 40:
-        raise ProtocolViolation(f"expected a finite number, got {tok[:40]!r} in {line[:120]!r}")
+        raise ProtocolViolation(f"expected a finite number, got {_q(tok, 16)} in {_q(line)}")
     return v
 
 
@@ -256,23 +263,23 @@ def parse_reply(raw: bytes) -> Reply:
     try:
         line = raw.decode("ascii").rstrip("\n")
     except UnicodeDecodeError:
-        raise ProtocolViolation(f"reply is not ASCII: {raw[:80]!r}") from None
+        raise ProtocolViolation(f"reply is not ASCII ({len(raw)} bytes)") from None
     if not line or any(c in line for c in "\r\0\n"):
-        raise ProtocolViolation(f"malformed reply line {line[:120]!r}")
+        raise ProtocolViolation(f"malformed reply line {_q(line)}")
     toks = line.split(" ")
     key, args = toks[0], toks[1:]
     if key == "ERR":
         if not args or not _WORD.match(args[0]):
-            raise ProtocolViolation(f"malformed ERR reply {line[:120]!r}")
+            raise ProtocolViolation(f"malformed ERR reply {_q(line)}")
         return Failed(args[0], " ".join(args[1:])[:2000])
     want = {"READY": 2, "MAPPED": 1, "SECCOMPED": 1, "LOADED": 1, "DONE": 3}.get(key)
     if want is None:
-        raise ProtocolViolation(f"unknown reply {key[:40]!r} in {line[:120]!r}")
+        raise ProtocolViolation(f"unknown reply {_q(key, 16)} in {_q(line)}")
     if len(args) != want:
-        raise ProtocolViolation(f"{key} takes {want} fields, got {len(args)}: {line[:120]!r}")
+        raise ProtocolViolation(f"{key} takes {want} fields, got {len(args)}: {_q(line)}")
     if key == "READY":
         if args[1] not in ("cuda", "host") or not _WORD.match(args[0]):
-            raise ProtocolViolation(f"malformed READY reply {line[:120]!r}")
+            raise ProtocolViolation(f"malformed READY reply {_q(line)}")
         return Ready(args[0], args[1])
     if key == "MAPPED":
         return Mapped(_int(args[0], line))
@@ -280,9 +287,9 @@ def parse_reply(raw: bytes) -> Reply:
         return Seccomped(_int(args[0], line))
     if key == "LOADED":
         if args[0] not in ("0", "1"):
-            raise ProtocolViolation(f"malformed LOADED reply {line[:120]!r}")
+            raise ProtocolViolation(f"malformed LOADED reply {_q(line)}")
         return Loaded(args[0] == "1")
     ms = _float(args[2], line)
     if ms < 0:
-        raise ProtocolViolation(f"negative event time in {line[:120]!r}")
+        raise ProtocolViolation(f"negative event time in {_q(line)}")
     return Done(_int(args[0], line), _int(args[1], line), ms)
