@@ -204,7 +204,7 @@ class RunnerProcess:
         if not self._buf and self._readable(0.0):
             self._fill(what)  # its end of output instead: RunnerGone
         if self._buf:
-            self._violation(f"the runner said something unasked before {what}: {self._buf[:120]!r}")
+            self._violation(f"the runner said something unasked before {what} ({len(self._buf)} bytes)")
         data = (line + "\n").encode("ascii")
         t0 = time.perf_counter()
         deadline = t0 + float(timeout_s)
@@ -228,7 +228,7 @@ class RunnerProcess:
                 raw, rest = self._buf[: nl + 1], self._buf[nl + 1:]
                 self._buf = b""
                 if rest:
-                    self._violation(f"more than one line in reply to {what}: {rest[:120]!r}")
+                    self._violation(f"more than one line in reply to {what} ({len(rest)} more bytes)")
                 try:
                     reply = protocol.parse_reply(raw)
                 except ProtocolViolation as e:
