@@ -23,7 +23,7 @@ def main() -> int:
     from evaluators.base import CompileSettings
     from evaluators import compile as C
     from evo.tasks.seeds import SEEDS, seed_params, seed_source
-    from evo.records import canonical_params
+    from evo.core.records import canonical_params
 
     settings = CompileSettings()
     nvcc = C.find_nvcc(settings)

@@ -91,9 +91,9 @@ def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
     import ray.cloudpickle as cloudpickle
 
     from evaluators.base import CompileSettings, HarnessSettings
-    from evo.engine import Engine, EngineSettings
-    from evo.records import StageResult, Status
-    from evo.runtime import Runtime, Stages
+    from evo.engine.engine import Engine, EngineSettings
+    from evo.core.records import StageResult, Status
+    from evo.engine.runtime import Runtime, Stages
     from evo.store import Store
     from fakes import faults as ff
     from mutators.knobs import KnobsMutator

@@ -34,7 +34,7 @@ from evaluators.activity import ActivitySampler
 from evaluators.base import HarnessSettings
 from evaluators.gpu_schedule import GpuSchedule
 from evaluators.warm import WarmPool
-from evo.records import Candidate, Evaluation
+from evo.core.records import Candidate, Evaluation
 
 __all__ = ["GpuEvaluator", "GpuResult", "EvaluateFn"]
 
@@ -66,7 +66,7 @@ class GpuResult:
 
 
 class GpuEvaluator:
-    """Plain class; ``evo.runtime`` wraps it with ``ray.remote(num_gpus=1, max_concurrency=...)``.
+    """Plain class; ``evo.engine.runtime`` wraps it with ``ray.remote(num_gpus=1, max_concurrency=...)``.
 
     Contract: ``evaluate`` is called by the engine's driver only, with a candidate that
     passed policy and compile, possibly from several threads at once; it returns a

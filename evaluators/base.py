@@ -2,11 +2,11 @@
 
 The cascade is: policy (static, ms) -> compile (CPU worker, cached) -> correctness and
 timing (GPU, one fresh process per candidate) -> profile (delayed, survivors only). Each
-stage turns a candidate into a :class:`~evo.records.StageResult`; a candidate's failure is a
+stage turns a candidate into a :class:`~evo.core.records.StageResult`; a candidate's failure is a
 result with a non-ok status, never an exception. Exceptions mean *our* failure (nvcc
 missing, the GPU gone, a bug) and propagate.
 
-The stages' contracts as the engine drives them are the Protocols in :mod:`evo.seams`
+The stages' contracts as the engine drives them are the Protocols in :mod:`evo.engine.seams`
 (``CompileFn``, ``EvaluateFn``, ``ProfileFn``); this package never imports them.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evo.settings import config_key
+from evo.core.settings import config_key
 
 __all__ = ["CompileSettings", "HarnessSettings", "InfrastructureError"]
 
@@ -50,7 +50,7 @@ def _rebuild_infra(cls, message: str, fix: str, detail: str) -> "InfrastructureE
 @dataclass(frozen=True)
 class CompileSettings:
     """How candidates are built: the record of config section ``[compile]`` (its keys are
-    the ``config_key`` fields, :mod:`evo.settings`; the others are set by code).
+    the ``config_key`` fields, :mod:`evo.core.settings`; the others are set by code).
 
     ``arch``: nvcc's target. ``timeout_s``: wall clock of one nvcc run (its process group is
     killed after). ``memory_mb``: address-space limit of each nvcc process (0 = none; the

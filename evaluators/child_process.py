@@ -26,7 +26,7 @@ from evaluators.base import HarnessSettings
 from evaluators.child.protocol import HARNESS_BUG_EXIT, stage_from_json
 from evaluators.harness_job import (HARNESS_FIXES, STDERR_TAIL, HarnessError, HarnessJob, HarnessReport,
                                     ShapeTiming, child_env, job_json)
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["ChildProcess", "timeout_for"]
 

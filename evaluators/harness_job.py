@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from evaluators.base import HarnessSettings, InfrastructureError
 from evaluators.child.protocol import MODES, PROTOCOL_VERSION
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["HarnessJob", "HarnessReport", "ShapeTiming", "HarnessError", "HARNESS_FIXES", "STDERR_TAIL", "child_env",
            "spec_json", "job_json"]

@@ -32,7 +32,7 @@ from typing import Any
 from evaluators.base import HarnessSettings
 from evaluators.child_process import ChildProcess
 from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, ShapeTiming, child_env
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = [
     "HarnessJob",

@@ -11,7 +11,7 @@ bench``, the self-test, local tuning, the kernel lab's probe).
 - :func:`run_built` — a built candidate's ``.so`` through the isolated child: the one place a
   :class:`~evaluators.isolation.HarnessJob` is made from a candidate.
 - :func:`evaluate_built` — the engine's GPU actor: a candidate that already passed policy and
-  compile (``so_bytes`` from a CPU compile worker) in, an :class:`~evo.records.Evaluation` out.
+  compile (``so_bytes`` from a CPU compile worker) in, an :class:`~evo.core.records.Evaluation` out.
 
 None initialises CUDA in the calling process: the GPU work happens in the child spawned
 by :func:`evaluators.isolation.run_isolated`, and :func:`gpu_available` asks ``nvidia-smi``
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from evaluators import isolation
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, HarnessReport
-from evo.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
 
 if TYPE_CHECKING:
     from evaluators.compile import CompileOutcome

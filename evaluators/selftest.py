@@ -25,7 +25,7 @@ from typing import Iterable
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.pipeline import compile_all, run_built
-from evo.records import Candidate, Operator, StageResult, Status
+from evo.core.records import Candidate, Operator, StageResult, Status
 
 __all__ = ["SELFTEST_KERNELS", "SelftestRow", "selftest_sources", "run_selftest"]
 

@@ -5,8 +5,8 @@ Importing ``evo`` needs neither a GPU nor Ray; ``evo.tasks`` imports torch.
 
 The names below are loaded on first use (PEP 562), not at ``import evo``: every process that
 imports a submodule runs this file first, and the isolated GPU child, the mutators and the
-island actors import ``evo.records`` without wanting the lineage store (sqlite-utils, numpy).
-``tests/test_store_lease.py`` checks that ``import evo.records`` loads neither.
+island actors import ``evo.core.records`` without wanting the lineage store (sqlite-utils, numpy).
+``tests/test_store_lease.py`` checks that ``import evo.core.records`` loads neither.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    **{name: "evo.records" for name in (
+    **{name: "evo.core.records" for name in (
         "Candidate", "Evaluation", "Member", "Operator", "StageResult", "Status", "candidate_id",
         "canonical_params")},
     **{name: "evo.store" for name in (

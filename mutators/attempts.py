@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from evo.records import Member
+from evo.core.records import Member
 from mutators.patch import UnmatchedBlock
 
 __all__ = ["AttemptRecord", "AttemptSink", "AttemptNote", "RepairRequest", "REPAIRABLE_STAGES", "STAGE_RANK"]

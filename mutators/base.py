@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from evo.records import Member
+from evo.core.records import Member
 
 __all__ = ["Proposal", "MutationContext", "Mutator", "MutatorDefaults", "MutatorStopped", "wants_parents", "observe",
            "is_exhaustive", "writes_genesis", "concurrency", "failed_attempt_cap"]

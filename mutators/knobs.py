@@ -16,7 +16,7 @@ waiting for random perturbations to land on the good value; a sweep step is an o
 ``knobs`` child (its notes say ``sweep``).
 
 **Settings.** :class:`KnobsSettings` is the record of the ``[mutator]`` section's knobs keys
-(:mod:`evo.settings`); :meth:`KnobsMutator.from_settings` builds the mutator from it.
+(:mod:`evo.core.settings`); :meth:`KnobsMutator.from_settings` builds the mutator from it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from evo.records import Member, Operator, candidate_id, canonical_params
-from evo.tunables import Tunable, parse_tunables, resolve_params, violated_constraints
-from evo.settings import config_key
+from evo.core.records import Member, Operator, candidate_id, canonical_params
+from evo.core.tunables import Tunable, parse_tunables, resolve_params, violated_constraints
+from evo.core.settings import config_key
 from mutators.base import MutationContext, Proposal
 
 __all__ = ["KnobsMutator", "KnobsSettings"]

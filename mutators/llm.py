@@ -48,8 +48,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from evo.records import Member, candidate_id, canonical_params
-from evo.tunables import TunableError, resolve_params
+from evo.core.records import Member, candidate_id, canonical_params
+from evo.core.tunables import TunableError, resolve_params
 from mutators.answer import Interpretation, interpret
 from mutators.attempts import STAGE_RANK, AttemptNote, AttemptRecord, AttemptSink, RepairRequest
 from mutators.bandit import ModelBandit

@@ -1,7 +1,7 @@
 """What a prompt may know about a task and a parent, and who provides it.
 
 :class:`PromptContextProvider` is the read-only seam between the LLM mutator and the run's
-records (:class:`evo.llm_context.StoreContextProvider` implements it over the store;
+records (:class:`evo.engine.llm_context.StoreContextProvider` implements it over the store;
 :class:`SimpleContextProvider` over plain dicts). :class:`TaskInfo`, :class:`ParentFacts` and
 :class:`ShapeTiming` are the facts it returns, already as text or numbers to render.
 """

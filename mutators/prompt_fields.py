@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from evo.records import Member
+from evo.core.records import Member
 from mutators.base import MutationContext
 from mutators.diagnostics import digest
 from mutators.prompt_context import PromptContextProvider

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from evo.tunables import TunableError, parse_tunables
+from evo.core.tunables import TunableError, parse_tunables
 from mutators.diagnostics import kernel_lines, numbered_excerpt
 from mutators.prompt_context import ParentFacts
 

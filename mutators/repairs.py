@@ -12,7 +12,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 
-from evo.records import Member
+from evo.core.records import Member
 from mutators.attempts import STAGE_RANK, RepairRequest
 
 __all__ = ["RepairQueue"]

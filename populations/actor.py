@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-from evo.records import Member
+from evo.core.records import Member
 
 from .island import Island, IslandSpec, IslandState, IslandSummary
 from .selection import make_selector
@@ -108,7 +108,7 @@ def make_island_actor(
     """Start an ``IslandActor`` on the current Ray instance and return its handle.
 
     ``options`` go to ``ActorClass.options`` (e.g. ``name=``, ``namespace=``,
-    ``max_restarts=``, ``lifetime=``). Ray must already be initialised (``evo.runtime`` does
+    ``max_restarts=``, ``lifetime=``). Ray must already be initialised (``evo.engine.runtime`` does
     that); otherwise this raises ``RuntimeError`` saying so rather than silently starting a
     second, unconfigured Ray instance.
     """
@@ -116,7 +116,7 @@ def make_island_actor(
 
     if not ray.is_initialized():
         raise RuntimeError(
-            "make_island_actor: Ray is not initialised; start it first (evo.runtime, or "
+            "make_island_actor: Ray is not initialised; start it first (evo.engine.runtime, or "
             "ray.init(...) in a script/test)"
         )
     cls = ray.remote(IslandActor)

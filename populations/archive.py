@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Mapping
 
-from evo.records import Member
+from evo.core.records import Member
 
 __all__ = [
     "Archive",

@@ -35,7 +35,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from evo.records import Member, Operator
+from evo.core.records import Member, Operator
 
 from .archive import DEFAULT_DIMS, Archive
 from .selection import Selector, make_selector

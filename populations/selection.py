@@ -23,7 +23,7 @@ import random
 import statistics
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from evo.records import Member
+from evo.core.records import Member
 
 __all__ = [
     "Selector",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import Store
 from evo.tasks.seeds import seed_params, seed_source
 

@@ -31,7 +31,7 @@ from evaluators.sandbox.landlock import _landlock_abi
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, run_isolated
 from evaluators.policy import POLICY_RULES, check_policy
-from evo.records import Candidate, Status
+from evo.core.records import Candidate, Status
 from fakes.listener import TcpListener  # noqa: E402
 
 ATTACKS = Path(__file__).parent / "fixtures" / "attacks"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessReport, ShapeTiming
 from evo.results.bench import _rows_for, results_table, write_results
-from evo.records import Candidate, StageResult, Status
+from evo.core.records import Candidate, StageResult, Status
 
 
 def _cand(task="kb19_relu"):

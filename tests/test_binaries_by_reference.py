@@ -9,7 +9,7 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fake)
@@ -30,7 +30,7 @@ def _runtime():
 def test_binaries_go_from_compile_worker_to_gpu_actor_without_the_driver(local_ray, tmp_path):
     """The driver fetches only the compile verdict; the .so stays in Ray's object store and
     the GPU actor reads it by reference (fake_evaluate asserts it got its own binary's bytes)."""
-    from evo.records import Candidate
+    from evo.core.records import Candidate
 
     rt = _runtime().start()
     try:

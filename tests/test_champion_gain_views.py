@@ -2,7 +2,7 @@
 
 The synthetic run (tests/_inspect_run.py) has a champion without a measured gain; these tests
 replace it with a confirmed one: the LLM child significantly faster than the seed, or not
-significantly faster, so that the seed stays champion (what evo.engine stores then).
+significantly faster, so that the seed stays champion (what evo.engine.engine stores then).
 """
 
 from __future__ import annotations

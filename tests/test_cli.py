@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evo.cli import app
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 
 runner = CliRunner()
 

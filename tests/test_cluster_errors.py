@@ -1,7 +1,7 @@
 """Joining a cluster that is not there fails within seconds, naming the address as typed.
 
 Ray's own ``ray.init(address=...)`` retries a dead address for many minutes (829 s measured
-in issue 34) and names the address as it rewrote it; :func:`evo.runtime.probe_cluster_address`
+in issue 34) and names the address as it rewrote it; :func:`evo.engine.runtime.probe_cluster_address`
 checks the address first. No GPU, no Ray cluster needed.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.runtime import RuntimeError_, probe_cluster_address
+from evo.engine.runtime import RuntimeError_, probe_cluster_address
 
 ROOT = Path(__file__).resolve().parents[1]
 

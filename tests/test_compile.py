@@ -46,7 +46,7 @@ from evaluators.compile import (
     parse_ptxas,
     trim_log,
 )
-from evo.records import Candidate, Status
+from evo.core.records import Candidate, Status
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "compile"
 TINY = (FIX / "tiny_cute.cu").read_text()

@@ -585,8 +585,8 @@ def test_defaults_are_the_records_defaults(registry, tmp_path, monkeypatch):
     """Each section's default is its record's default: a config that sets nothing gives the
     records a component builds with no arguments (paths aside, made absolute)."""
     from evaluators.profile import ProfileSettings
-    from evo.engine_settings import EngineSettings
-    from evo.tuning_settings import TuningSettings
+    from evo.engine.engine_settings import EngineSettings
+    from evo.tuning.tuning_settings import TuningSettings
 
     monkeypatch.chdir(tmp_path)
     cfg = parse_config(MINIMAL)
@@ -650,7 +650,7 @@ def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
     """The generator's contract, on a record of its own: key names and order, defaults
     (scaled), bounds, patterns and path keys come from the ``config_key`` declarations."""
     from evo.config.fields import record, section_model
-    from evo.settings import config_key
+    from evo.core.settings import config_key
 
     @dataclasses.dataclass(frozen=True)
     class Rec:
@@ -673,13 +673,13 @@ def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
 
 def test_one_class_per_record():
     """The records re-exported by the components are the ones the config composes."""
-    import evo.engine
-    import evo.engine_settings
-    import evo.tuning
-    import evo.tuning_settings
+    import evo.engine.engine
+    import evo.engine.engine_settings
+    import evo.tuning.tuning
+    import evo.tuning.tuning_settings
 
-    assert evo.engine.EngineSettings is evo.engine_settings.EngineSettings
-    assert evo.tuning.TuningSettings is evo.tuning_settings.TuningSettings
+    assert evo.engine.engine.EngineSettings is evo.engine.engine_settings.EngineSettings
+    assert evo.tuning.tuning.TuningSettings is evo.tuning.tuning_settings.TuningSettings
 
 
 def test_records_travel_as_pickle_and_json(registry, tmp_path):
@@ -700,7 +700,7 @@ def test_the_gpu_child_imports_no_pydantic():
     import subprocess
     import sys
 
-    code = ("import sys, evaluators.child.harness, evaluators.base, evaluators.profile, evo.settings, "
-            "evo.engine_settings, evo.tuning_settings; assert 'pydantic' not in sys.modules, 'pydantic imported'")
+    code = ("import sys, evaluators.child.harness, evaluators.base, evaluators.profile, evo.core.settings, "
+            "evo.engine.engine_settings, evo.tuning.tuning_settings; assert 'pydantic' not in sys.modules, 'pydantic imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -21,9 +21,9 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.engine import Engine, EngineSettings  # noqa: E402
-from evo.records import StageResult, Status  # noqa: E402
-from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.engine import Engine, EngineSettings  # noqa: E402
+from evo.core.records import StageResult, Status  # noqa: E402
+from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_in_flight_is_bounded_by_back_pressure(local_ray, tmp_path):
     eng = _engine(store, run_id, rt, budget=24, seed=1, confirm=False,
                   on_progress=lambda p: seen.append((p.in_flight, eng.max_inflight)))
     eng.run()
-    # the bound follows the measured rates (evo.inflight), so it is read at every step
+    # the bound follows the measured rates (evo.engine.inflight), so it is read at every step
     assert seen and all(n <= cap for n, cap in seen), seen
     store.close()
 
@@ -127,10 +127,10 @@ DRIVER = textwrap.dedent('''
     from fakes import stages as fake
     cloudpickle.register_pickle_by_value(fake)
     from evo.store import Store
-    from evo.runtime import Runtime, Stages
-    from evo.engine import Engine, EngineSettings
+    from evo.engine.runtime import Runtime, Stages
+    from evo.engine.engine import Engine, EngineSettings
     from evaluators.base import CompileSettings, HarnessSettings
-    from evo.records import StageResult, Status
+    from evo.core.records import StageResult, Status
     from mutators.knobs import KnobsMutator
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     store = Store({db!r})
@@ -203,7 +203,7 @@ def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatc
     optuna) beats its parent, and profiles land in the store."""
     import evo.tasks as T
     from evaluators.profile import ProfileSettings
-    from evo.tuning import TuningSettings
+    from evo.tuning.tuning import TuningSettings
 
     monkeypatch.setattr(T, "get_task", lambda name: type("T", (), {"bench_shapes": 1,
                                                                    "shapes": ({"N": 1},)})())
@@ -231,7 +231,7 @@ def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatc
     optuna_children = [c for c in cands.values() if c.operator == "optuna"]
     assert optuna_children and all(c.parents == (trials[0]["parent_id"],) for c in optuna_children
                                    if c.parents[0] == trials[0]["parent_id"])
-    from evo.tunables import violated_constraints
+    from evo.core.tunables import violated_constraints
 
     assert not any(violated_constraints(c.source, c.params_dict) for c in optuna_children), \
         "constraint violations never reach compile"

@@ -330,7 +330,7 @@ def test_manifest_says_which_checks_the_kernel_passed(tmp_path):
 def test_a_kernel_that_fails_todays_policy_is_not_exported(tmp_path):
     """A run evaluated under an older, looser policy: its correct champion calls system().
     Export re-checks the source (the .so would run unsandboxed in the user's process)."""
-    from evo.records import Candidate, Evaluation, StageResult, Status
+    from evo.core.records import Candidate, Evaluation, StageResult, Status
     from evo.tasks.seeds import seed_params, seed_source
 
     built = build_run(tmp_path / "evo.db", tmp_path / "cache")

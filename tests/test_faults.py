@@ -25,9 +25,9 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.engine import Engine, EngineSettings, StoreFullError  # noqa: E402
-from evo.records import Candidate, Operator, StageResult, Status  # noqa: E402
-from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.engine import Engine, EngineSettings, StoreFullError  # noqa: E402
+from evo.core.records import Candidate, Operator, StageResult, Status  # noqa: E402
+from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import faults as ff  # noqa: E402
 from fakes import stages as fake  # noqa: E402
@@ -277,7 +277,7 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
     reaches genesis -> repair -> optimize, and every failed call is in llm_calls."""
     import json
 
-    from evo.llm_context import StoreContextProvider
+    from evo.engine.llm_context import StoreContextProvider
     from mutators.cassette import Cassette
     from mutators.budget import Budget
     from mutators.client import LLMClient

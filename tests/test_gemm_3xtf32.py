@@ -54,7 +54,7 @@ import pytest
 
 from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS, F32_FFMA_SEEDS, FP32_GEMM_TASKS, GEMM_F32_3XTF32_TEMPLATE
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
-from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
+from evo.core.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
 
 TEMPLATE = GEMM_F32_3XTF32_TEMPLATE
 

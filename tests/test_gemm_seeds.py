@@ -59,7 +59,7 @@ def test_template_has_one_marker_and_one_entry_point(template):
 
 @pytest.mark.parametrize("task", sorted(ALL_SPECS))
 def test_seed_renders_with_its_defines_and_consistent_tunables(task):
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     spec = ALL_SPECS[task]
     src = render(spec)
     lines = src.splitlines()
@@ -87,7 +87,7 @@ def test_task_config_matches_the_task():
 
 
 def test_constraints_reject_oversized_configs():
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     f32 = render(F32_FFMA_SEEDS["kb01_square"])
     assert tunables.violated_constraints(f32, {"BM": "256", "BN": "256", "THR_M": "4", "THR_N": "16"})
     assert tunables.violated_constraints(f32, {"BK": "32", "STAGES": "6", "BM": "256", "BN": "256"})
@@ -100,7 +100,7 @@ def test_bf16_pingpong_constraints():
     """PINGPONG: one warpgroup holds a whole tile's accumulators (<= 128 x 128 fp32 values, 128
     registers a thread), and it needs the persistent loop and no cluster (and the immediate
     epilogue: the seeds' EPI_DEFER is switched off here)."""
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
     dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])   # PERSIST = 1, two accumulators
     ok = lambda src, **kv: not tunables.violated_constraints(
@@ -124,7 +124,7 @@ def _check_build(request, task: str) -> dict[str, dict]:
     disassembles): it builds, ptxas reports every kernel, none spills, no wgmma is serialised.
     Returns ptxas's per-kernel report (mangled name -> registers, spills, ...)."""
     from toolchain import compile_shared
-    from evo.tunables import parse_tunables
+    from evo.core.tunables import parse_tunables
 
     src = render(F32_FFMA_SEEDS[task] if task in F32_FFMA_SEEDS else GEMM_SEEDS[task])
     params = {t.name: t.default for t in parse_tunables(src)}
@@ -172,7 +172,7 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
     """SASS of the bf16 template's two GEMM instantiations (TMA: "Lb1E", fallback: "Lb0E") of a
     seed built with its tunable defaults plus ``overrides``, by function name."""
     from toolchain import build_sass
-    from evo.tunables import parse_tunables, violated_constraints
+    from evo.core.tunables import parse_tunables, violated_constraints
 
     src = render(GEMM_SEEDS[task])
     params = {t.name: t.default for t in parse_tunables(src)} | overrides
@@ -236,7 +236,7 @@ def test_bf16_cluster_multicast_sass(request, tmp_path, task, cm, cn):
 def test_bf16_cluster_constraints():
     """PINGPONG and STREAMK need single-CTA clusters along N as along M; 2 x 2 clusters are
     legal with the cooperative persistent kernel."""
-    from evo.tunables import parse_tunables, violated_constraints
+    from evo.core.tunables import parse_tunables, violated_constraints
 
     src = render(GEMM_SEEDS["gemm_bias_gelu_bf16"])
     base = {t.name: t.default for t in parse_tunables(src)}
@@ -282,7 +282,7 @@ def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, va
 def test_bf16_streamk_constraints():
     """STREAMK needs the persistent cooperative TMA kernel with one accumulator: no clusters, no
     ping-pong, not the dual (SwiGLU) GEMM (and the immediate epilogue, EPI_DEFER = 0)."""
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     gemm = render(GEMM_SEEDS["gemm_bf16"])            # PERSIST = 1
     dual = render(GEMM_SEEDS["gemm_silu_mul_bf16"])
     ok = lambda src, **kv: not tunables.violated_constraints(
@@ -317,7 +317,7 @@ def test_bf16_streamk_sass(request, tmp_path, task):
 def test_bf16_dual_mma_constraints():
     """DUAL_MMA is the dual (SwiGLU) GEMM's single 2 TILE_N-wide wgmma: only for that task,
     and only while 2 TILE_N fits one wgmma (<= 256 columns)."""
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     ok = lambda task, **kv: not tunables.violated_constraints(render(GEMM_SEEDS[task]),
                                                               {k: str(v) for k, v in kv.items()})
     assert ok("gemm_silu_mul_bf16", DUAL_MMA=1, TILE_N=128)
@@ -365,7 +365,7 @@ def test_bf16_epi_defer_and_wide_tile_constraints():
     """EPI_DEFER needs the persistent cooperative kernel (no PINGPONG / STREAMK) and at most 128
     accumulators a thread (not TILE_N = 320); TILE_N = 320 (a 64 x 256 and a 64 x 64 wgmma per
     k-step, 160 accumulators) needs TILE_M = 128 and one B operand, so not SwiGLU."""
-    tunables = pytest.importorskip("evo.tunables")
+    tunables = pytest.importorskip("evo.core.tunables")
     ok = lambda task, **kv: not tunables.violated_constraints(render(GEMM_SEEDS[task]),
                                                               {k: str(v) for k, v in kv.items()})
     for task in ("gemm_bf16", "gemm_bias_gelu_bf16", "gemm_silu_mul_bf16"):

@@ -21,7 +21,7 @@ from evaluators.child.correctness import (
     worst_element,
 )
 from evaluators.child.timing import ShapeSamples, geomean, input_copies, iqr, median, summarize
-from evo.records import Status
+from evo.core.records import Status
 from evo.tasks.base import Task
 from evo.tasks.tolerance import FP32_ELEMENTWISE
 

@@ -1,12 +1,12 @@
-"""The in-flight bound from measured rates (evo.inflight) and the GPU-activity sampler's
+"""The in-flight bound from measured rates (evo.engine.inflight) and the GPU-activity sampler's
 'not measured' (evaluators.activity), on CPU."""
 
 from __future__ import annotations
 
 from evaluators.activity import ActivitySampler, nvml_reader
-from evo.bookkeeping import Progress
-from evo.inflight import DRAIN_S, RateMeter, Rates, inflight_bound
-from evo.progress import render
+from evo.engine.bookkeeping import Progress
+from evo.engine.inflight import DRAIN_S, RateMeter, Rates, inflight_bound
+from evo.engine.progress import render
 
 
 def test_unmeasured_bound_fills_every_slot_and_worker():

@@ -9,7 +9,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from evo.records import Candidate, Member, Status  # noqa: E402
+from evo.core.records import Candidate, Member, Status  # noqa: E402
 from populations.actor import IslandActor, make_island_actor  # noqa: E402
 from populations.island import Island, IslandSpec, IslandState  # noqa: E402
 

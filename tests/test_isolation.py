@@ -22,7 +22,7 @@ from evaluators.isolation import (
     run_isolated,
 )
 from evaluators.child.protocol import stage_from_json, stage_to_json
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 
 @pytest.fixture(autouse=True)

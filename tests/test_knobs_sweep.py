@@ -7,8 +7,8 @@ import random
 import pytest
 
 from evo.config import parse_config
-from evo.records import Candidate, Member, Operator
-from evo.search import make_mutator
+from evo.core.records import Candidate, Member, Operator
+from evo.engine.search import make_mutator
 from mutators.base import MutationContext
 from mutators.knobs import KnobsMutator, KnobsSettings
 

@@ -1,4 +1,4 @@
-"""``import evo.records`` (done by the isolated GPU child, the mutators and the island actors)
+"""``import evo.core.records`` (done by the isolated GPU child, the mutators and the island actors)
 loads neither the lineage store nor sqlite-utils, numpy or torch: ``evo/__init__`` is lazy.
 Each check runs in a fresh interpreter, since this test process has imported everything."""
 
@@ -23,8 +23,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("module", ["sqlite_utils", "evo.store", "sqlite3", "numpy", "torch", "ray"])
 def test_import_evo_records_loads_no_store_and_nothing_heavy(module):
-    res = _run(f"import evo.records, sys; assert {module!r} not in sys.modules, sorted(sys.modules)")
-    assert res.returncode == 0, f"import evo.records loaded {module}: {res.stderr[-2000:]}"
+    res = _run(f"import evo.core.records, sys; assert {module!r} not in sys.modules, sorted(sys.modules)")
+    assert res.returncode == 0, f"import evo.core.records loaded {module}: {res.stderr[-2000:]}"
 
 
 def test_the_top_level_names_still_resolve_lazily():
@@ -32,10 +32,10 @@ def test_the_top_level_names_still_resolve_lazily():
         "import sys, evo\n"
         "assert 'evo.store' not in sys.modules\n"
         "from evo import Candidate, Store, StoreError, SCHEMA_VERSION\n"
-        "import evo.store, evo.records\n"
-        "assert Store is evo.store.Store and Candidate is evo.records.Candidate\n"
+        "import evo.store, evo.core.records\n"
+        "assert Store is evo.store.Store and Candidate is evo.core.records.Candidate\n"
         "assert set(evo.__all__) <= set(dir(evo))\n"
-        "from evo import search  # a submodule, not a lazy name\n"
+        "from evo import engine  # a subpackage, not a lazy name\n"
         "try:\n"
         "    evo.no_such_name\n"
         "except AttributeError as e:\n"

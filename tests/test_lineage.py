@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evo.results.lineage import first_parent_chain, params_diff, source_diff
-from evo.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
 from evo.store import Store, UnknownIdError
 
 SEED = "// seed\n#ifndef TILE_M\n#define TILE_M 128\n#endif\nint x = 1;\n"

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from _inspect_run import TASK, build_run
-from evo.cli_inspect import print_lineage, print_show
+from evo.cli.inspect import print_lineage, print_show
 from evo.results.lineage import candidate_details, diff_stat, lineage_tree, profile_delta
 from evo.results.views import render_lineage
 from evo.store import Store

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import evaluators.compile as comp
 from evo.cli import app
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 from mutators.cassette import Cassette
 from mutators.fake_server import FakeLLMServer
 
@@ -101,7 +101,7 @@ def test_no_probe_sends_no_request_and_still_sizes_the_prompts(server, tmp_path)
 
 
 def test_the_offline_mutator_probes_nothing(server):
-    from evo import search
+    from evo.engine import search
     from evo.config import load_config
 
     rep = search.dry_run(load_config(ROOT / "configs" / "demo.toml"))

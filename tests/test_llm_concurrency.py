@@ -18,10 +18,10 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.engine import Engine, EngineSettings  # noqa: E402
-from evo.llm_context import StoreContextProvider  # noqa: E402
-from evo.records import StageResult, Status  # noqa: E402
-from evo.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.engine import Engine, EngineSettings  # noqa: E402
+from evo.engine.llm_context import StoreContextProvider  # noqa: E402
+from evo.core.records import StageResult, Status  # noqa: E402
+from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators import base as mb  # noqa: E402

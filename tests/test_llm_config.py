@@ -179,7 +179,7 @@ def test_zero_prices_with_a_budget_warn_once_per_model(caplog):
 
 
 def test_make_mutator_wires_the_llm_section(tmp_path):
-    from evo.search import make_mutator
+    from evo.engine.search import make_mutator
     from evo.store import Store
 
     cfg = parse_config({**MINIMAL, "llm": {

@@ -3,8 +3,8 @@ delayed-profile rule (profile numbers only from lineage depth `feedback_after` o
 
 from __future__ import annotations
 
-from evo.llm_context import StoreContextProvider, task_info
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.engine.llm_context import StoreContextProvider, task_info
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import Store
 
 OK = (StageResult("policy", Status.OK), StageResult("compile", Status.OK), StageResult("correctness", Status.OK),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.records import Candidate, Member, Status, candidate_id, canonical_params
+from evo.core.records import Candidate, Member, Status, candidate_id, canonical_params
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
 from mutators.calls import prompt_hash

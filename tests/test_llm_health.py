@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.records import Candidate, Member
+from evo.core.records import Candidate, Member
 from mutators.base import MutationContext, MutatorStopped
 from mutators.cassette import Cassette
 from mutators.calls import LLMCall

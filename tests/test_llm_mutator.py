@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.records import Candidate, Member, Status
+from evo.core.records import Candidate, Member, Status
 from mutators.base import MutationContext, Mutator, Proposal
 from mutators.cassette import Cassette, ReplayClient
 from mutators.budget import Budget, BudgetExhausted
@@ -228,7 +228,7 @@ def test_unmatched_blocks_are_reported_in_the_next_prompt_for_that_parent(rig_fa
 def test_duplicate_child_is_rejected(rig_factory):
     rig = rig_factory([{"response": PATCH, "repeat": True}])
     first = rig.propose([FIXED])
-    from evo.records import candidate_id, canonical_params
+    from evo.core.records import candidate_id, canonical_params
 
     seen = frozenset({candidate_id(first.source, canonical_params(first.params), TASK)})
     assert rig.propose([FIXED], seen=seen) is None
@@ -305,7 +305,7 @@ def test_bandit_reward_is_per_dollar():
 def test_observe_feeds_the_bandit(rig_factory):
     rig = rig_factory([{"response": PATCH}])
     prop = rig.propose([FIXED])
-    from evo.records import candidate_id, canonical_params
+    from evo.core.records import candidate_id, canonical_params
 
     cid = candidate_id(prop.source, canonical_params(prop.params), TASK)
     rig.mut.observe(cid, 2.0)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evo.llm_context import StoreContextProvider, ptxas_text, task_info
-from evo.records import Candidate, Evaluation, Member, StageResult, Status
+from evo.engine.llm_context import StoreContextProvider, ptxas_text, task_info
+from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
 from evo.store import Store
 from mutators.base import MutationContext
 from mutators.cassette import Cassette

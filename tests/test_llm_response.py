@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.records import Candidate, Member, Status
+from evo.core.records import Candidate, Member, Status
 from mutators.base import MutationContext
 from mutators.cassette import Cassette
 from mutators.client import LLMClient
@@ -134,7 +134,7 @@ def test_repair_is_credited_with_the_gain_over_the_last_correct_ancestor():
         spec = ModelSpec("m", srv.base_url, "m", key_env="EVO_TEST_NO_KEY", price_in_per_mtok=10.0)
         mut = LLMMutator(LLMClient(timeout_s=5, max_attempts=1), [spec], prov)
         prop = mut.propose([broken], MutationContext(TASK, 0, 3), random.Random(0))
-    from evo.records import candidate_id, canonical_params
+    from evo.core.records import candidate_id, canonical_params
 
     mut.observe(candidate_id(prop.source, canonical_params(prop.params), TASK), 1.3)
     st = mut.bandit.stats()["m"]

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from evo.records import Candidate, Member, Status, candidate_id, canonical_params
-from evo.tunables import parse_tunables, violated_constraints
+from evo.core.records import Candidate, Member, Status, candidate_id, canonical_params
+from evo.core.tunables import parse_tunables, violated_constraints
 from fakes.stages import SOURCE
 from mutators.base import MutationContext, Mutator, Proposal
 from mutators.knobs import KnobsMutator

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from _inspect_run import BAD_TASK, TASK, build_run
 from evo.cli import app
-from evo.cli_common import distinguishable_ids, setup_logging
-from evo.records import Candidate, StageResult, Status
+from evo.cli.common import distinguishable_ids, setup_logging
+from evo.core.records import Candidate, StageResult, Status
 from evo.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_dry_run_resume_of_an_unknown_run_in_an_existing_db_lists_recent_runs(bu
 
 
 def test_db_location_checks(tmp_path):
-    from evo.paths import LocationError, check_db_location
+    from evo.core.paths import LocationError, check_db_location
 
     assert check_db_location(tmp_path / "evo.db") == tmp_path / "evo.db"
     assert check_db_location(tmp_path / "runs" / "evo.db")  # one new directory is fine
@@ -170,9 +170,9 @@ def test_db_location_checks(tmp_path):
 
 def test_dry_run_reports_progress_per_seed(monkeypatch):
     import evaluators.compile as comp
-    from evo import search
+    from evo.engine import search
     from evo.config import load_config
-    from evo.records import StageResult
+    from evo.core.records import StageResult
 
     class Outcome:  # the two fields dry_run reads of a CompileOutcome
         cached = False
@@ -204,7 +204,7 @@ def test_step_progress_draws_only_when_enabled():
 
     from rich.console import Console
 
-    from evo.progress import StepProgress, progress_enabled
+    from evo.engine.progress import StepProgress, progress_enabled
 
     assert not progress_enabled(True), "pytest captures stdout: not a terminal, so no bar"
     assert not progress_enabled(False)
@@ -274,10 +274,10 @@ def test_ray_start_up_notices_stay_off_the_terminal(tmp_path):
     """A real local Ray start through Runtime.start, in a fresh process: Ray's INFO/WARNING
     start-up lines (it prints them to stderr itself otherwise) land in the log file."""
     script = (
-        "from evo.cli_common import setup_logging\n"
+        "from evo.cli.common import setup_logging\n"
         "setup_logging(0)\n"
         "from evaluators.base import CompileSettings, HarnessSettings\n"
-        "from evo.runtime import Runtime, real_stages\n"
+        "from evo.engine.runtime import Runtime, real_stages\n"
         "rt = Runtime(stages=real_stages(), compile_settings=CompileSettings(), harness_settings=HarnessSettings(),\n"
         "             num_cpus=1, num_gpus=1).start()\n"
         "rt.shutdown()\n"

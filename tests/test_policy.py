@@ -26,7 +26,7 @@ from evaluators.policy import (
     include_allowed,
     param_violations,
 )
-from evo.records import Candidate, Status
+from evo.core.records import Candidate, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "policy"

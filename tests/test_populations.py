@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evo.records import Candidate, Member, Status
+from evo.core.records import Candidate, Member, Status
 from populations import (
     DEFAULT_DIMS,
     MISSING,

@@ -59,7 +59,7 @@ def test_committed_probe_specs_resolve(spec):
     import re
 
     from evo.tasks import get_task
-    from evo.tunables import parse_tunables
+    from evo.core.tunables import parse_tunables
 
     probe = _probe()
     for e in probe._load(spec):
@@ -75,7 +75,7 @@ def test_table_is_on_disk_after_each_variant_so_a_cut_run_keeps_its_rows(tmp_pat
     already be in probe.md (here the second variant's harness run dies)."""
     import evaluators.isolation as iso
     from evaluators.isolation import HarnessReport
-    from evo.records import StageResult, Status
+    from evo.core.records import StageResult, Status
 
     probe = _probe()
     spec = tmp_path / "s.json"

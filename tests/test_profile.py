@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from evaluators import profile as P
-from evo.records import Candidate, Member, Operator, Status
-from evo.triggers import DEFAULT_FEEDBACK_AFTER, profile_key_of, profile_visible, should_profile
+from evo.core.records import Candidate, Member, Operator, Status
+from evo.engine.survivors import DEFAULT_FEEDBACK_AFTER, profile_key_of, profile_visible, should_profile
 
 FIX = Path(__file__).parent / "fixtures" / "ncu"
 RELU_SMALL = FIX / "kb19_relu_shape1.csv"

@@ -17,7 +17,7 @@ from evaluators.child.reference import COMPILE_MODE
 from evaluators.child.timing import ShapeSamples, summarize
 from evaluators.isolation import HarnessReport, ShapeTiming
 from evo.cli import app
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import Store
 
 TASK = "kb19_relu"

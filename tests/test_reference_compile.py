@@ -23,7 +23,7 @@ from evaluators.child.reference import (  # noqa: E402
     warm_up,
 )
 from evaluators.child.timing import ShapeSamples, summarize  # noqa: E402
-from evo.records import Status  # noqa: E402
+from evo.core.records import Status  # noqa: E402
 
 
 def _task(fn=None):

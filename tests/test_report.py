@@ -75,7 +75,7 @@ def test_progress_series_steps_per_island(report):
 
 
 def test_unknown_run_and_report_for_a_run_without_timings(tmp_path):
-    from evo.records import Candidate, Evaluation, StageResult, Status
+    from evo.core.records import Candidate, Evaluation, StageResult, Status
 
     with Store(tmp_path / "evo.db") as store:
         rid = store.create_run("bare", {}, seed=0, config_hash="")

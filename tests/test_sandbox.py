@@ -30,7 +30,7 @@ from evaluators.sandbox.wrapper import _WRAPPER
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
 from fakes.listener import TcpListener  # noqa: E402  (tests/ is on sys.path)
-from evo.records import Status
+from evo.core.records import Status
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
 from evo.store import Store
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "search_power.py"
@@ -44,7 +44,7 @@ def test_generated_config_turns_on_tuning_and_profiling_for_the_cold_task(sp, tm
         assert list(cfg.tasks.include) == ["kb23_softmax_cold"]
         assert cfg.mutator.kind == "knobs" and cfg.tuning.enabled and cfg.profile.enabled
         assert cfg.search.max_evaluations == 60 and cfg.search.max_wall_minutes == 6
-        from evo.search import seed_for
+        from evo.engine.search import seed_for
         from evo.tasks.seeds import cold_params
 
         assert seed_for("kb23_softmax_cold")[1] == cold_params("kb23_softmax")

@@ -26,7 +26,7 @@ from evaluators import sandbox as sb
 from evaluators.sandbox.seccomp import _ARCHES, _machine
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
-from evo.records import Status
+from evo.core.records import Status
 
 FIX = Path(__file__).parent / "fixtures" / "sandbox"
 CHILD = str(FIX / "seccomp_child.py")

@@ -14,7 +14,7 @@ import pytest
 
 from evo.tasks import seeds
 from evo.tasks.seedspec import TASK_CONFIG_MARKER, SeedSpec, render, template_source
-from evo.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
+from evo.core.tunables import check_tunable_defaults, parse_constraints, parse_tunables, violated_constraints
 
 MINE = {
     "elementwise": {
@@ -128,7 +128,7 @@ COMPILE_ONE = ["kb25_swish", "kb23_softmax", "kb04_matvec"]
 def test_seed_compiles_for_sm90a(name, request):
     compile_mod = pytest.importorskip("evaluators.compile")
     from evaluators.base import CompileSettings
-    from evo.records import Candidate
+    from evo.core.records import Candidate
 
     try:
         compile_mod.find_nvcc(CompileSettings())

@@ -7,7 +7,7 @@ import pytest
 from evo.tasks.seeds import (COLD_SUFFIX, SEEDS, UnknownSeedError, cold_params, cold_spec, cold_task,
                              seed_params, seed_source, seed_spec)
 from evo.tasks.seedspec import SeedSpec, render
-from evo.tunables import check_tunable_defaults, parse_tunables, violated_constraints
+from evo.core.tunables import check_tunable_defaults, parse_tunables, violated_constraints
 
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
@@ -61,7 +61,7 @@ def test_cold_task_is_the_same_task_under_a_new_name_starting_cold():
 
 
 def test_a_task_file_of_cold_tasks_gives_a_search_its_cold_seed(tmp_path):
-    from evo.search import seed_for
+    from evo.engine.search import seed_for
     from evo.tasks import load_task_file
     from evo.tasks.registry import _unregister
 

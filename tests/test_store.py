@@ -25,7 +25,7 @@ from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
 import evo
-from evo.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
 from evo.store import (
     SCHEMA_VERSION,
     AmbiguousIdError,
@@ -623,7 +623,7 @@ def test_concurrent_reader_in_another_process(store, run, open_store):
 _KILL_SCRIPT = textwrap.dedent(
     """
     import importlib, sys, time
-    from evo.records import Candidate, Evaluation, StageResult, Status
+    from evo.core.records import Candidate, Evaluation, StageResult, Status
     mod, name = sys.argv[1].split(":")
     Store = getattr(importlib.import_module(mod), name)
     path, n = sys.argv[2], int(sys.argv[3])

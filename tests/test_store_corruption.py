@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import evo
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import CorruptDatabaseError, Store, StoreReader, is_corruption, recovery_command
 
 REPO_ROOT = Path(evo.__file__).resolve().parent.parent

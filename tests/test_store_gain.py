@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evo.records import Candidate
+from evo.core.records import Candidate
 from evo.store import Store
 from evo.store.schema import MIGRATIONS
 

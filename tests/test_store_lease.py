@@ -143,7 +143,7 @@ def test_a_run_nobody_leased_reads_interrupted_and_readers_take_no_lease(tmp_pat
 
 
 def test_status_reason_and_abort_run(tmp_path):
-    from evo.engine import SearchError
+    from evo.engine.engine import SearchError
 
     with Store(tmp_path / "e.db") as s:
         rid = s.create_run("r", {}, seed=0, config_hash="")

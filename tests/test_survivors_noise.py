@@ -1,4 +1,4 @@
-"""Noise-aware promotion (evo.survivors): the speedup interval and champion confirmation."""
+"""Noise-aware promotion (evo.engine.survivors): the speedup interval and champion confirmation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from evo.records import Candidate, Evaluation, StageResult, Status
-from evo.survivors import (NO_SIGNIFICANT_GAIN, PairedTimings, SpeedupInterval, confirm_champion,
+from evo.core.records import Candidate, Evaluation, StageResult, Status
+from evo.engine.survivors import (NO_SIGNIFICANT_GAIN, PairedTimings, SpeedupInterval, confirm_champion,
                            paired_from_evaluations, speedup_interval)
 
 

@@ -9,7 +9,7 @@ import time
 from evaluators.actor import GpuEvaluator
 from evaluators.base import HarnessSettings
 from evaluators.timeouts import TimeoutBudget
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 from fakes.harness_stages import fixture_evaluate
 
 

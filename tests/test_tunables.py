@@ -1,10 +1,10 @@
-"""evo.tunables: annotation parsing, defaults, value checks and safe C-like constraints."""
+"""evo.core.tunables: annotation parsing, defaults, value checks and safe C-like constraints."""
 
 from __future__ import annotations
 
 import pytest
 
-from evo.tunables import (
+from evo.core.tunables import (
     Constraint,
     Tunable,
     TunableError,

@@ -17,10 +17,10 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.records import Candidate, Evaluation, Member, Operator, StageResult, Status  # noqa: E402
-from evo.triggers import has_tunables, should_tune  # noqa: E402
-from evo.tunables import violated_constraints  # noqa: E402
-from evo.tuning import (  # noqa: E402
+from evo.core.records import Candidate, Evaluation, Member, Operator, StageResult, Status  # noqa: E402
+from evo.engine.survivors import has_tunables, should_tune  # noqa: E402
+from evo.core.tunables import violated_constraints  # noqa: E402
+from evo.tuning.tuning import (  # noqa: E402
     TuningError,
     TuningSettings,
     TuningStudy,
@@ -257,7 +257,7 @@ def local_ray():
 
 
 def test_study_through_runtime_on_local_ray(local_ray, tmp_path):
-    from evo.runtime import Runtime, Stages
+    from evo.engine.runtime import Runtime, Stages
     from evo.store import Store
 
     store = Store(tmp_path / "evo.db")

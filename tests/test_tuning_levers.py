@@ -1,4 +1,4 @@
-"""Search levers of the tuning studies (evo.tuning): constraint-aware sampling, studies seeded
+"""Search levers of the tuning studies (evo.tuning.tuning): constraint-aware sampling, studies seeded
 with the run's known points, and exploration around a point TPE keeps returning."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from evo.records import Candidate, Evaluation, StageResult, Status  # noqa: E402
-from evo.tunables import constraint_checker, violated_constraints  # noqa: E402
-from evo.tuning import FeasibleSampler, TuningStudy, tune_once  # noqa: E402
+from evo.core.records import Candidate, Evaluation, StageResult, Status  # noqa: E402
+from evo.core.tunables import constraint_checker, violated_constraints  # noqa: E402
+from evo.tuning.tuning import FeasibleSampler, TuningStudy, tune_once  # noqa: E402
 
 #: 8 x 8 points, 10 feasible: an unconstrained sampler mostly draws infeasible ones.
 SRC = """// @tunable A = 0 in {0, 1, 2, 3, 4, 5, 6, 7}

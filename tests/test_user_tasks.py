@@ -20,7 +20,7 @@ import torch
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessError, HarnessJob, run_isolated
-from evo.records import Status
+from evo.core.records import Status
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "configs" / "examples"
@@ -119,9 +119,9 @@ def local_ray():
 
 
 def _engine(store, run_id, rt, budget, **kw):
-    from evo.engine import Engine, EngineSettings
-    from evo.records import StageResult
-    from evo.search import seeds_for
+    from evo.engine.engine import Engine, EngineSettings
+    from evo.core.records import StageResult
+    from evo.engine.search import seeds_for
     from evo.tasks import load_task_file
     from mutators.knobs import KnobsMutator
 
@@ -134,7 +134,7 @@ def _engine(store, run_id, rt, budget, **kw):
 
 
 def _runtime(evaluate, task_files=()):
-    from evo.runtime import Runtime, Stages
+    from evo.engine.runtime import Runtime, Stages
     from fakes import stages as fake
 
     hs = HarnessSettings(timeout_s=120, fresh_timing_process=False, task_files=task_files)
@@ -166,7 +166,7 @@ def test_a_harness_failure_stops_the_run_once_and_the_run_resumes(local_ray, tmp
     """The bug of issue 28: the task file never reached the GPU process. Now the first such
     failure stops the run (no retry storm), marks it failed with one line, and a resume
     with the cause fixed evaluates what was pending."""
-    from evo.engine import SearchFailed
+    from evo.engine.engine import SearchFailed
     from evo.store import Store
     from fakes import harness_stages
 
@@ -197,7 +197,7 @@ def test_a_harness_failure_stops_the_run_once_and_the_run_resumes(local_ray, tmp
 
 
 def test_repeated_evaluator_failures_trip_the_breaker(local_ray, tmp_path):
-    from evo.engine import BREAKER_THRESHOLD, SearchFailed
+    from evo.engine.engine import BREAKER_THRESHOLD, SearchFailed
     from evo.store import Store
     from fakes import harness_stages
 
@@ -243,7 +243,7 @@ def _task_file(tmp_path: Path, name: str, seed_line: str) -> Path:
 
 
 def test_user_task_seed_forms(tmp_path):
-    from evo.search import SearchError, seed_for, seeds_for
+    from evo.engine.search import SearchError, seed_for, seeds_for
     from evo.tasks import load_task_file
     from evo.tasks.seeds import seed_params, seed_source
 
@@ -270,7 +270,7 @@ def _loaded(path: Path) -> bool:
 
 def test_dry_run_of_a_seedless_user_task_with_the_llm_mutator_says_genesis(tmp_path):
     from evo.config import parse_config
-    from evo.search import dry_run
+    from evo.engine.search import dry_run
 
     f = _task_file(tmp_path, "u_genesis", 'seed=""')
     cfg = parse_config({"tasks": {"files": [str(f)], "include": ["u_genesis"]},
@@ -404,7 +404,7 @@ def test_export_of_a_user_task_run_loads_its_task_file_and_keeps_integer_outputs
     """`evo export` of a run of user tasks finds the tasks through the run's stored config
     (no --task-file), and an integer output stays int64 in the exported op and its check."""
     from evo.results.export import export
-    from evo.records import Candidate, Evaluation, Operator, StageResult
+    from evo.core.records import Candidate, Evaluation, Operator, StageResult
     from evo.store import Store
 
     src = (EXAMPLES / "my_argmax_seed.cu").read_text()

@@ -18,7 +18,7 @@ from evaluators.base import HarnessSettings
 from evaluators.gpu_schedule import GpuSchedule
 from evaluators.isolation import HarnessJob, run_isolated
 from evaluators.warm import MAX_DEATHS, WarmPool
-from evo.records import Status
+from evo.core.records import Status
 
 FIX = Path(__file__).parent / "fixtures" / "isolation"
 SO = b"\x7fELF-not-really"

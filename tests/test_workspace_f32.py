@@ -23,7 +23,7 @@ import pytest
 
 from evo.tasks.gemm_seeds import F32_3XTF32_SEEDS
 from evo.tasks.seedspec import render
-from evo.tunables import parse_tunables, violated_constraints
+from evo.core.tunables import parse_tunables, violated_constraints
 
 torch = pytest.importorskip("torch")
 abi = pytest.importorskip("evaluators.child.abi")
@@ -51,7 +51,7 @@ def _build(request, task: str, **overrides: str):
 
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
-    from evo.records import Candidate
+    from evo.core.records import Candidate
 
     src = render(F32_3XTF32_SEEDS[task])
     params = {t.name: t.default for t in parse_tunables(src)} | overrides

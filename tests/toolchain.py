@@ -104,7 +104,7 @@ def compile_shared(request, task: str, source: str, params: dict[str, str], time
     task name: two tasks whose seeds render the same source share one build."""
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
-    from evo.records import Candidate
+    from evo.core.records import Candidate
 
     settings = CompileSettings(cache_dir=str(build_cache(request)), timeout_s=timeout_s)
     outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=source, params=params), settings)

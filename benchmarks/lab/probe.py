@@ -72,7 +72,7 @@ def _source(task: str, source: str) -> str:
 
 def _candidate(task: str, source: str, params: dict):
     """A seed-operator candidate of ``task`` from a spec source and tunable values."""
-    from evo.records import Candidate, Operator
+    from evo.core.records import Candidate, Operator
 
     return Candidate.create(task, _source(task, source), {str(k): str(v) for k, v in params.items()},
                             operator=Operator.SEED)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from evaluators.base import HarnessSettings
     from evaluators.pipeline import run_built
-    from evo.records import Status
+    from evo.core.records import Status
     from evo.tasks import get_task
 
     entries = [e for p in args.spec for e in _load(p)]

@@ -55,7 +55,7 @@ def _kernel(task: str, params: dict[str, str], out: Path):
     from evaluators.child import abi
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_candidate
-    from evo.records import Candidate, Operator
+    from evo.core.records import Candidate, Operator
     from evo.tasks.seeds import seed_source
 
     c = Candidate.create(task, seed_source(task), params, operator=Operator.SEED)

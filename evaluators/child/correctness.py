@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = [
     "CandidateFault",

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.child.protocol import HARNESS_BUG_EXIT, PROTOCOL_VERSION, stage_to_json
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 log = logging.getLogger("evaluators.child.harness")
 

@@ -2,7 +2,7 @@
 isolated child (:mod:`evaluators.child.harness`): the version stored with every time, the
 modes, the exit code of a harness bug, and a stage result as JSON.
 
-Both sides import it; it imports nothing but :mod:`evo.records`, so the child does not load
+Both sides import it; it imports nothing but :mod:`evo.core.records`, so the child does not load
 the parent's side (subprocess handling, the sandbox launcher) to speak it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["HARNESS_BUG_EXIT", "MODES", "PROTOCOL_VERSION", "stage_from_json", "stage_to_json"]
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from evaluators.child.reference import COMPILE_MODE, TimedReference, warm_up
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = [
     "ShapeSamples",

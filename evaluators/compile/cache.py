@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 from evaluators.base import CompileSettings
 from evaluators.compile.nvcc import build_flags
 from evaluators.compile.toolchain import abi_include_dir
-from evo.records import Status, StageResult, canonical_params
+from evo.core.records import Status, StageResult, canonical_params
 
 logger = logging.getLogger(__name__)
 

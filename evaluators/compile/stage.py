@@ -21,7 +21,7 @@ from evaluators.compile.infrastructure import _DISK_MARKERS, _OOM_MARKERS, _chec
 from evaluators.compile.landlock import nvcc_landlock, nvcc_readable, withhold_foreign
 from evaluators.compile.nvcc import _OUTPUT_NAME, _SOURCE_NAME, _run_limited, build_command
 from evaluators.compile.toolchain import _host_compiler_version, cutlass_version, find_nvcc, nvcc_version
-from evo.records import Candidate, Status, StageResult, canonical_params
+from evo.core.records import Candidate, Status, StageResult, canonical_params
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from evo.records import Candidate, Status, StageResult
+from evo.core.records import Candidate, Status, StageResult
 
 from evaluators.policy.base import Rule, Violation
 from evaluators.policy.reader import ParsedSource, parse_source

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from evo.records import canonical_params
+from evo.core.records import canonical_params
 
 from evaluators.policy.lexer import lex, normalize, splice
 from evaluators.policy.preproc import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from evo.records import canonical_params
+from evo.core.records import canonical_params
 
 from evaluators.policy import names as nm
 from evaluators.policy import structure as st

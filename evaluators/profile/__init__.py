@@ -1,7 +1,7 @@
 """Delayed Nsight Compute profiling of survivors (cascade stage ``profile``).
 
 Only correct candidates that enter their island's top-k are profiled (the rule lives in
-:mod:`evo.triggers`); everything else never pays for ncu. One profile is one isolated run:
+:mod:`evo.engine.survivors`); everything else never pays for ncu. One profile is one isolated run:
 
     ncu --clock-control none --target-processes all --nvtx --nvtx-include evo_candidate/
         --launch-count N --csv --page raw --print-units base --metrics <list>
@@ -24,7 +24,7 @@ on timeout the whole group, ncu and its target, is killed and the stage reports
 under ``ProfileSettings.cache_dir``; the engine also stores them (``Store.add_profile``).
 
 Failure mapping (the cascade's rule): a candidate problem (it crashed under ncu, it launched
-no kernel inside the range, it hung) is a :class:`~evo.records.StageResult` with a non-ok
+no kernel inside the range, it hung) is a :class:`~evo.core.records.StageResult` with a non-ok
 status; a broken profiler (ncu missing, no permission to read the counters, an ``==ERROR==``
 from ncu while the candidate ran fine) raises :class:`ProfileError` naming the fix. ncu
 2025.3 silently leaves out metric names it does not know (seen on the H200): they show up

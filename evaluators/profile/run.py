@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from evaluators.profile.cache import ProfileCache, profile_key
 from evaluators.profile.report import classify_roofline, parse_ncu_csv, summarize
 from evaluators.profile.settings import NVTX_RANGE, STAGE, NcuNotFoundError, ProfileError, ProfileSettings
-from evo.records import Candidate, StageResult, Status
+from evo.core.records import Candidate, StageResult, Status
 
 log = logging.getLogger(__name__)
 

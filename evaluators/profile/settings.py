@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evo.settings import config_key
+from evo.core.settings import config_key
 
 
 STAGE = "profile"
@@ -64,11 +64,11 @@ class NcuNotFoundError(ProfileError):
 class ProfileSettings:
     """How survivors are profiled: the record of config section ``[profile]``.
 
-    Config keys (``config_key`` fields, :mod:`evo.settings`; bounds checked when the config
+    Config keys (``config_key`` fields, :mod:`evo.core.settings`; bounds checked when the config
     is loaded): ``enabled``: master switch, off by default (profiling needs Nsight Compute
     and permission to read the GPU's counters). ``top_k``: a correct candidate is profiled
     when it enters the best ``top_k`` of its island. ``feedback_after``: lineage depth from
-    which prompts may quote profile numbers (``evo.triggers.profile_visible``).
+    which prompts may quote profile numbers (``evo.engine.survivors.profile_visible``).
     ``timeout_s``: wall clock of one ncu run (its process group is killed after).
 
     Set by code: ``metrics``: the ncu metric list (default :data:`DEFAULT_METRICS`).

@@ -13,9 +13,9 @@ Design points (see docs/config.md for the user-facing reference):
 * One settings record per section, owned by the component that uses it: ``[compile]`` and
   ``[evaluator]`` are :class:`evaluators.base.CompileSettings` / ``HarnessSettings``,
   ``[profile]`` :class:`evaluators.profile.ProfileSettings`, ``[tuning]``
-  :class:`evo.tuning_settings.TuningSettings`, ``[search]``
-  :class:`evo.engine_settings.EngineSettings`. Those frozen dataclasses declare each key's
-  one default and one set of bounds (``config_key``, :mod:`evo.settings`); this module
+  :class:`evo.tuning.tuning_settings.TuningSettings`, ``[search]``
+  :class:`evo.engine.engine_settings.EngineSettings`. Those frozen dataclasses declare each key's
+  one default and one set of bounds (``config_key``, :mod:`evo.core.settings`); this module
   builds the section's pydantic model from them (:func:`section_model`), validates once,
   and ``Config.<x>_settings()`` turns a section back into its record, adding the fields code
   sets (task files, the profile cache, the tuning seed). Sections no component mirrors

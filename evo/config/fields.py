@@ -1,7 +1,7 @@
 """The building blocks of the config's sections: path fields (output locations against the
 working directory, input files against the config file's directory), ``"auto"`` integers,
 did-you-mean suggestions, the strict section base, and section models built from a
-component's settings record (:mod:`evo.settings`) and back."""
+component's settings record (:mod:`evo.core.settings`) and back."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any, get_type_hints
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from evo.settings import config_keys
+from evo.core.settings import config_keys
 
 __all__ = ["CONFIG_DIR", "PathField", "InputPathField", "int_or_auto", "suggest", "Section", "section_model",
            "record"]
@@ -82,7 +82,7 @@ def section_model(settings: type, name: str, doc: str, base: type[Section] = Sec
                   module: str = __name__) -> type[Section]:
     """The section model whose keys a component's settings dataclass declares.
 
-    Each ``config_key`` field of ``settings`` (:mod:`evo.settings`) becomes a key of the
+    Each ``config_key`` field of ``settings`` (:mod:`evo.core.settings`) becomes a key of the
     same name (or ``Key.name``), type, default (divided by ``Key.scale``), bounds and
     pattern; a ``Key.path`` key is an output location (:data:`PathField`). Fields set by
     code are not keys. ``base`` carries cross-key validators; ``module`` is the module that

@@ -25,8 +25,8 @@ from evo.config.sections import (
     TasksConfig,
     TuningConfig,
 )
-from evo.engine_settings import EngineSettings
-from evo.tuning_settings import TuningSettings
+from evo.engine.engine_settings import EngineSettings
+from evo.tuning.tuning_settings import TuningSettings
 from mutators.knobs import KnobsSettings
 
 __all__ = ["Config"]

@@ -14,8 +14,8 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.profile import ProfileSettings
 from evo.config.fields import CONFIG_DIR, InputPathField, PathField, Section, int_or_auto, section_model, suggest
-from evo.engine_settings import EngineSettings
-from evo.tuning_settings import TuningSettings
+from evo.engine.engine_settings import EngineSettings
+from evo.tuning.tuning_settings import TuningSettings
 from mutators.knobs import KnobsSettings
 
 __all__ = ["KNOWN_GPUS", "RunConfig", "TasksConfig", "SearchConfig", "MutatorConfig", "CompileConfig",
@@ -154,7 +154,7 @@ class _SearchRules(Section):
 SearchConfig = section_model(
     EngineSettings, "SearchConfig",
     "``[search]``: islands, populations, budget and migration (keys: "
-    ":class:`evo.engine_settings.EngineSettings`).", base=_SearchRules, module=__name__)
+    ":class:`evo.engine.engine_settings.EngineSettings`).", base=_SearchRules, module=__name__)
 
 
 class _MutatorKind(Section):
@@ -206,7 +206,7 @@ ProfileConfig = section_model(
 TuningConfig = section_model(
     TuningSettings, "TuningConfig",
     "``[tuning]``: Optuna studies over the tunables of new top-k members, docs/tuning.md (keys: "
-    ":class:`evo.tuning_settings.TuningSettings`).", module=__name__)
+    ":class:`evo.tuning.tuning_settings.TuningSettings`).", module=__name__)
 
 
 def _known_gpus() -> tuple[str, ...]:

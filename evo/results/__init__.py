@@ -5,5 +5,5 @@
 as standalone PyTorch ops) and ``bench`` (re-measuring champions or seeds). Each reads the
 lineage store (the CLI opens it read-only, ``Store.open_reader``; ``bench`` and ``export``
 also compile and run kernels); none writes a run's records. The ``evo`` commands over them
-are in :mod:`evo.cli_inspect` and :mod:`evo.cli_kernels`.
+are in :mod:`evo.cli.inspect` and :mod:`evo.cli.kernels`.
 """

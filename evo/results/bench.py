@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 
 __all__ = [
     "BenchRow",

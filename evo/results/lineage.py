@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from evo.records import Candidate
+from evo.core.records import Candidate
 
 if TYPE_CHECKING:  # pragma: no cover
     from evo.store import Store

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from evo.records import Candidate, Evaluation
+from evo.core.records import Candidate, Evaluation
 from evo.results.status import run_status
 from evo.results.tables import BASIS_NOTE, both_timed, gain_text, seed_stays, speedup_cells
 

@@ -29,7 +29,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from evo.records import Evaluation, Status
+from evo.core.records import Evaluation, Status
 from evo.results.tables import gain_fields, reference_fields
 
 if TYPE_CHECKING:  # pragma: no cover

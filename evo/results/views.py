@@ -3,7 +3,7 @@ top kernels, its status, a kernel's lineage tree and its details.
 
 Each takes the plain data of :mod:`evo.results.status` / :mod:`evo.results.lineage` (or the
 store's rows) and returns something ``rich.console.Console.print`` draws; the ``evo``
-commands (:mod:`evo.cli_inspect`) print them, or that same data as JSON with ``--json``.
+commands (:mod:`evo.cli.inspect`) print them, or that same data as JSON with ``--json``.
 """
 
 from __future__ import annotations

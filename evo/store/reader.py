@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import sqlite_utils
 
-from evo.records import Candidate, Evaluation, StageResult
+from evo.core.records import Candidate, Evaluation, StageResult
 from evo.store import lease as _lease
 from evo.store.connection import BUSY_TIMEOUT_S, connect
 from evo.store.errors import AmbiguousIdError, CorruptDatabaseError, StoreError, UnknownIdError, is_corruption

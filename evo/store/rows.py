@@ -1,4 +1,4 @@
-"""Row conversion between the frozen records (:mod:`evo.records`) and SQLite columns.
+"""Row conversion between the frozen records (:mod:`evo.core.records`) and SQLite columns.
 
 Params, parents, metrics, artifacts, env, configs and payloads are stored as JSON text;
 times as ISO-8601 UTC strings with milliseconds; NaN fitness as NULL. Everything here is
@@ -15,7 +15,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 
 __all__ = ["now", "dumps", "loads", "float_or_none", "CANDIDATE_COLS", "row_to_candidate", "row_to_stage",
            "row_to_evaluation", "new_run_id", "RUN_ID_RE", "LLM_FIELDS"]

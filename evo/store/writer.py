@@ -28,7 +28,7 @@ import secrets
 import sqlite3
 from typing import Any, Iterator, Mapping
 
-from evo.records import Candidate, Evaluation, Status, source_sha
+from evo.core.records import Candidate, Evaluation, Status, source_sha
 from evo.store import lease as _lease
 from evo.store.errors import CorruptDatabaseError, ReadOnlyStoreError, RunExistsError, UnknownIdError, is_corruption
 from evo.store.reader import StoreReader
@@ -429,7 +429,7 @@ class Store(StoreReader):
         """Make ``cid`` the run's champion for ``task`` (replacing the previous one) and log a
         ``champion`` event, so the history of champions stays in ``events``.
 
-        A ``confirmation`` with a ``gain`` (``evo.survivors.SpeedupInterval.as_dict``: ratio,
+        A ``confirmation`` with a ``gain`` (``evo.engine.survivors.SpeedupInterval.as_dict``: ratio,
         low, high, confidence, rounds, method) and ``baseline_id`` also fills the champion's
         gain columns, and its ``verdict``."""
         self._check_writable("set a champion")

@@ -32,7 +32,7 @@ import re
 from dataclasses import replace
 
 from evo.tasks.seedspec import SeedSpec, render
-from evo.tunables import TunableError, parse_constraints, parse_tunables, violated_constraints
+from evo.core.tunables import TunableError, parse_constraints, parse_tunables, violated_constraints
 
 __all__ = [
     "SeedSpec",
@@ -190,7 +190,7 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def cold_params(name: str) -> dict[str, str]:
     """The cold tunable values of seed ``name`` (module docstring, "Cold seeds").
 
-    Raises :class:`UnknownSeedError` for an unknown seed and :class:`evo.tunables.TunableError`
+    Raises :class:`UnknownSeedError` for an unknown seed and :class:`evo.core.tunables.TunableError`
     when even the template's defaults break a constraint (the template must be fixed).
     """
     spec = _hand_spec(name)

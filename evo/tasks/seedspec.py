@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from evo.tunables import TunableError, parse_tunables
+from evo.core.tunables import TunableError, parse_tunables
 
 __all__ = ["SeedSpec", "TASK_CONFIG_MARKER", "render", "template_source", "template_path"]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from evo.records import Candidate, Member, Status, candidate_id, canonical_params
+from evo.core.records import Candidate, Member, Status, candidate_id, canonical_params
 from mutators import base as mb
 from mutators.base import MutationContext, Mutator, Proposal
 from fakes import stages as fake

@@ -1,5 +1,5 @@
-"""Conformance of evo.runtime.Runtime (on a real local Ray instance, fake stages) to
-evo.seams.ClusterRuntime: what the engine relies on, member by member.
+"""Conformance of evo.engine.runtime.Runtime (on a real local Ray instance, fake stages) to
+evo.engine.seams.ClusterRuntime: what the engine relies on, member by member.
 
 Runtime is the only implementation; a second one (another cluster manager, an in-process
 runtime) would be added to ``RUNTIMES``.
@@ -18,10 +18,10 @@ import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.actor import GpuResult  # noqa: E402
 from evaluators.base import CompileSettings, HarnessSettings, InfrastructureError  # noqa: E402
-from evo.recovery import infra_cause  # noqa: E402
-from evo.records import Candidate, Evaluation, Member, StageResult, Status  # noqa: E402
-from evo.runtime import Runtime, Stages  # noqa: E402
-from evo.seams import ClusterRuntime, CompileResult  # noqa: E402
+from evo.engine.recovery import infra_cause  # noqa: E402
+from evo.core.records import Candidate, Evaluation, Member, StageResult, Status  # noqa: E402
+from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.seams import ClusterRuntime, CompileResult  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fake)

@@ -1,4 +1,4 @@
-"""Conformance of every stage callable to evo.seams.CompileFn, EvaluateFn and ProfileFn.
+"""Conformance of every stage callable to evo.engine.seams.CompileFn, EvaluateFn and ProfileFn.
 
 Implementations: the real compile stage (``evaluators.compile.compile_candidate`` with the
 stand-in compiler, tests/fixtures/compile/fake_nvcc.py; the same function with nvcc is
@@ -22,8 +22,8 @@ from typing import Callable
 import pytest
 
 from evaluators.base import CompileSettings, HarnessSettings, InfrastructureError
-from evo.records import Candidate, Operator, Status
-from evo.seams import CompileFn, CompileResult, EvaluateFn, ProfileFn
+from evo.core.records import Candidate, Operator, Status
+from evo.engine.seams import CompileFn, CompileResult, EvaluateFn, ProfileFn
 from conformance.checks import check_evaluation, check_profile
 from fakes import faults as ff
 from fakes import harness_stages

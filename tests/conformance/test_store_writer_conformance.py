@@ -1,4 +1,4 @@
-"""Conformance of the lineage store to evo.seams.StoreWriter: the writes the engine makes
+"""Conformance of the lineage store to evo.engine.seams.StoreWriter: the writes the engine makes
 (and the three reads it makes back), as the engine relies on them.
 
 Every implementation comes with a reader of its own (what was written must be readable by
@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import pytest
 
-from evo.recovery import is_store_full
-from evo.records import Candidate, Evaluation, Operator, StageResult, Status
-from evo.seams import StoreWriter
+from evo.engine.recovery import is_store_full
+from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
+from evo.engine.seams import StoreWriter
 from evo.store import ReadOnlyStoreError, Store, UnknownIdError
 
 

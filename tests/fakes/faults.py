@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 
 #: 8 tunables x 8 values (16.7 M points): a long search never exhausts the space.
 SOAK_SOURCE = "// synthetic kernel for the soak benchmark\n#include \"evo_abi.h\"\n" + "".join(

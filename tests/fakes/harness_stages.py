@@ -9,7 +9,7 @@ from pathlib import Path
 
 from evaluators.base import HarnessSettings
 from evaluators.isolation import HarnessJob, run_isolated
-from evo.records import Candidate, Evaluation, Status
+from evo.core.records import Candidate, Evaluation, Status
 
 CHILD = str(Path(__file__).resolve().parents[1] / "fixtures" / "isolation" / "load_task.py")
 

@@ -14,7 +14,7 @@ import os
 import time
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Evaluation, StageResult, Status
+from evo.core.records import Candidate, Evaluation, StageResult, Status
 
 SOURCE = """// synthetic kernel for engine tests
 #include "evo_abi.h"

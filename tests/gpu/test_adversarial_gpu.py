@@ -26,7 +26,7 @@ import pytest
 from evaluators import sandbox as sb
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, HarnessReport, run_isolated
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 from fakes.listener import TcpListener  # noqa: E402
 
 pytestmark = pytest.mark.gpu

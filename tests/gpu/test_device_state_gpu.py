@@ -15,7 +15,7 @@ import pytest
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, run_isolated
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 
 pytestmark = pytest.mark.gpu
 

@@ -24,7 +24,7 @@ import pytest
 from standalone import ENGINE_IMPORT_BLOCKER  # tests/ is on sys.path
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Operator
+from evo.core.records import Candidate, Operator
 
 pytestmark = pytest.mark.gpu
 

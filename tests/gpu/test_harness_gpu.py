@@ -13,7 +13,7 @@ import pytest
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.isolation import HarnessJob, HarnessReport, run_isolated
 from evaluators.pipeline import check_kernel
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 
 pytestmark = pytest.mark.gpu
 log = logging.getLogger(__name__)

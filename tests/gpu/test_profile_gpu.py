@@ -10,7 +10,7 @@ import pytest
 
 from evaluators import profile as P
 from evaluators.base import CompileSettings
-from evo.records import Candidate, Status
+from evo.core.records import Candidate, Status
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ def _ncu_or_skip() -> str:
 
 def _built(task_name: str, tmp_path) -> tuple[Candidate, bytes]:
     from evaluators.compile import compile_candidate
-    from evo.search import seed_for as _seed_for
+    from evo.engine.search import seed_for as _seed_for
 
     src, params = _seed_for(task_name)
     cand = Candidate.create(task_name, src, params)

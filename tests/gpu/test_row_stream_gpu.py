@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Operator, Status
+from evo.core.records import Candidate, Operator, Status
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Conformance of the real GPU stage callables to evo.seams.EvaluateFn and ProfileFn.
+"""Conformance of the real GPU stage callables to evo.engine.seams.EvaluateFn and ProfileFn.
 
 The CPU half of the suite (the compile stage, every fake) is
 tests/conformance/test_stages_conformance.py; the checks are shared (tests/conformance/checks.py).
@@ -16,8 +16,8 @@ import pytest
 
 from conformance.checks import check_evaluation, check_profile
 from evaluators.base import HarnessSettings
-from evo.records import Candidate, Status
-from evo.seams import EvaluateFn, ProfileFn
+from evo.core.records import Candidate, Status
+from evo.engine.seams import EvaluateFn, ProfileFn
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from evo.records import Candidate, Evaluation, Status
+from evo.core.records import Candidate, Evaluation, Status
 from evo.results.export.choose import Choice, choose_champions, resolve_target
 from evo.results.export.errors import ExportError
 from evo.results.export.manifest import (

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evo.records import Evaluation
+from evo.core.records import Evaluation
 
 if TYPE_CHECKING:  # pragma: no cover
     from evaluators.base import CompileSettings

@@ -12,7 +12,7 @@ its own::
     #endif
 
 Values are integers or C identifiers and always travel as strings (they become ``-DNAME=VALUE``
-compiler flags and part of the candidate's identity, see ``evo.records.canonical_params``).
+compiler flags and part of the candidate's identity, see ``evo.core.records.canonical_params``).
 
 Constraints are C-like integer expressions over the tunables (and over integer constants the
 source defines with a plain ``#define NAME 123`` line, e.g. the task-config block of a seed):

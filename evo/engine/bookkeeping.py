@@ -1,10 +1,10 @@
 """What the engine counts and carries: live :class:`Progress`, the end-of-run
 :class:`SearchSummary`, :class:`Pending` (a candidate's record while it is in flight) and
 :func:`member_of` (an evaluated candidate as the member its islands receive).
-:class:`EngineSettings` (the ``[search]`` record, :mod:`evo.engine_settings`) is re-exported.
+:class:`EngineSettings` (the ``[search]`` record, :mod:`evo.engine.engine_settings`) is re-exported.
 
-Plain data, no I/O: the engine (:mod:`evo.engine`) updates them, its helpers
-(:mod:`evo.recovery`, :mod:`evo.survivors`) read them, ``on_progress`` callbacks (the live
+Plain data, no I/O: the engine (:mod:`evo.engine.engine`) updates them, its helpers
+(:mod:`evo.engine.recovery`, :mod:`evo.engine.survivors`) read them, ``on_progress`` callbacks (the live
 view, tests) get :class:`Progress`.
 """
 
@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from evo.engine_settings import EngineSettings  # the [search] record (evo.config composes it)
-from evo.records import Candidate, Evaluation, Member, StageResult
+from evo.engine.engine_settings import EngineSettings  # the [search] record (evo.config composes it)
+from evo.core.records import Candidate, Evaluation, Member, StageResult
 
 __all__ = ["EngineSettings", "Progress", "SearchSummary", "Pending", "member_of"]
 
@@ -135,7 +135,7 @@ class Pending:
 
     ``pre_stages``: the driver-side verdicts so far (policy, then compile). ``so_bytes``:
     the built shared object once compiled. ``compile_attempts`` / ``gpu_attempts``: how
-    often it was sent (a worker death costs one retry, see :mod:`evo.recovery`).
+    often it was sent (a worker death costs one retry, see :mod:`evo.engine.recovery`).
     ``gpu_seq``: order of submission to the GPU actors (finds who was running at a death).
     """
 

@@ -5,7 +5,7 @@
 :func:`evo.results.lineage.candidate_details`) that prints :mod:`evo.results.views`'s tables
 for people and JSON with ``--json``, and turns the store's errors (unknown or ambiguous ids
 with near matches, a database from a newer cute-evo, a missing file) into one red line and
-exit code 2. :mod:`evo.cli` registers them.
+exit code 2. :mod:`evo.cli.commands` registers them.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from evo.cli_common import DbOpt, JsonOpt, ProgressOpt, console
-from evo.cli_common import db_path as _db_path
-from evo.cli_common import emit_json as _emit_json
-from evo.cli_common import fail as _fail
-from evo.cli_common import open_reader as _open_reader
-from evo.cli_common import resolve_run as _resolve_run
-from evo.cli_common import store_error_text as _store_error_text
+from evo.cli.common import DbOpt, JsonOpt, ProgressOpt, console
+from evo.cli.common import db_path as _db_path
+from evo.cli.common import emit_json as _emit_json
+from evo.cli.common import fail as _fail
+from evo.cli.common import open_reader as _open_reader
+from evo.cli.common import resolve_run as _resolve_run
+from evo.cli.common import store_error_text as _store_error_text
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import reference_fields
 from evo.results.tables import table as _table
@@ -258,7 +258,7 @@ def export(
     from evo.results.export import export as do_export
     from evo.store import StoreError
 
-    from evo.progress import StepProgress, progress_enabled
+    from evo.engine.progress import StepProgress, progress_enabled
 
     _load_task_files(task_file)
     with _open_reader(db) as store:

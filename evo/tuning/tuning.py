@@ -1,7 +1,7 @@
 """Optuna studies over a survivor's declared tunables, driven by ask/tell.
 
 A survivor (a correct candidate that entered its island's top-k, see
-:func:`evo.triggers.should_tune`) declares ``// @tunable`` parameters; a
+:func:`evo.engine.survivors.should_tune`) declares ``// @tunable`` parameters; a
 :class:`TuningStudy` searches their product with Optuna's TPE sampler:
 
 - **seeded**: ``TPESampler(seed=...)``, so a study replays exactly from its storage;
@@ -16,7 +16,7 @@ A survivor (a correct candidate that entered its island's top-k, see
   constraints) is told ``PRUNED`` (reason in the trial's user attributes) and never leaves
   :meth:`ask`;
 - **seeded with known points**: ``known`` (the run's evaluations of the same task and
-  source, :class:`evo.survivors.Survivors` passes them) are added to the study as finished
+  source, :class:`evo.engine.survivors.Survivors` passes them) are added to the study as finished
   trials before the first ask, so TPE starts from what the search already measured and a
   known configuration is never evaluated again;
 - **no repeats**: a point equal to an earlier trial's (TPE may resample a categorical
@@ -64,9 +64,9 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from evo.records import Candidate, Evaluation, Operator, canonical_params
-from evo.tunables import TunableError, constraint_checker, parse_tunables, resolve_params, violated_constraints
-from evo.tuning_settings import TuningSettings  # the [tuning] record; defined apart so evo.config need not import Optuna
+from evo.core.records import Candidate, Evaluation, Operator, canonical_params
+from evo.core.tunables import TunableError, constraint_checker, parse_tunables, resolve_params, violated_constraints
+from evo.tuning.tuning_settings import TuningSettings  # the [tuning] record; defined apart so evo.config need not import Optuna
 
 __all__ = [
     "TuningSettings",

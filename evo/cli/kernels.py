@@ -1,6 +1,6 @@
 """Kernel commands of the ``evo`` CLI: ``tasks`` (the task suite), ``check`` (the cascade on one
 kernel file), ``tune`` (Optuna over a kernel's tunables) and ``bench`` (re-measuring seeds or
-a run's champions); each a thin layer over the Python API, registered by :mod:`evo.cli`.
+a run's champions); each a thin layer over the Python API, registered by :mod:`evo.cli.commands`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from evo.cli_common import DbOpt, JsonOpt, ProgressOpt, console
-from evo.cli_common import db_path as _db_path
-from evo.cli_common import emit_json as _emit_json
-from evo.cli_common import fail as _fail
-from evo.cli_common import open_reader as _open_reader
+from evo.cli.common import DbOpt, JsonOpt, ProgressOpt, console
+from evo.cli.common import db_path as _db_path
+from evo.cli.common import emit_json as _emit_json
+from evo.cli.common import fail as _fail
+from evo.cli.common import open_reader as _open_reader
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import table as _table
 
@@ -152,7 +152,7 @@ def check(
 def _param_problems(source: str, params: dict[str, str]) -> list[str]:
     """Every problem with ``--params`` for this source: unknown names, values outside their
     declared set, violated constraints (one message each; empty when all is well)."""
-    from evo.tunables import TunableError, parse_tunables, violated_constraints
+    from evo.core.tunables import TunableError, parse_tunables, violated_constraints
 
     try:
         tunables = {t.name: t for t in parse_tunables(source)}
@@ -203,10 +203,10 @@ def tune(
     """
     from evaluators.pipeline import gpu_available
     from evo.store import Store, StoreError
-    from evo.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
+    from evo.tuning.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
 
-    from evo.cli_common import store_error_text
-    from evo.progress import StepProgress, progress_enabled
+    from evo.cli.common import store_error_text
+    from evo.engine.progress import StepProgress, progress_enabled
     from evo.results.status import resolve_run
 
     if trials < 1:
@@ -322,7 +322,7 @@ def bench(
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     if run:
-        from evo.cli_common import resolve_run
+        from evo.cli.common import resolve_run
         from evo.tasks.user import TaskFileError, load_run_task_files
 
         with _open_reader(db) as store:
@@ -348,7 +348,7 @@ def bench(
         from evo.config import load_config
 
         ps = load_config(config).profile_settings() if config is not None else ProfileSettings()
-    from evo.progress import StepProgress, progress_enabled
+    from evo.engine.progress import StepProgress, progress_enabled
 
     with StepProgress("bench", len(cands), enabled=progress_enabled(progress)) as bar:
         rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,

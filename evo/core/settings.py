@@ -9,8 +9,8 @@ config section        settings record                                used by
 ``[compile]``         :class:`evaluators.base.CompileSettings`       the compile stage
 ``[evaluator]``       :class:`evaluators.base.HarnessSettings`       the isolated GPU child
 ``[profile]``         :class:`evaluators.profile.ProfileSettings`    the profile stage
-``[tuning]``          :class:`evo.tuning_settings.TuningSettings`    tuning studies
-``[search]``          :class:`evo.engine_settings.EngineSettings`    the engine, the islands
+``[tuning]``          :class:`evo.tuning.tuning_settings.TuningSettings`    tuning studies
+``[search]``          :class:`evo.engine.engine_settings.EngineSettings`    the engine, the islands
 ``[mutator]``         :class:`mutators.knobs.KnobsSettings`          the knobs mutator
 ====================  =============================================  =====================
 

@@ -10,7 +10,7 @@ does not take) or the configuration's (a key variable that is not set). A replay
 :func:`prompt_sizes` renders, per task, the prompts a run starts with (the seed as parent:
 optimize and repair; a task without a seed: genesis) through the LLM mutator's own
 :meth:`mutators.llm.LLMMutator.render`, with the task facts a run has before any evaluation
-(:func:`evo.llm_context.task_info`), and returns the largest with, per model, whether it
+(:func:`evo.engine.llm_context.task_info`), and returns the largest with, per model, whether it
 fits the model's window (``context_tokens - max_output_tokens``) whole, only after leaving
 optional parts out, or not at all. Later prompts carry more (other islands' kernels,
 earlier attempts, measured times, the profile); those are the parts the mutator leaves out
@@ -131,8 +131,8 @@ def probe_models(cfg) -> list[ModelProbe]:
 def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str]) -> list[PromptSize]:
     """Per task of ``tasks``, its largest starting prompt against every model's window
     (``seeds``: the tasks' seed source and params; a task without one starts at genesis)."""
-    from evo.llm_context import task_info
-    from evo.records import Candidate, Member, Status
+    from evo.engine.llm_context import task_info
+    from evo.core.records import Candidate, Member, Status
     from mutators.base import MutationContext
     from mutators.llm import LLMMutator
     from mutators.prompt_context import SimpleContextProvider

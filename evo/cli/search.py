@@ -1,6 +1,6 @@
 """Search commands of the ``evo`` CLI: ``search`` (a run, or its ``--dry-run``) and
 ``fake-llm`` (the local fake endpoint a search's LLM mutator can talk to); registered by
-:mod:`evo.cli`.
+:mod:`evo.cli.commands`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import typer
 
-from evo.cli_common import console
-from evo.cli_common import fail as _fail
+from evo.cli.common import console
+from evo.cli.common import fail as _fail
 from evo.results.tables import fmt as _fmt
 
 __all__ = ["search", "fake_llm"]
@@ -58,10 +58,10 @@ def search(
     except ConfigError as e:
         _fail(str(e))
 
-    from evo import search as engine_mod
+    from evo.engine import search as engine_mod
 
     if dry_run:
-        from evo.progress import StepProgress, progress_enabled
+        from evo.engine.progress import StepProgress, progress_enabled
 
         try:
             with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,

@@ -5,10 +5,10 @@ The population itself lives in an island actor (:class:`populations.actor.Island
 its state :class:`populations.island.IslandState`); the handle holds what the driver needs
 around it: which actor, its spec (to rebuild a dead actor), a prefetched parent choice, and
 the scheduling flags. The set routes every call through the runtime
-(:class:`evo.seams.ClusterRuntime`): results to the islands of their task, parent
+(:class:`evo.engine.seams.ClusterRuntime`): results to the islands of their task, parent
 selection with prefetching, ring migration, summaries, and the restore of an actor that
-died (:func:`evo.recovery.island_died` decides, the set rebuilds it from the store with
-:func:`evo.resume.island_members` and logs an ``island_restored`` event).
+died (:func:`evo.engine.recovery.island_died` decides, the set rebuilds it from the store with
+:func:`evo.engine.resume.island_members` and logs an ``island_restored`` event).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from evo import recovery
-from evo.records import Candidate, Member
-from evo.resume import island_members
+from evo.engine import recovery
+from evo.core.records import Candidate, Member
+from evo.engine.resume import island_members
 
 __all__ = ["IslandHandle", "IslandSet", "island_specs"]
 
@@ -119,7 +119,7 @@ class IslandSet:
 
     def restore(self, idx: int, err: BaseException) -> None:
         """Replace the dead actor of island ``idx`` by a new one holding its evaluated
-        members from the store (:mod:`evo.resume`), or stop the run after too many deaths."""
+        members from the store (:mod:`evo.engine.resume`), or stop the run after too many deaths."""
         isl = self.handles[idx]
         decision = recovery.island_died(isl, err)
         isl.restores = decision.restores

@@ -3,8 +3,8 @@
 One of the three modules that import Ray (with the two ``actor.py`` files). The engine
 talks to a :class:`Runtime`, never to Ray directly, so the scheduling logic stays testable
 and the topology lives in one place; what the engine may rely on is the
-:class:`evo.seams.ClusterRuntime` Protocol, and the stage callables it runs are
-:class:`evo.seams.CompileFn`, :class:`~evo.seams.EvaluateFn` and :class:`~evo.seams.ProfileFn`
+:class:`evo.engine.seams.ClusterRuntime` Protocol, and the stage callables it runs are
+:class:`evo.engine.seams.CompileFn`, :class:`~evo.engine.seams.EvaluateFn` and :class:`~evo.engine.seams.ProfileFn`
 (conformance: tests/conformance/):
 
 - compile: a Ray task with ``num_cpus=1`` per candidate, returning the ``.so`` bytes (GPU
@@ -32,8 +32,8 @@ import ray
 from evaluators.actor import GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.sandbox import make_undumpable, secrets_withheld
-from evo.records import Candidate
-from evo.seams import CompileFn, EvaluateFn, ProfileFn
+from evo.core.records import Candidate
+from evo.engine.seams import CompileFn, EvaluateFn, ProfileFn
 
 __all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
@@ -115,8 +115,8 @@ def probe_cluster_address(addr: str, timeout_s: float = PROBE_TIMEOUT_S) -> None
 @dataclass(frozen=True)
 class Stages:
     """The three stage callables the runtime runs remotely; module-level functions, so they
-    pickle by reference. Their contracts are the Protocols :class:`evo.seams.CompileFn`,
-    :class:`~evo.seams.EvaluateFn` and :class:`~evo.seams.ProfileFn` (who calls them, when,
+    pickle by reference. Their contracts are the Protocols :class:`evo.engine.seams.CompileFn`,
+    :class:`~evo.engine.seams.EvaluateFn` and :class:`~evo.engine.seams.ProfileFn` (who calls them, when,
     what they return for a candidate's failure, what they raise for ours).
 
     Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
@@ -170,7 +170,7 @@ def _with_binary(outcome: Any, binary: Any) -> Any:
 
 @dataclass
 class Runtime:
-    """Handles to the cluster's workers; the :class:`evo.seams.ClusterRuntime` the engine
+    """Handles to the cluster's workers; the :class:`evo.engine.seams.ClusterRuntime` the engine
     drives (``start``/``shutdown`` are its creator's). Not picklable; lives in the driver only."""
 
     stages: Stages

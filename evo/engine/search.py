@@ -2,7 +2,7 @@
 
 ``evo search`` calls :func:`run_search` (or :func:`dry_run` with ``--dry-run``). This module
 wires the pieces together from a validated config; the scheduling itself lives in
-:mod:`evo.engine`.
+:mod:`evo.engine.engine`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import logging
 import math
 import random
 
-from evo.engine import Engine, EngineSettings, SearchError, SearchSummary
-from evo.records import Candidate
+from evo.engine.engine import Engine, EngineSettings, SearchError, SearchSummary
+from evo.core.records import Candidate
 
 __all__ = ["run_search", "dry_run", "make_mutator", "engine_settings", "MUTATOR_KINDS", "SearchError",
            "SearchSummary", "seed_for", "seeds_for"]
@@ -44,7 +44,7 @@ def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None
 def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from dataclasses import asdict
 
-    from evo.llm_context import StoreContextProvider
+    from evo.engine.llm_context import StoreContextProvider
     from mutators.cassette import CassetteRecorder, ReplayClient
     from mutators.budget import Budget
     from mutators.client import LLMClient
@@ -111,7 +111,7 @@ def seed_for(task_name: str) -> tuple[str, dict[str, str]] | None:
 
     from evo.tasks import get_task
     from evo.tasks.seeds import SEEDS, UnknownSeedError, seed_params, seed_source
-    from evo.tunables import resolve_params
+    from evo.core.tunables import resolve_params
 
     task = get_task(task_name)
     if task.seed and task.seed.endswith(".cu"):
@@ -152,23 +152,23 @@ def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[
 
 def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True) -> dict:
     """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
-    for the ``llm`` mutator its models and prompts (:mod:`evo.llm_check`).
+    for the ``llm`` mutator its models and prompts (:mod:`evo.engine.llm_check`).
 
     Checks first, before any compile, and raises :class:`SearchError` with one line when
-    the database location cannot be used (:func:`evo.paths.check_db_location`) or
+    the database location cannot be used (:func:`evo.core.paths.check_db_location`) or
     ``resume`` names no run of that database. ``on_progress(task, done, total)`` is called
     before each seed's policy check and compile and once with ``done == total`` at the end
     (the CLI draws a progress bar from it; the compiles take most of a dry run's time).
 
     Returns ``{"ok", "seeds", "plan", "probes", "prompts"}``: with the ``llm`` mutator,
-    ``probes`` holds one :class:`evo.llm_check.ModelProbe` per model (one tiny request each;
-    none with ``probe=False``) and ``prompts`` one :class:`evo.llm_check.PromptSize` per
+    ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny request each;
+    none with ``probe=False``) and ``prompts`` one :class:`evo.engine.llm_check.PromptSize` per
     task; both are empty for the ``knobs`` mutator. ``ok`` is False when a seed fails policy
     or compile, or a probed model fails.
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
-    from evo.paths import LocationError, check_db_location
+    from evo.core.paths import LocationError, check_db_location
 
     try:
         check_db_location(cfg.run.db)
@@ -220,7 +220,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         on_progress("", len(names), len(names))
     probes, prompts = [], []
     if cfg.mutator.kind == "llm":
-        from evo.llm_check import probe_models, prompt_sizes
+        from evo.engine.llm_check import probe_models, prompt_sizes
 
         probes = probe_models(cfg) if probe else []
         ok &= all(p.ok for p in probes)
@@ -239,10 +239,10 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     from pathlib import Path
 
     from evaluators.policy import check_policy
-    from evo.runtime import Runtime, RuntimeError_, real_stages
+    from evo.engine.runtime import Runtime, RuntimeError_, real_stages
     from evo.store import Store, StoreError
 
-    from evo.paths import LocationError, check_db_location
+    from evo.core.paths import LocationError, check_db_location
     from evo.results.status import resolve_run
 
     names = _task_names(cfg)
@@ -288,7 +288,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             descriptor = _descriptor_fn()
             cb = None
             if progress:
-                from evo.progress import LiveProgress
+                from evo.engine.progress import LiveProgress
 
                 view = LiveProgress(run_id)
                 view.start()
@@ -297,7 +297,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             if settings.tuning is not None:
                 from dataclasses import replace
 
-                from evo.tuning import journal_path
+                from evo.tuning.tuning import journal_path
 
                 settings = replace(settings, tuning_storage=str(journal_path(cfg.run.db, run_id)))
             eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng),

@@ -296,7 +296,7 @@ class StoreContextProvider:
         return out
 
     def _profile_allowed(self, candidate_id: str) -> bool:
-        from evo.triggers import profile_visible
+        from evo.engine.survivors import profile_visible
 
         return profile_visible(len(self._chain(candidate_id)) - 1, self.feedback_after)
 

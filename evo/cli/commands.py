@@ -1,8 +1,8 @@
 """`evo` command line: a thin layer over the Python API (Typer + rich).
 
-This module makes the Typer app, registers the commands of :mod:`evo.cli_search` (search,
-fake-llm), :mod:`evo.cli_inspect` (runs, top, show, lineage, status, report, export) and
-:mod:`evo.cli_kernels` (tasks, check, tune, bench) in the order ``evo --help`` lists them,
+This module makes the Typer app, registers the commands of :mod:`evo.cli.search` (search,
+fake-llm), :mod:`evo.cli.inspect` (runs, top, show, lineage, status, report, export) and
+:mod:`evo.cli.kernels` (tasks, check, tune, bench) in the order ``evo --help`` lists them,
 and is the console script's entry point. Only the root callback configures logging
 handlers. Every command's help ends with an example (``tests/test_cli.py`` fails if one
 lacks it). Listing commands take ``--json``.
@@ -15,11 +15,11 @@ import sys
 
 import typer
 
-from evo.cli_common import db_path as _db_path
-from evo.cli_common import err_console
-from evo.cli_inspect import export, lineage, report, runs, show, status, top
-from evo.cli_kernels import bench, check, tasks, tune
-from evo.cli_search import fake_llm, search
+from evo.cli.common import db_path as _db_path
+from evo.cli.common import err_console
+from evo.cli.inspect import export, lineage, report, runs, show, status, top
+from evo.cli.kernels import bench, check, tasks, tune
+from evo.cli.search import fake_llm, search
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ app = typer.Typer(
 
 def _setup_logging(verbose: int) -> None:
     # One line per record on the terminal (own packages; errors from anyone); everything,
-    # third-party start-up notices included, in the log file (evo.cli_common.setup_logging).
-    from evo.cli_common import setup_logging
+    # third-party start-up notices included, in the log file (evo.cli.common.setup_logging).
+    from evo.cli.common import setup_logging
 
     setup_logging(verbose)
 

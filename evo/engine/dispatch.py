@@ -1,13 +1,13 @@
 """The engine's work on the cluster: compile tasks, what waits for a GPU and what runs on each.
 
-:class:`Dispatch` is owned by :class:`evo.engine.Engine` and used from its thread only. It
+:class:`Dispatch` is owned by :class:`evo.engine.engine.Engine` and used from its thread only. It
 submits compiles at once (``compiles``: ref -> candidate). It holds three GPU queues, served
 whenever a GPU actor holds fewer than ``rt.gpu_slots``
 requests (its correctness slots plus one queued, so no gap opens between candidates), the
-least loaded GPU that is not down (:class:`evo.recovery.GpuFaults`) first:
+least loaded GPU that is not down (:class:`evo.engine.recovery.GpuFaults`) first:
 
 1. ``queue``: compiled mutations, oldest first (a requeued candidate goes to the front);
-2. ``profiles``: delayed profiles of survivors (:class:`evo.survivors.ProfileJob`);
+2. ``profiles``: delayed profiles of survivors (:class:`evo.engine.survivors.ProfileJob`);
 3. ``tune``: compiled tuning trials (lowest priority).
 
 It submits through the runtime and counts each GPU's load; the engine takes a finished
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from evo.bookkeeping import Pending
-from evo.recovery import GpuFaults
-from evo.survivors import ProfileJob
+from evo.engine.bookkeeping import Pending
+from evo.engine.recovery import GpuFaults
+from evo.engine.survivors import ProfileJob
 
 __all__ = ["Dispatch"]
 

@@ -1,5 +1,5 @@
-"""Helpers shared by the CLI modules (evo.cli, evo.cli_search, evo.cli_inspect,
-evo.cli_kernels): output, errors, the DB path, logging and id resolution (tables and values
+"""Helpers shared by the CLI modules (evo.cli.commands, evo.cli.search, evo.cli.inspect,
+evo.cli.kernels): output, errors, the DB path, logging and id resolution (tables and values
 are :mod:`evo.results.tables`).
 
 Errors print as one red ``error:`` line on stderr and exit with code 2; JSON goes to stdout.
@@ -147,7 +147,7 @@ def setup_logging(verbose: int = 0) -> None:
     root.addHandler(file)
     root.setLevel(min(term.level, file.level))
     # Ray, once imported, prints through its own stderr handler and does not propagate;
-    # evo.runtime.route_ray_logs() undoes that before Ray starts, and this does it for a Ray
+    # evo.engine.runtime.route_ray_logs() undoes that before Ray starts, and this does it for a Ray
     # imported earlier in the process (without importing it here: the CLI stays fast).
     ray_logger = logging.getLogger("ray")
     for h in list(ray_logger.handlers):
@@ -155,7 +155,7 @@ def setup_logging(verbose: int = 0) -> None:
             ray_logger.removeHandler(h)
             ray_logger.propagate = True
     # Optuna, once imported, prints through its own stderr handler and does not propagate
-    # (evo.tuning routes it on import); this covers an Optuna imported earlier in the process.
+    # (evo.tuning.tuning routes it on import); this covers an Optuna imported earlier in the process.
     optuna_logger = logging.getLogger("optuna")
     for h in list(optuna_logger.handlers):
         optuna_logger.removeHandler(h)

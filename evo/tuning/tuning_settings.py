@@ -1,15 +1,15 @@
 """The record of config section ``[tuning]``: :class:`TuningSettings`.
 
-It lives apart from :mod:`evo.tuning` (which re-exports it) because :mod:`evo.config`
+It lives apart from :mod:`evo.tuning.tuning` (which re-exports it) because :mod:`evo.config`
 composes it into the config and must not import Optuna to do so. Its config keys are the
-``config_key`` fields (default and bounds declared once, see :mod:`evo.settings`).
+``config_key`` fields (default and bounds declared once, see :mod:`evo.core.settings`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evo.settings import config_key
+from evo.core.settings import config_key
 
 __all__ = ["TuningSettings"]
 
@@ -17,7 +17,7 @@ __all__ = ["TuningSettings"]
 @dataclass(frozen=True)
 class TuningSettings:
     """Automatic tuning of survivors (config section ``[tuning]``; read by the engine's
-    survivor work, :mod:`evo.survivors`, and :class:`evo.tuning.TuningStudy`).
+    survivor work, :mod:`evo.engine.survivors`, and :class:`evo.tuning.tuning.TuningStudy`).
 
     Config keys: ``enabled``: master switch, off by default (each study costs compiles and
     GPU time). ``trials_per_survivor``: evaluated trials (compiles + GPU runs) per study;

@@ -6,7 +6,7 @@ Three kinds, all off the search's critical path:
   top-k (``profile.top_k``) gets one ncu profile per benchmark shape, at the lowest GPU
   priority after mutations; the numbers feed later prompts (:func:`profile_visible`);
 - **tuning** (docs/tuning.md): a correct candidate in its island's top-k (``tuning.top_k``)
-  that declares tunables opens an Optuna study (:class:`evo.tuning.TuningStudy`), seeded
+  that declares tunables opens an Optuna study (:class:`evo.tuning.tuning.TuningStudy`), seeded
   with every point of the same source the run has evaluated (:meth:`Survivors.known_points`),
   whose trials the engine sends through the same compile pool and GPU actors;
 - **champion confirmation**: at the end of a run each task's best is evaluated again in a
@@ -18,8 +18,8 @@ functions of the member, the island's ranking and what was already done: no I/O,
 clock, tested exhaustively. :class:`Survivors` holds the run's rankings and studies; it
 answers the engine with decisions (:class:`ProfileJob` to queue, trial candidates to submit)
 and writes its own records (profiles, tuning trials and their events) through the store
-writer (:class:`evo.seams.StoreWriter`). Settings are duck-typed
-(``evaluators.profile.ProfileSettings`` and ``evo.tuning.TuningSettings`` fit), so the rules
+writer (:class:`evo.engine.seams.StoreWriter`). Settings are duck-typed
+(``evaluators.profile.ProfileSettings`` and ``evo.tuning.tuning.TuningSettings`` fit), so the rules
 import neither ncu nor Optuna code.
 
 Why delayed profiling: ncu costs seconds to tens of seconds per candidate (the kernel is
@@ -57,7 +57,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
-from evo.records import Candidate, Evaluation, Member, Operator, StageResult
+from evo.core.records import Candidate, Evaluation, Member, Operator, StageResult
 
 __all__ = [
     "DEFAULT_FEEDBACK_AFTER",
@@ -133,7 +133,7 @@ def profile_visible(depth: int, feedback_after: int = DEFAULT_FEEDBACK_AFTER) ->
 
 def has_tunables(source: str) -> bool:
     """Does ``source`` declare a tunable with more than one choice? (False if it cannot parse.)"""
-    from evo.tunables import TunableError, parse_tunables
+    from evo.core.tunables import TunableError, parse_tunables
 
     try:
         return any(len(t.choices) > 1 for t in parse_tunables(source))
@@ -259,7 +259,7 @@ class Survivors:
     # ---- tuning
 
     def _open_study(self, member: Member) -> None:
-        from evo.tuning import TuningStudy
+        from evo.tuning.tuning import TuningStudy
 
         cand = member.candidate
         self._tuned_ids.add(cand.id)
@@ -495,7 +495,7 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
     unless the gain is significant. A baseline that fails its re-timing leaves the gain
     unmeasured (``gain_error``) and the champion crowned.
     """
-    from evo.recovery import infra_cause
+    from evo.engine.recovery import infra_cause
 
     note = {} if baseline is not None else {"gain_error": f"no baseline: task {task!r} has no seed kernel"}
     compare = baseline is not None and baseline.id != cand.id

@@ -1,15 +1,15 @@
 """The seams the engine drives, as documented Protocols.
 
-The engine (:class:`evo.engine.Engine`) is orchestration: every piece of real work goes
+The engine (:class:`evo.engine.engine.Engine`) is orchestration: every piece of real work goes
 through one of four seams, each with one conformance suite that every implementation and
 every fake must pass:
 
 - the stage callables :class:`CompileFn`, :class:`EvaluateFn`, :class:`ProfileFn` (the
-  fields of :class:`evo.runtime.Stages`): :func:`evaluators.compile.compile_candidate`,
+  fields of :class:`evo.engine.runtime.Stages`): :func:`evaluators.compile.compile_candidate`,
   :func:`evaluators.pipeline.evaluate_built`, ``evaluators.actor.GpuEvaluator.profile``
   (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
   test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
-- :class:`ClusterRuntime`: :class:`evo.runtime.Runtime` (Ray); suite
+- :class:`ClusterRuntime`: :class:`evo.engine.runtime.Runtime` (Ray); suite
   ``tests/conformance/test_runtime_conformance.py``;
 - :class:`StoreWriter`: :class:`evo.store.Store`; suite
   ``tests/conformance/test_store_writer_conformance.py``;
@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.records import Candidate, Evaluation, StageResult
+from evo.core.records import Candidate, Evaluation, StageResult
 
 __all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "ClusterRuntime", "StoreWriter"]
 
@@ -84,7 +84,7 @@ class EvaluateFn(Protocol):
     time per actor; the engine submits it through :meth:`ClusterRuntime.submit_gpu`. Also
     used for champion confirmation (a second, independent evaluation of the same binary).
 
-    Returns an :class:`~evo.records.Evaluation` with ``candidate_id == candidate.id`` for
+    Returns an :class:`~evo.core.records.Evaluation` with ``candidate_id == candidate.id`` for
     every candidate: wrong results, crashes, hangs and timeouts are stages with a non-ok
     status, and ``fitness`` is None unless every stage passed. The returned stages are the
     GPU stages only (correctness, timing); the engine prepends policy and compile. It must
@@ -104,7 +104,7 @@ class ProfileFn(Protocol):
 
     Called by: the GPU actor, when the engine submits a delayed profile
     (:meth:`ClusterRuntime.submit_profile`) for a correct candidate that entered its island's
-    top-k (:func:`evo.survivors.should_profile`). ``settings`` is the run's
+    top-k (:func:`evo.engine.survivors.should_profile`). ``settings`` is the run's
     :class:`evaluators.profile.ProfileSettings`.
 
     Returns a StageResult named ``"profile"``; when it passed, ``metrics`` carries ``gpu``
@@ -125,8 +125,8 @@ class ProfileFn(Protocol):
 class ClusterRuntime(Protocol):
     """The cluster as the engine sees it: compile tasks, GPU actors, island actors.
 
-    Implemented by :class:`evo.runtime.Runtime` (Ray). Started and shut down by its creator
-    (``evo.search.run_search``, tests), never by the engine: ``start``/``shutdown`` are not
+    Implemented by :class:`evo.engine.runtime.Runtime` (Ray). Started and shut down by its creator
+    (``evo.engine.search.run_search``, tests), never by the engine: ``start``/``shutdown`` are not
     part of this seam. Every member is called by the engine in the driver, from one thread.
 
     *References.* ``submit_*`` and :meth:`ask` return an opaque, hashable reference to a
@@ -136,7 +136,7 @@ class ClusterRuntime(Protocol):
     *Errors.* :meth:`remote_errors` names the exception types that mean "the remote side
     failed" (a worker process died, an actor is gone, or the remote function raised and
     the error was shipped back). :meth:`get` and :meth:`call` raise those; the engine
-    decides what they mean (evo.recovery). Errors the remote function raised arrive
+    decides what they mean (evo.engine.recovery). Errors the remote function raised arrive
     wrapped, with the original exception as ``cause`` (Ray's ``RayTaskError``) so that an
     :class:`~evaluators.base.InfrastructureError` can be found behind them. The types whose
     name contains ``Actor`` mean the actor itself is dead (an island actor is then rebuilt
@@ -235,7 +235,7 @@ class StoreWriter(Protocol):
     """The lineage store as the engine writes it: the run's single writer.
 
     Implemented by :class:`evo.store.Store` (SQLite). The engine and its helpers
-    (evo.survivors, evo.resume) call these from the driver only; the driver is the one
+    (evo.engine.survivors, evo.engine.resume) call these from the driver only; the driver is the one
     writer of the run (it holds the run's writer lease, taken by ``Store.create_run`` or
     ``acquire_lease`` before the engine starts). Every write method is one transaction:
     after it returns the row survives a SIGKILL; when it raises nothing of it was written.
@@ -244,7 +244,7 @@ class StoreWriter(Protocol):
     the caller: the engine always adds a candidate before its evaluation, profile, trial or
     crown). A disk that cannot grow raises the database's own error (``sqlite3`` "database
     or disk is full", or ``OSError`` ENOSPC): the engine stops the run with
-    :class:`evo.engine.StoreFullError` at the first such write, so implementations must not
+    :class:`evo.engine.engine.StoreFullError` at the first such write, so implementations must not
     swallow it. A store opened read-only raises :class:`evo.store.ReadOnlyStoreError`.
     """
 

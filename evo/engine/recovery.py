@@ -19,7 +19,7 @@ result); this module is about the others, and returns *decisions* the engine car
   being charged (:class:`Requeue`); a GPU whose actor is gone for good is dropped
   (:class:`GpuLost`), and with every GPU gone the run stops;
 - an island actor died (:func:`island_died`): rebuild it from the store
-  (:class:`RestoreIsland`; :meth:`evo.islands.IslandSet.restore` rebuilds it), at most
+  (:class:`RestoreIsland`; :meth:`evo.engine.islands.IslandSet.restore` rebuilds it), at most
   :data:`MAX_ISLAND_RESTORES` times per island;
 - the lineage database is full (:func:`store_full_message`): stop at the first failed
   write with :class:`StoreFullError`, nothing committed lost;
@@ -28,7 +28,7 @@ result); this module is about the others, and returns *decisions* the engine car
   line (cause, fix, resume command).
 
 Nothing here calls the engine: functions read the error, the attempt counts and what the
-runtime answers (:class:`evo.seams.ClusterRuntime`), and keep only their own state (the
+runtime answers (:class:`evo.engine.seams.ClusterRuntime`), and keep only their own state (the
 breaker's count, which GPUs are down). docs/SECURITY.md ("faults") and docs/engine.md say
 what a user sees; tests/test_faults.py and tests/test_user_tasks.py run every path on Ray.
 """
@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from evo.bookkeeping import Pending
-from evo.records import Candidate, StageResult, Status
+from evo.engine.bookkeeping import Pending
+from evo.core.records import Candidate, StageResult, Status
 from evo.store import StoreError
 
 __all__ = [
@@ -364,7 +364,7 @@ class GpuFaults:
 
 
 def island_died(island, err: BaseException) -> RestoreIsland:
-    """Island actor ``island`` (an :class:`evo.islands.IslandHandle`) died with ``err``."""
+    """Island actor ``island`` (an :class:`evo.engine.islands.IslandHandle`) died with ``err``."""
     restores = island.restores + 1
     if restores > MAX_ISLAND_RESTORES:
         return RestoreIsland(restores, f"island {island.index} ({island.task}) died {restores} times "

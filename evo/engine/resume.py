@@ -9,11 +9,11 @@ the evaluation of each one that finished, so:
   counters) and the candidates proposed but never evaluated (the engine submits them
   again: policy, compile, GPU);
 - :func:`island_members` lists one island's evaluated members (its own and its task's
-  seeds, in insertion order), which :meth:`evo.islands.IslandSet.restore` puts into the new
+  seeds, in insertion order), which :meth:`evo.engine.islands.IslandSet.restore` puts into the new
   actor of an island whose actor died. What only the actor knew is lost and rebuilt over
   time: child counts (selection's novelty term) and members that had migrated in.
 
-Reads go through :class:`evo.seams.StoreWriter`'s read methods; nothing here writes.
+Reads go through :class:`evo.engine.seams.StoreWriter`'s read methods; nothing here writes.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from evo.bookkeeping import member_of
-from evo.records import Candidate, Evaluation, Member
+from evo.engine.bookkeeping import member_of
+from evo.core.records import Candidate, Evaluation, Member
 
 __all__ = ["ReplayPlan", "plan_replay", "island_members"]
 

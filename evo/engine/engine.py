@@ -7,16 +7,16 @@ and is the only writer of the lineage store. Scheduling rules:
 - back-pressure: a new child is proposed only while fewer than ``in_flight`` are between
   proposal and result, so the mutator (later an LLM) is never asked for more than the
   cluster can evaluate; ``in_flight`` = 0 follows the measured compile and GPU rates
-  (:func:`evo.inflight.inflight_bound`), which keeps the slower pool busy;
+  (:func:`evo.engine.inflight.inflight_bound`), which keeps the slower pool busy;
 - GPUs first: whenever a GPU actor has a free slot, the oldest compiled candidate goes to
-  it, then delayed profiles, then tuning trials (:mod:`evo.dispatch`, which also compiles);
+  it, then delayed profiles, then tuning trials (:mod:`evo.engine.dispatch`, which also compiles);
 - proposals off the loop: a mutator with ``concurrency`` > 1 has up to that many proposals
   on a thread pool, collected as they come between short waits on the cluster, so a slow
-  model never holds a GPU result uncollected (:mod:`evo.proposals`); others propose on the loop;
+  model never holds a GPU result uncollected (:mod:`evo.engine.proposals`); others propose on the loop;
 - ordered (``search.ordered``, off by default): finished proposals and candidates are taken
   in the order they started and the engine proposes only right after taking one, so parent
   choices, repair queues and migrations do not depend on timing and a replay of an ordered
-  run makes the same children (:mod:`evo.ordering`); a slow item holds back those behind it;
+  run makes the same children (:mod:`evo.engine.ordering`); a slow item holds back those behind it;
 - dedupe: a child whose content id was seen in this run is never compiled again;
 - budgets count evaluations (``search.max_evaluations``) plus a wall-clock safety limit;
   when one is reached no new child is proposed and in-flight work drains and is recorded;
@@ -24,11 +24,11 @@ and is the only writer of the lineage store. Scheduling rules:
   (candidates without evaluation) for ``--resume``, mark the run ``interrupted``.
 
 What is not scheduling lives beside it and answers with decisions (or, for the proposer,
-through two callbacks) that the loop carries out: :mod:`evo.proposals` (proposing, on the loop
-or a pool), :mod:`evo.dispatch` (compiles, the GPU queues), :mod:`evo.recovery` (failures of ours),
-:mod:`evo.survivors` (profiling, tuning, champion confirmation), :mod:`evo.resume` (a run
-rebuilt from the store), :mod:`evo.islands` (island state, the actor calls),
-:mod:`evo.bookkeeping` (progress, the summary). The seams are :mod:`evo.seams` and
+through two callbacks) that the loop carries out: :mod:`evo.engine.proposals` (proposing, on the loop
+or a pool), :mod:`evo.engine.dispatch` (compiles, the GPU queues), :mod:`evo.engine.recovery` (failures of ours),
+:mod:`evo.engine.survivors` (profiling, tuning, champion confirmation), :mod:`evo.engine.resume` (a run
+rebuilt from the store), :mod:`evo.engine.islands` (island state, the actor calls),
+:mod:`evo.engine.bookkeeping` (progress, the summary). The seams are :mod:`evo.engine.seams` and
 :class:`mutators.base.Mutator`; docs/architecture.md shows how they fit.
 """
 
@@ -39,20 +39,20 @@ import random
 import time
 from typing import Callable
 
-from evo import recovery
-from evo.bookkeeping import Pending, Progress, SearchSummary, member_of
-from evo.dispatch import Dispatch
-from evo.engine_settings import EngineSettings
-from evo.inflight import RateMeter, inflight_bound
-from evo.islands import IslandHandle, IslandSet, island_specs
-from evo.ordering import ItemOrder
-from evo.proposals import Proposer
-from evo.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
+from evo.engine import recovery
+from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
+from evo.engine.dispatch import Dispatch
+from evo.engine.engine_settings import EngineSettings
+from evo.engine.inflight import RateMeter, inflight_bound
+from evo.engine.islands import IslandHandle, IslandSet, island_specs
+from evo.engine.ordering import ItemOrder
+from evo.engine.proposals import Proposer
+from evo.engine.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
-from evo.records import Candidate, Evaluation, Operator, StageResult
-from evo.resume import plan_replay
-from evo.seams import ClusterRuntime, StoreWriter
-from evo.survivors import Survivors, confirm_champion
+from evo.core.records import Candidate, Evaluation, Operator, StageResult
+from evo.engine.resume import plan_replay
+from evo.engine.seams import ClusterRuntime, StoreWriter
+from evo.engine.survivors import Survivors, confirm_champion
 from mutators import base as mut
 
 __all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "SearchFailed", "StoreFullError",
@@ -64,8 +64,8 @@ log = logging.getLogger(__name__)
 class Engine:
     """Steady-state search over several tasks, one group of islands per task.
 
-    Collaborators are injected: ``store`` (:class:`evo.seams.StoreWriter`, the only writer),
-    ``runtime`` (:class:`evo.seams.ClusterRuntime`), ``mutator``
+    Collaborators are injected: ``store`` (:class:`evo.engine.seams.StoreWriter`, the only writer),
+    ``runtime`` (:class:`evo.engine.seams.ClusterRuntime`), ``mutator``
     (:class:`mutators.base.Mutator`), ``seeds`` (task -> (source, params)), ``policy``
     (source -> StageResult). ``rng`` drives every random choice of the engine and mutator.
     """
@@ -84,7 +84,7 @@ class Engine:
         self.islands = IslandSet(runtime, store, run_id, self.descriptor)
         self.best: dict[str, tuple[float, Candidate]] = {}
         self.progress = Progress(started=time.time())
-        self.rates = RateMeter()  # compile and GPU rates: the auto in-flight bound (evo.inflight)
+        self.rates = RateMeter()  # compile and GPU rates: the auto in-flight bound (evo.engine.inflight)
         self._rr = self._last_migration = 0
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
@@ -113,7 +113,7 @@ class Engine:
     def max_inflight(self) -> int:
         if self.s.in_flight > 0:
             return self.s.in_flight
-        # From the measured compile and GPU rates (evo.inflight): enough to keep the slower
+        # From the measured compile and GPU rates (evo.engine.inflight): enough to keep the slower
         # pool busy, at most a minute of work queued behind the budget.
         g = self.rt.n_gpus
         return inflight_bound(self.rates.rates(g), workers=max(1, self.rt.n_cpus - 1), n_gpus=g,
@@ -157,7 +157,7 @@ class Engine:
                     elif time.time() > deadline:
                         self._stop_reason = "wall-clock limit reached"
                 if not self._stop_reason and not (self.items.ordered and len(self.items)):
-                    self._fill()  # ordered: right after each item is taken (evo.ordering)
+                    self._fill()  # ordered: right after each item is taken (evo.engine.ordering)
                 self.work.fill_gpus()
                 if not self.n_inflight:
                     if not self._stop_reason and self.proposer.fill_failures:
@@ -322,7 +322,7 @@ class Engine:
 
     def _failed(self, where: str, pending: Pending, err: BaseException, decision) -> None:
         """A stage raised or its worker died: stop the run if the breaker says so, else carry
-        out recovery's ``decision`` for ``pending`` (:mod:`evo.recovery`)."""
+        out recovery's ``decision`` for ``pending`` (:mod:`evo.engine.recovery`)."""
         stop = self.breaker.failed(where, pending.candidate, err, decision)
         if stop is not None:
             self._fail(stop.message, detail=stop.detail, current=pending)
@@ -336,7 +336,7 @@ class Engine:
             self.work.requeue(pending)
 
     def _fail(self, message: str, detail: str = "", current: Pending | None = None) -> None:
-        """Stop the run on a failure of ours (:func:`evo.recovery.fail_run`); ``current``: the
+        """Stop the run on a failure of ours (:func:`evo.engine.recovery.fail_run`); ``current``: the
         candidate whose stage failed (no longer in flight, still pending)."""
         pending = [p.candidate.id for p in ([current] if current else []) + self.work.pending()]
         self._stop_reason = f"failed: {message}"[:500]
@@ -390,7 +390,7 @@ class Engine:
             self.store.log_event(self.run_id, "island_migration", {"task": task, "moved": moved, "at": n})
 
     def _replay(self) -> None:
-        """Rebuild islands and in-flight work from the store (:mod:`evo.resume`)."""
+        """Rebuild islands and in-flight work from the store (:mod:`evo.engine.resume`)."""
         plan = plan_replay(self.store, self.run_id)
         self.seen.update(plan.ids)
         for cand, ev in plan.evaluated:

@@ -1,9 +1,9 @@
 """The record of config section ``[search]``: :class:`EngineSettings`.
 
-It lives apart from :mod:`evo.engine` (which re-exports it, ``from evo.engine import
+It lives apart from :mod:`evo.engine.engine` (which re-exports it, ``from evo.engine.engine import
 EngineSettings`` keeps working) because :mod:`evo.config` composes it into the config and
 must not import the engine to do so. Its config keys are the ``config_key`` fields (default
-and bounds declared once, see :mod:`evo.settings`); ``search.migration_count <=
+and bounds declared once, see :mod:`evo.core.settings`); ``search.migration_count <=
 search.population_size`` is the one cross-key rule, checked by :mod:`evo.config`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from evo.settings import config_key
+from evo.core.settings import config_key
 
 __all__ = ["EngineSettings"]
 
@@ -28,13 +28,13 @@ class EngineSettings:
     ``migration_every`` / ``migration_count``: ring migration period (in evaluations) and
     size. ``selection_lambda``: the selector's pressure. ``archive``: a MAP-Elites archive
     per island. ``ordered``: take finished work in the order it started, so that a replay of
-    the run makes the same children (:mod:`evo.engine`; costs throughput).
+    the run makes the same children (:mod:`evo.engine.engine`; costs throughput).
 
     Set by code: ``confirm_champions`` (re-time a task's new best before it is reported),
     ``progress_every`` (evaluations between progress events), ``profile`` / ``tuning`` (the
-    run's :class:`evaluators.profile.ProfileSettings` / :class:`evo.tuning.TuningSettings`,
+    run's :class:`evaluators.profile.ProfileSettings` / :class:`evo.tuning.tuning.TuningSettings`,
     None or ``enabled=False``: off), ``tuning_storage`` (the Optuna storage of the studies,
-    ``evo.tuning.journal_path``; required with tuning).
+    ``evo.tuning.tuning.journal_path``; required with tuning).
     """
 
     islands_per_task: int = config_key(2, ge=1, le=64)

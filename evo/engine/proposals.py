@@ -1,6 +1,6 @@
 """Proposing children for the engine: on its loop, or on a thread pool.
 
-:class:`Proposer` is owned by :class:`evo.engine.Engine` and used from its thread only.
+:class:`Proposer` is owned by :class:`evo.engine.engine.Engine` and used from its thread only.
 
 - :meth:`Proposer.propose` starts one proposal for an island, a queued repair of the
   island's task first (the CuTeGen loop). A mutator with ``concurrency`` 1 runs on the loop
@@ -11,7 +11,7 @@
 - The engine is reached only through the two callables it passes: ``submit(candidate,
   item)`` (True when the candidate was new and submitted) and ``stop(reason, replace)``
   (True when the run's stop reason was set: only when none was, unless ``replace``).
-- A proposal on the pool is an item of :class:`evo.ordering.ItemOrder` and a *claim*
+- A proposal on the pool is an item of :class:`evo.engine.ordering.ItemOrder` and a *claim*
   (:attr:`Proposer.claimed`) until it becomes a candidate or settles without one, so the
   engine never proposes more than the evaluation budget allows. Ordered, what an outcome
   changes (the island told of a child, a failed attempt counted) waits for its item's turn.
@@ -27,9 +27,9 @@ import random
 from concurrent import futures
 from typing import Callable, Container
 
-from evo.islands import IslandHandle, IslandSet
-from evo.ordering import ItemOrder
-from evo.records import Candidate, Member
+from evo.engine.islands import IslandHandle, IslandSet
+from evo.engine.ordering import ItemOrder
+from evo.core.records import Candidate, Member
 from mutators import base as mut
 
 __all__ = ["Proposer"]
