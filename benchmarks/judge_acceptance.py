@@ -52,7 +52,7 @@ def _verdict(rep) -> str:
 def seeds(tasks: list[str], out: Path) -> list[str]:
     from evaluators.base import CompileSettings
     from evaluators.pipeline import compile_all
-    from evo.records import Candidate, Operator
+    from evo.core.records import Candidate, Operator
     from evo.tasks.seeds import seed_params, seed_source
 
     cands = [Candidate.create(t, seed_source(t), seed_params(t), operator=Operator.SEED) for t in tasks]
@@ -83,7 +83,7 @@ def seeds(tasks: list[str], out: Path) -> list[str]:
 def hang(out: Path) -> list[str]:
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_candidate
-    from evo.records import Candidate, Operator
+    from evo.core.records import Candidate, Operator
 
     src = (ROOT / "tests" / "fixtures" / "bad" / "hang.cu").read_text()
     cand = Candidate.create("kb19_relu", src, {}, operator=Operator.USER)

@@ -47,7 +47,7 @@ import pytest
 from evaluators.base import HarnessSettings
 from evaluators.harness_job import HarnessJob
 from evaluators.sandbox.seccomp import _ARCHES, _machine
-from evo.records import Status
+from evo.core.records import Status
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

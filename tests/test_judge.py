@@ -20,7 +20,7 @@ from evaluators.harness_job import HarnessError, HarnessJob
 from evaluators.judge.judge import Judge
 from evaluators.judge.timing import Calibration, CpuOps, corroborate
 from evaluators.protocol import Done, Mode, ProtocolViolation, parse_reply, timing_after
-from evo.records import Status
+from evo.core.records import Status
 from tests.fakes.fake_runner import FakeClock, FakeRunner, relu_kernel
 
 TASK_FILE = str(Path(__file__).parent / "fixtures" / "judge" / "tiny_tasks.py")

@@ -42,7 +42,7 @@ from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_spe
 from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, time_shapes
 from evaluators.judge.trials import CallFailed, run_correctness
 from evaluators.protocol import Done, Failed, Loaded, Mapped, Mode, ProtocolViolation
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["Judge", "NULL_CALLS", "RUNNER_RESERVE_BYTES"]
 

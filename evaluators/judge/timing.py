@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 from evaluators.judge.slots import ShapeSlots
 from evaluators.judge.trials import Call, CallFailed, check_done, fill_inputs
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
            "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from evaluators.judge.slots import ShapeSlots
 from evaluators.protocol import Done
-from evo.records import StageResult, Status
+from evo.core.records import StageResult, Status
 
 __all__ = ["CallFailed", "Call", "cuda_error_name", "check_done", "run_correctness", "fill_inputs"]
 
