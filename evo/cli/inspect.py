@@ -243,6 +243,10 @@ def export(
     task: list[str] = typer.Option([], "--task", help="Only these tasks of the run (repeatable)."),
     arch: Optional[str] = typer.Option(None, "--arch", help="Arch of the prebuilt .so (default: the run's compile.arch)."),
     build: bool = typer.Option(True, "--build/--no-build", help="Build the .so now (needs nvcc)."),
+    recheck: bool = typer.Option(True, "--recheck/--no-recheck",
+                                 help="On a GPU machine, evaluate each built .so again through the judge and a "
+                                      "sandboxed runner on every shape before writing it (a kernel that fails is "
+                                      "skipped); the manifest records that check."),
     task_file: list[Path] = typer.Option([], "--task-file", help="Load user tasks from this .py file."),
     db: Optional[str] = DbOpt,
     as_json: bool = JsonOpt,
@@ -265,7 +269,7 @@ def export(
         try:
             with StepProgress("exporting" + (" (nvcc builds)" if build else ""), 1,
                               enabled=progress_enabled(progress) and not as_json) as bar:
-                res = do_export(store, target, out, tasks=task or None, arch=arch, build=build,
+                res = do_export(store, target, out, tasks=task or None, arch=arch, build=build, recheck=recheck,
                                 on_task=lambda t, i, n: bar.update(t, i, n))
         except (StoreError, ExportError, ValueError) as e:
             _fail(_store_error_text(e))

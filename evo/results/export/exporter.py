@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from evaluators.base import CompileSettings
     from evo.store import Store
 
-__all__ = ["ExportedTask", "ExportResult", "export", "TEST_MAX_BYTES"]
+__all__ = ["ExportedTask", "ExportResult", "JudgeRecheckError", "export", "judge_recheck", "TEST_MAX_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,40 @@ def _recheck(cand: Candidate, ev: Evaluation, choice: Choice) -> dict[str, Any]:
     }
 
 
+def judge_recheck(cand: Candidate, so_bytes: bytes, task_files: Sequence[str] = (),
+                  gpu: bool | None = None) -> dict[str, Any]:
+    """The exported binary through the judge and a runner on every shape of its task
+    (:mod:`evaluators.judge`: the verdict from a process that never loads the candidate),
+    for ``manifest["checks"]["judge"]``; raises :class:`JudgeRecheckError` when it is not
+    correct and timed. Without a CUDA GPU here (``gpu`` None: detected) nothing is run and
+    the entry says so: the stored verdicts are then all the manifest has."""
+    from evaluators.base import HarnessSettings
+    from evaluators.pipeline import gpu_available, run_built
+
+    if not (gpu_available() if gpu is None else gpu):
+        return {"status": "not re-checked: no CUDA GPU on this machine (run `evo export` on a GPU machine "
+                          "for the judge's re-check)"}
+    settings = HarnessSettings(isolation="judge", task_files=tuple(task_files))
+    rep = run_built(cand, so_bytes, settings, mode="check+time", task_files=tuple(task_files))
+    stages = {s.stage: s for s in rep.stages}
+    if not rep.passed or rep.fitness is None:
+        bad = next((s for s in rep.stages if s.status not in (Status.OK, Status.SKIPPED)), rep.stages[-1])
+        raise JudgeRecheckError(
+            f"candidate {cand.id[:16]} ({cand.task}) failed the judge's re-check at export: {bad.stage} "
+            f"{bad.status.value}: {bad.reason[:300]}. It is not exported; `evo check` shows the full verdict")
+    return {"status": "ok", "correctness": stages["correctness"].status.value, "shapes_checked": "all",
+            "timing": stages["timing"].status.value, "fitness": rep.fitness, "gpu": rep.env.get("gpu"),
+            "protocol": rep.env.get("protocol"), "sandbox": rep.env.get("sandbox"),
+            "seccomp": rep.env.get("seccomp")}
+
+
+class JudgeRecheckError(ExportError):
+    """The exported binary failed the judge's re-check: that task is skipped."""
+
+
 def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir: Path,
-                settings: "CompileSettings", build: bool) -> ExportedTask:
+                settings: "CompileSettings", build: bool, recheck: bool = True,
+                task_files: Sequence[str] = ()) -> ExportedTask:
     import evo.tasks as T
     from evaluators.compile import abi_include_dir
 
@@ -175,6 +207,8 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
             so_note = f"no prebuilt .so: {e}. Build it where nvcc is installed: bash build.sh {settings.arch}"
         else:
             if outcome.ok and outcome.so_bytes:
+                if recheck:
+                    checks["judge"] = judge_recheck(cand, outcome.so_bytes, task_files)
                 so_path = d / f"kernel_{settings.arch}.so"
                 so_path.write_bytes(outcome.so_bytes)
                 compile_info = {"cache_key": outcome.key, "cached": outcome.cached,
@@ -184,6 +218,8 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
                            f"{outcome.result.reason}); see build.sh")
     else:
         so_note = "not built (build disabled); run: bash build.sh"
+    if "judge" not in checks:
+        checks["judge"] = {"status": "not re-checked: " + (so_note or "re-check disabled (--no-recheck)")}
     if so_note:
         log.warning("%s: %s", cand.task, so_note)
 
@@ -299,6 +335,7 @@ def export(
     compile_settings: "CompileSettings | None" = None,
     arch: str | None = None,
     build: bool = True,
+    recheck: bool = True,
     on_task: Callable[[str, int, int], None] | None = None,
 ) -> ExportResult:
     """Export a run's champions (``target`` = run id) or one kernel (``target`` = candidate
@@ -311,6 +348,11 @@ def export(
     task has anything to export, raises :class:`ExportError` saying why for each task and
     writes nothing (no directory, no ``export.json``). ``on_task(task, done, total)`` is
     called before each task's export (and once with ``done == total`` at the end): progress.
+
+    ``recheck`` (default): on a machine with a CUDA GPU, every exported binary is evaluated
+    again by the judge and a runner on every shape of its task (:func:`judge_recheck`) before
+    it is written; one that fails is skipped with the reason, and the manifest records that
+    check (``checks["judge"]``), not only the verdicts stored by the run.
     """
     run_id, cid = resolve_target(store, target)
     run = store.get_run(run_id)
@@ -339,10 +381,14 @@ def export(
         if on_task is not None:
             on_task(ch.task, i, len(choices))
         try:
-            exported.append(_export_one(store, run, ch, out, settings, build))
+            exported.append(_export_one(store, run, ch, out, settings, build, recheck))
         except PolicyRecheckError as e:
             log.warning("%s", e)
             skipped[ch.task] = str(e)
+        except JudgeRecheckError as e:
+            log.warning("%s", e)
+            skipped[ch.task] = str(e)
+            shutil.rmtree(out / ch.task, ignore_errors=True)
         except OSError as e:
             raise ExportError(f"cannot write the export of {ch.task} into {out}: {e}") from e
     if not exported:
