@@ -250,3 +250,57 @@ def test_replies_parse_to_typed_records():
     line = protocol.call([protocol.TensorArg(1, 0, "float32", (2, 3), (3, 1))],
                          [protocol.TensorArg(2, 0, "bfloat16", (6,), (1,))], [0.5])
     assert line == "CALL 1 1 0 0 2 2 3 3 1 1 2 0 2 1 6 1 1 0.5"
+
+
+def test_the_compiled_reference_is_compiled_once_per_shape_before_any_runner(tmp_path):
+    """With both columns asked for, the judge compiles the reference (here a stand-in
+    backend that counts) for the benchmark shape before the runner starts, once across
+    candidates; fitness stays against eager and both speedups are stored."""
+    import evaluators.child.reference as R
+
+    compiles: list = []
+
+    def fake_compile(fn, mode, dynamic):
+        compiles.append(mode)
+        return fn
+
+    made: list = []
+    judge, _ = _judge(tmp_path, made)
+    orig = R.references_for
+
+    def refs(task, *, basis="eager", time_compiled=False, compile_fn=None):
+        return orig(task, basis=basis, time_compiled=time_compiled, compile_fn=fake_compile)
+
+    R_refs = pytest.MonkeyPatch()
+    R_refs.setattr(R, "references_for", refs)
+    try:
+        for _ in range(2):
+            rep = judge.evaluate(_job(), _settings(time_compiled_reference=True))
+            assert rep.stage("timing").status is Status.OK
+            assert rep.timings[0].compile_speedup is not None and rep.env["reference_compile_mode"]
+    finally:
+        R_refs.undo()
+    assert compiles == [R.COMPILE_MODE], "one compiled reference per task, reused"
+
+
+def test_a_reference_that_cannot_compile_is_our_failure_when_fitness_is_against_it(tmp_path):
+    import evaluators.child.reference as R
+
+    def broken(fn, mode, dynamic):
+        def call(*a):
+            raise RuntimeError("inductor says no")
+        return call
+
+    judge, _ = _judge(tmp_path, [])
+    orig = R.references_for
+    mp = pytest.MonkeyPatch()
+    mp.setattr(R, "references_for", lambda task, basis="eager", time_compiled=False, compile_fn=None:
+               orig(task, basis=basis, time_compiled=time_compiled, compile_fn=broken))
+    try:
+        with pytest.raises(HarnessError) as e:
+            judge.evaluate(_job(), _settings(reference="compile"))
+        assert e.value.kind == "reference"
+        rep = judge.evaluate(_job(), _settings(time_compiled_reference=True))
+        assert rep.stage("timing").status is Status.OK and "inductor says no" in rep.env["reference_compile_error"]
+    finally:
+        mp.undo()

@@ -87,6 +87,8 @@ class Judge:
         self._exchange: Exchange | None = None
         self._slots: OrderedDict[tuple[str, int], ShapeSlots] = OrderedDict()
         self._refs: dict[tuple[str, str, bool], list[Any]] = {}
+        self._warm: dict[tuple[str, str, bool], set[int]] = {}
+        self._compile_errors: dict[tuple[str, str, bool], str] = {}
         self._flush_mb = 0
 
     # ----------------------------------------------------------------- set-up (ours)
@@ -155,14 +157,42 @@ class Judge:
             free_slots(self._exchange, old)
             torch.cuda.empty_cache()
 
-    def _references(self, task: Any, settings: HarnessSettings) -> list[Any]:
-        from evaluators.child.reference import references_for
+    def _references(self, task: Any, settings: HarnessSettings, slots: dict[int, ShapeSlots],
+                    bench: list[int], env: dict[str, str]) -> list[Any]:
+        """The references timing measures against, the compiled one compiled (here, in the
+        judge, once per task and shape, outside every clock) before any runner starts. A
+        compile failure is our failure when fitness is against the compiled reference
+        (``HarnessError`` kind ``reference``); otherwise only eager is timed and
+        ``env["reference_compile_error"]`` says why."""
+        from evaluators.child.reference import COMPILE_MODE, ReferenceCompileError, references_for, warm_up
+        from evaluators.harness_job import HARNESS_FIXES
+        from evaluators.judge.trials import fill_inputs
 
         key = (task.name, settings.reference, bool(settings.time_compiled_reference))
         if key not in self._refs:
             self._refs[key] = references_for(task, basis=settings.reference,
                                              time_compiled=settings.time_compiled_reference)
-        return self._refs[key]
+        refs = self._refs[key]
+        compiled = [r for r in refs if r.kind == "compile"]
+        if compiled:
+            warmed = self._warm.setdefault(key, set())
+            dist = task.distributions[0] if task.distributions else "normal"
+            try:
+                for si in bench:
+                    if si not in warmed:
+                        fill_inputs(task, slots[si], dict(task.shapes[si]), 0, dist)
+                        warm_up(task.name, compiled, [tuple(slots[si].ins)], 1, self._ops.sync)
+                        warmed.add(si)
+            except ReferenceCompileError as e:
+                if settings.reference == "compile":
+                    raise HarnessError(str(e), kind="reference", fix=HARNESS_FIXES["reference"]) from e
+                self._refs[key] = refs = [r for r in refs if r.kind != "compile"]
+                self._compile_errors[key] = str(e)
+            env["reference_compile_mode"] = COMPILE_MODE
+            env["reference_compile_s"] = f"{sum(r.compile_s for r in compiled):.3f}"
+        if key in self._compile_errors:
+            env["reference_compile_error"] = self._compile_errors[key]
+        return refs
 
     # ----------------------------------------------------------------- one candidate
 
@@ -226,7 +256,7 @@ class Judge:
                 slots[si] = self._slots_for(task, si, ex, cached=cuda)
                 if not cuda:
                     own.append(slots[si])
-            references = self._references(task, settings) if mode.times else []
+            references = self._references(task, settings, slots, bench, env) if mode.times else []
             runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox)
             stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
                                check_shapes, bench, env, progress)
