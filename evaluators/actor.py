@@ -135,14 +135,17 @@ class GpuEvaluator:
 
     def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises
-        ``ProfileError`` when the profiler itself cannot run."""
+        ``ProfileError`` when the profiler itself cannot run. With the evaluations'
+        ``isolation = "judge"`` the actor's judge profiles it through a sandboxed runner
+        (:mod:`evaluators.judge.profile`), else ncu runs around the harness's profile child."""
         with self.schedule.exclusive("profile"):   # ncu measures: nothing else on the GPU
             if self._profile is not None:
                 return self._profile(candidate, so_bytes, shape_idx, settings)
             from evaluators.profile import profile_candidate
 
             return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
-                                     task_files=self._settings.task_files)
+                                     task_files=self._settings.task_files, isolation=self._settings.isolation,
+                                     harness=self._settings)
 
     def close(self) -> None:
         """Kill the warm children (their directories go too) and stop sampling."""

@@ -269,20 +269,23 @@ class Judge:
         return _report(stages, env, time.monotonic() - t0)
 
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
-                      env: dict[str, str], sandbox: Any) -> tuple[Any, Calibration]:
-        """A runner with every buffer mapped and its empty call timed; our failure if not."""
+                      env: dict[str, str], sandbox: Any, wrap: Sequence[str] = ()) -> tuple[Any, Calibration]:
+        """A runner with every buffer mapped and its empty call timed; our failure if not.
+        ``wrap``: a trusted program started in front of the sandboxed runner (ncu,
+        :mod:`evaluators.judge.profile`; :meth:`RunnerProcess.start`)."""
         from evaluators.judge.runner_process import RunnerProcess, RunnerStartError
         from evaluators.sandbox import seccomp_wanted
 
         want_seccomp = seccomp_wanted()
         try:
             if self._start is not None:
-                runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp)
+                runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp,
+                                     **({"wrap": tuple(wrap)} if wrap else {}))
             else:
                 argv = self._runner_argv()
                 runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
                                              sandbox=sandbox, timeout_s=settings.timeout_s,
-                                             seccomp=want_seccomp, cuda_device=self._cuda_device)
+                                             seccomp=want_seccomp, cuda_device=self._cuda_device, wrap=wrap)
         except RunnerStartError as e:
             raise HarnessError(f"the runner did not start: {e}", kind="runner",
                                fix="run `evo check` on a seed kernel to see the runner's own error") from e

@@ -28,6 +28,14 @@ session of its own, with its stdin and stdout as pipes and its stderr in
 the judge sends ``SECCOMP`` (:meth:`RunnerProcess.install_seccomp`) before ``LOAD``; the runner
 refuses ``LOAD`` without it unless started with ``--no-seccomp`` (``seccomp=False`` or the
 user's ``EVO_SANDBOX_SECCOMP=0``).
+
+``wrap`` (:meth:`RunnerProcess.start`): a trusted program the judge starts in front of the
+sandboxed runner (a profiler: ``[ncu, options...]``, :mod:`evaluators.judge.profile`). It is
+started as ``[*wrap, <the sandbox wrapper>, <the runner>]``: the runner is confined by the same
+:func:`~evaluators.sandbox.sandbox_launch` as without it (the wrapper becomes the runner by
+``exec``, so Landlock's ``/proc/self`` rule is the runner's), its seccomp filter is made for the
+runner's own pid (a descendant of the wrapping program, found once it answered ``READY``), and
+the wrapping program, which never loads candidate code, is not confined.
 """
 
 from __future__ import annotations
@@ -101,6 +109,40 @@ def _status(rc: int | None) -> str:
     return f"exited with status {rc}"
 
 
+def _stat(pid: int) -> tuple[str, int, str] | tuple[()]:
+    """``(comm, ppid, start time)`` of ``pid`` from /proc/<pid>/stat, ``()`` when gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ()
+    lp, rp = raw.find("("), raw.rfind(")")
+    rest = raw[rp + 2:].split()
+    if lp < 0 or rp < lp or len(rest) < 20:
+        return ()
+    return raw[lp + 1:rp], int(rest[1]), rest[19]
+
+
+def _descendant(root: int, name: str) -> tuple[int, str] | None:
+    """The one descendant of ``root`` whose command name is ``name`` (as /proc truncates it to
+    15 bytes): ``(pid, start time)``, or None when there is none or more than one."""
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[str, int, str]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st:
+                info[int(d)] = st  # type: ignore[assignment]
+                children.setdefault(st[1], []).append(int(d))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if info[pid][0] == name.encode()[:15].decode("utf-8", "replace"):
+            found.append(pid)
+        todo += children.get(pid, [])
+    return (found[0], info[found[0]][2]) if len(found) == 1 else None
+
+
 class RunnerProcess:
     """One runner process, started by :meth:`start`; see the module's docstring."""
 
@@ -108,6 +150,10 @@ class RunnerProcess:
                  stderr_file: Any) -> None:
         self._proc = proc
         self.pid: int = proc.pid
+        #: the pid of the runner itself (``pid`` unless a ``wrap`` program started it: then its
+        #: child, found after READY) and its start time (/proc/<pid>/stat field 22)
+        self.runner_pid: int = proc.pid
+        self._runner_start: str | None = None
         self.jobdir = jobdir
         self.layers: tuple[str, ...] = layers
         #: whether the runner refuses LOAD until SECCOMP succeeded (False: started --no-seccomp)
@@ -127,7 +173,7 @@ class RunnerProcess:
     def start(cls, binary: Path | str | Sequence[str], *, jobdir: Path, sandbox: "SandboxSettings | None" = None,
               timeout_s: float = 600.0, start_timeout_s: float = 30.0, seccomp: bool = True,
               env: Mapping[str, str] | None = None, cuda_device: str | None = None,
-              readable: Sequence[str] = ()) -> "RunnerProcess":
+              readable: Sequence[str] = (), wrap: Sequence[str] = ()) -> "RunnerProcess":
         """Start a runner for the job in ``jobdir`` (created if missing; the runner's cwd) and
         wait for ``READY`` (at most ``start_timeout_s``: the CUDA context is made at HELLO).
 
@@ -140,7 +186,9 @@ class RunnerProcess:
         starts it with ``--no-seccomp``). ``env``: the base environment (default
         :func:`runner_env`); ``cuda_device``: its ``CUDA_VISIBLE_DEVICES``. ``readable``: more
         paths Landlock lets the runner read (a candidate .so outside the job directory).
-        Raises :class:`RunnerStartError`.
+        ``wrap``: a trusted program started in front of the sandboxed runner (see the module's
+        docstring); it must pass its stdin and stdout through to the runner and print nothing
+        on stdout itself. Raises :class:`RunnerStartError`.
         """
         from evaluators.sandbox import SandboxSettings, sandbox_launch
 
@@ -163,9 +211,9 @@ class RunnerProcess:
         except Exception as e:  # noqa: BLE001 - any failure here is ours
             raise RunnerStartError(f"cannot prepare the runner's launch: {type(e).__name__}: {e}") from e
         try:
-            proc = subprocess.Popen(launch.argv, cwd=str(jobdir), env=launch.env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=stderr_file, start_new_session=True,
-                                    close_fds=True, bufsize=0)
+            proc = subprocess.Popen([*map(os.fspath, wrap), *launch.argv], cwd=str(jobdir), env=launch.env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_file,
+                                    start_new_session=True, close_fds=True, bufsize=0)
         except OSError as e:
             stderr_file.close()
             raise RunnerStartError(f"cannot start the runner {argv[0]}: {e}") from e
@@ -181,6 +229,15 @@ class RunnerProcess:
             raise RunnerStartError(f"the runner answered HELLO {PROTOCOL_VERSION} with {reply}"
                                    + (f"; its stderr: {tail}" if tail else ""))
         rp.backend = reply.backend
+        if wrap:
+            found = _descendant(rp.pid, Path(argv[0]).name)
+            if found is None:
+                tail = rp.stderr_tail()
+                rp.kill()
+                raise RunnerStartError(f"the runner answered READY under {os.fspath(wrap[0])} but no one process "
+                                       f"{Path(argv[0]).name!r} was found below it"
+                                       + (f"; stderr: {tail}" if tail else ""))
+            rp.runner_pid, rp._runner_start = found
         return rp
 
     # --- one command, one reply --------------------------------------------------------------
@@ -287,7 +344,7 @@ class RunnerProcess:
         from evaluators.sandbox.seccomp import SandboxError, _machine, seccomp_program
 
         try:
-            prog = seccomp_program(_machine(), self.pid)
+            prog = seccomp_program(_machine(), self.runner_pid)
         except SandboxError as e:
             self.kill()
             raise RunnerStartError(str(e)) from e
@@ -308,8 +365,9 @@ class RunnerProcess:
 
     # --- the end ------------------------------------------------------------------------------
 
-    def close(self) -> int | None:
-        """``QUIT``, wait up to a second, then SIGKILL the runner's whole process group;
+    def close(self, grace_s: float = _EXIT_GRACE_S) -> int | None:
+        """``QUIT``, wait up to ``grace_s`` (a second; a ``wrap`` program may need longer to
+        finish after its runner quit), then SIGKILL the runner's whole process group;
         returns its exit status (negative: a signal)."""
         if self._proc.poll() is None and not self._dead:
             try:
@@ -317,7 +375,7 @@ class RunnerProcess:
             except OSError:
                 pass
             try:
-                self._proc.wait(_EXIT_GRACE_S)
+                self._proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
@@ -343,6 +401,13 @@ class RunnerProcess:
             os.killpg(self.pid, signal.SIGKILL)  # start_new_session: the runner leads its group
         except (ProcessLookupError, PermissionError):
             pass
+        # a runner started by a wrap program that gave it a group of its own: killed by pid,
+        # once its start time shows the pid is still that runner's
+        if self._runner_start is not None and _stat(self.runner_pid)[2:3] == (self._runner_start,):
+            try:
+                os.kill(self.runner_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     @property
     def returncode(self) -> int | None:

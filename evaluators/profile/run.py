@@ -124,6 +124,8 @@ def profile_candidate(
     task_files: Sequence[str] = (),
     python: str | None = None,
     keep_dir: bool = False,
+    isolation: str = "harness",
+    harness: Any = None,
 ) -> StageResult:
     """Profile one built candidate on one shape under ncu; a StageResult named ``profile``.
 
@@ -132,7 +134,17 @@ def profile_candidate(
     (default: asked of nvidia-smi). Metrics: :func:`summarize`'s dict plus ``shape``,
     ``gpu``, ``cached``, ``ncu_wall_s``. Raises :class:`ProfileError` when the profiler
     itself cannot run (:mod:`evaluators.profile`).
+
+    ``isolation`` (the evaluation's ``HarnessSettings.isolation``): ``"harness"`` runs ncu
+    around the profile child below (which loads the candidate unsandboxed); ``"judge"`` has
+    this process's judge profile it through a sandboxed runner
+    (:func:`evaluators.judge.profile.profile_with_runner`; ``harness``: the
+    :class:`~evaluators.base.HarnessSettings`, default one with ``task_files``; ``python`` and
+    ``keep_dir`` do not apply). Its profiles are cached under keys of their own, so a profile
+    the harness path made is never served as the judge's.
     """
+    if isolation not in ("harness", "judge"):
+        raise ValueError(f"isolation {isolation!r}: expected 'harness' or 'judge'")
     if not isinstance(task, str) and not hasattr(task, "shapes"):
         raise TypeError(f"task must be a Task or a task name, not {type(task).__name__}")
     if isinstance(task, str):
@@ -144,12 +156,23 @@ def profile_candidate(
     gpu = gpu if gpu is not None else gpu_name(settings.device)
     metrics = list(dict.fromkeys(settings.metrics))
     cache = ProfileCache(settings.cache_dir) if settings.cache_dir and gpu else None
-    key = profile_key(sha, shp, gpu, metrics)
+    key = profile_key(sha, shp, gpu, metrics if isolation == "harness" else [*metrics, "profiled_by=judge"])
     if cache is not None:
         hit = cache.get(key)
-        if hit is not None:
+        if hit is not None and (isolation == "harness" or hit.get("profiled_by") == "judge"):
             log.debug("profile cache hit for %s on %s", candidate.short_id, shp)
             return StageResult(STAGE, Status.OK, metrics={**hit, "cached": True})
+    if isolation == "judge":
+        from evaluators.base import HarnessSettings
+        from evaluators.judge import judge_for
+        from evaluators.judge.profile import profile_with_runner
+
+        hs = harness if harness is not None else HarnessSettings(task_files=tuple(task_files), isolation="judge")
+        res = profile_with_runner(judge_for("cuda"), candidate.id, bytes(so_bytes), task.name, shp,
+                                  settings=settings, harness=hs, task_files=tuple(task_files), gpu=gpu)
+        if cache is not None and res.status is Status.OK:
+            cache.put(key, {k: v for k, v in res.metrics.items() if k != "cached"})
+        return res
     ncu = find_ncu(settings.ncu)
     from evaluators.isolation import child_env
 
