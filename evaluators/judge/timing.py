@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from evaluators.judge.slots import ShapeSlots
-from evaluators.judge.trials import Call, CallFailed, check_done, fill_inputs
+from evaluators.judge.trials import Call, check_done, fill_inputs
 from evo.core.records import StageResult, Status
 
 __all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
