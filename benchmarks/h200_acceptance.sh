@@ -105,9 +105,10 @@ PY
     selftest)
       selftest_shards ;;
     judge)
-      timeout 90 python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/test_runner.py > "$out/gpu_runner.txt" 2>&1
-      echo "runner gpu tests rc=$?: $(tail -n 1 "$out/gpu_runner.txt")"
-      timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" \
+      timeout 120 python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/test_runner.py tests/test_judge_profile.py \
+        > "$out/gpu_runner.txt" 2>&1
+      echo "runner + profile gpu tests rc=$?: $(tail -n 1 "$out/gpu_runner.txt")"; grep -E "^(FAILED|ERROR)|Error" "$out/gpu_runner.txt" | head -n 8
+      timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" ${EVO_JUDGE_TASKS:+--tasks $EVO_JUDGE_TASKS} \
         > "$out/judge_stdout.txt" 2>&1
       echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
       timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
