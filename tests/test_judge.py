@@ -107,7 +107,37 @@ def test_a_kernel_that_stops_working_when_timed_is_incorrect(tmp_path):
     judge, _ = _judge(tmp_path, [], skip_from=2 * 5 * 2 + 1)   # every check call, the warm-up, then nothing
     rep = judge.evaluate(_job(), _settings())
     assert _statuses(rep) == [("correctness", "ok"), ("timing", "incorrect")]
-    assert "timed call 0" in rep.stage("timing").reason and "non-finite" in rep.stage("timing").reason
+    assert "timed call 0" in rep.stage("timing").reason and "still hold the poison" in rep.stage("timing").reason
+
+
+@pytest.mark.parametrize("mode", ["half", "zeros", "stale"])
+def test_a_timed_call_that_writes_part_zeros_or_an_old_answer_is_incorrect(tmp_path, mode):
+    """After correctness, the kernel writes half its output, zeros, or the answer it kept
+    from an earlier call: the judge's per-call check (a full scan for poison, a sampled
+    comparison with the reference on this call's inputs) refuses each."""
+    calls = {"n": 0, "kept": None}
+
+    def kernel(ins, outs, scalars):
+        calls["n"] += 1
+        honest = calls["n"] <= 2 * 5 * 2 + 1
+        if honest or mode == "stale" and calls["kept"] is None:
+            outs[0].copy_(torch.relu(ins[0]))
+            if outs[0].numel() == 4096:
+                calls["kept"] = outs[0].clone()
+            return 0
+        if mode == "half":
+            n = outs[0].numel() // 2
+            outs[0][:n].copy_(torch.relu(ins[0][:n]))
+        elif mode == "zeros":
+            outs[0].zero_()
+        else:
+            outs[0].copy_(calls["kept"])
+        return 0
+
+    judge, _ = _judge(tmp_path, [], kernel=kernel)
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "incorrect")], rep.stage("timing").reason
+    assert ("still hold the poison" if mode == "half" else "relative L2 distance") in rep.stage("timing").reason
 
 
 def test_a_kernel_that_writes_nothing_is_incorrect(tmp_path):

@@ -431,7 +431,7 @@ def test_the_cuda_backend_compiles():
 
 
 @pytest.mark.gpu
-def test_cuda_runner_maps_a_torch_allocation_and_runs_relu(tmp_path):
+def test_cuda_runner_maps_the_judges_buffers_and_runs_relu(tmp_path):
     torch = pytest.importorskip("torch")
     if _nvcc() is None or not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU and nvcc")
@@ -444,20 +444,24 @@ def test_cuda_runner_maps_a_torch_allocation_and_runs_relu(tmp_path):
     subprocess.run([_nvcc(), "-std=c++17", "-O2", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
                     f"-I{abi_include_dir()}", str(FIX / "relu_cuda.cu"), "-o", str(so)], check=True,
                    capture_output=True, text=True)
+    from evaluators.judge.exchange import IpcExchange
+
     n = 1 << 20
-    x = torch.randn(n, device="cuda")
-    y = torch.full((n,), float("nan"), device="cuda")
+    ex = IpcExchange()   # the judge's own exchange: one cuMemAlloc per tensor, its IPC handle
+    bx, by = ex.alloc(4 * n), ex.alloc(4 * n)
+    x, y = bx.view(torch.float32, (n,)), by.view(torch.float32, (n,))
+    x.copy_(torch.randn(n, device="cuda"))
+    y.fill_(float("nan"))
     torch.cuda.synchronize()
     jobdir = tmp_path / "job"
     rp = RunnerProcess.start(binary, jobdir=jobdir, readable=[str(tmp_path)])
     try:
         assert rp.backend == "cuda"
         args = []
-        for buf, t in enumerate((x, y)):
-            _, handle, size, offset, *_ = t.untyped_storage()._share_cuda_()
-            reply, _ = rp.request(protocol.map_ipc(buf, handle, size + offset), 30.0)
-            assert reply == Mapped(buf), reply
-            args.append(TensorArg(buf, offset, "float32", (n,), (1,)))
+        for b in (bx, by):
+            reply, _ = rp.request(b.map_line(), 30.0)
+            assert reply == Mapped(b.buf), reply
+            args.append(TensorArg(b.buf, 0, "float32", (n,), (1,)))
         reply, _ = rp.request(protocol.nullcall(), 10.0)
         assert isinstance(reply, Done) and reply.last_error == 0, reply
         assert rp.install_seccomp() >= 2, "CUDA's own threads are filtered too"
@@ -469,3 +473,5 @@ def test_cuda_runner_maps_a_torch_allocation_and_runs_relu(tmp_path):
         assert torch.equal(y, torch.relu(x))
     finally:
         rp.close()
+        ex.free(bx)
+        ex.free(by)

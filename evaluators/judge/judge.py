@@ -266,6 +266,10 @@ class Judge:
             for s in own:
                 free_slots(ex, s)
             shutil.rmtree(jobdir, ignore_errors=True)
+            if cuda:   # the evaluation's temporaries back to the driver: the card is shared
+                import torch
+
+                torch.cuda.empty_cache()
         return _report(stages, env, time.monotonic() - t0)
 
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
@@ -299,7 +303,13 @@ class Judge:
                         raise HarnessError(f"the runner could not map buffer {b.buf} ({b.nbytes} bytes): {reply}",
                                            kind="runner", fix="see docs/SECURITY.md (the exchange)")
             walls, events = [], []
+            ops = self._ops
             for _ in range(NULL_CALLS):
+                # as in the timed loop: the judge's own GPU work (a flush) comes first, so each
+                # empty call pays the same switch between the two processes' CUDA contexts
+                if ops is not None:
+                    ops.flush()
+                    ops.sync()
                 reply, wall = runner.request(protocol.nullcall(), 30.0)
                 if not isinstance(reply, Done):
                     raise HarnessError(f"the runner's empty call failed: {reply}", kind="runner")

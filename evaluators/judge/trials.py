@@ -64,9 +64,10 @@ def check_done(done: Done, where: str) -> Done:
     return done
 
 
-def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, dist: str) -> list[Any]:
+def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, dist: str,
+                keep: bool = True) -> list[Any]:
     """Fresh inputs for ``seed`` written into the shape's input buffers; returns the judge's
-    own copies (what the inputs must still be after the call)."""
+    own copies (what the inputs must still be after the call), or ``[]`` without ``keep``."""
     import torch
 
     dev = slots.ins[0].device if slots.ins else torch.device("cpu")
@@ -82,7 +83,8 @@ def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, 
                                    f"in one trial and {tuple(b.shape)} {b.dtype} in another: make_inputs must "
                                    "give the same shapes and dtypes for a shape")
             b.copy_(f)
-        return [f.clone() for f in slots.ins]
+        del fresh
+        return [f.clone() for f in slots.ins] if keep else []
 
 
 def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, trials: int, seed: int,
