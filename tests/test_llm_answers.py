@@ -1,5 +1,5 @@
 """The corpus of messy model answers (tests/fixtures/llm/answers/): each answer's expected
-outcome, through the same path the mutator uses (mutators.answer.interpret), and the table
+outcome, through the same path the mutator uses (mutators.llm.answer.interpret.interpret), and the table
 of docs/llm.md that lists them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mutators.answer import interpret
-from mutators.patch import validate_child
+from mutators.llm.answer.interpret import interpret
+from mutators.llm.answer.patch import validate_child
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 CASES = json.loads((FIX / "answers" / "cases.json").read_text())

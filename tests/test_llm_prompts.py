@@ -17,13 +17,13 @@ from evo.engine.llm_context import StoreContextProvider, ptxas_text, task_info
 from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
 from evo.store import Store
 from mutators.base import MutationContext
-from mutators.cassette import Cassette
-from mutators.client import LLMClient
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator
-from mutators.prompt_context import ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
-from mutators.patch import Block, render_blocks
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.mutator import LLMMutator
+from mutators.llm.prompt.context import ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
+from mutators.llm.answer.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 KERNELS = Path(__file__).parents[1] / "evo" / "tasks" / "kernels"
@@ -266,5 +266,5 @@ def test_docs_show_the_current_rendered_prompts(info):
         DOCS.write_text(text)
     assert _docs_block("optimize") == opt, "docs/llm.md's optimize example is stale: rerun with EVO_WRITE_DOCS=1"
     assert _docs_block("repair") == rep, "docs/llm.md's repair example is stale: rerun with EVO_WRITE_DOCS=1"
-    system = (Path(__file__).parents[1] / "mutators" / "prompts" / "system.md").read_text()
+    system = (Path(__file__).parents[1] / "mutators" / "llm" / "prompt" / "prompts" / "system.md").read_text()
     assert "evaluation contract" in system

@@ -1,4 +1,4 @@
-"""SEARCH/REPLACE parsing, tolerant application and child validation (mutators/patch.py)."""
+"""SEARCH/REPLACE parsing, tolerant application and child validation (mutators/llm/answer/patch.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mutators.patch import (
+from mutators.llm.answer.patch import (
     ABI_PARAM_TYPES,
     Block,
     apply_blocks,

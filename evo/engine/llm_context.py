@@ -1,6 +1,6 @@
 """What LLM prompts may know, read from the lineage store and the task suite.
 
-:class:`StoreContextProvider` implements :class:`mutators.prompt_context.PromptContextProvider` for the
+:class:`StoreContextProvider` implements :class:`mutators.llm.prompt.context.PromptContextProvider` for the
 engine's driver (it reads the same store the driver writes, in the same process):
 
 - :func:`task_info`: the reference's source with the module constants and same-module
@@ -33,7 +33,7 @@ import types
 from importlib import resources
 from typing import Any, Callable
 
-from mutators.prompt_context import ParentFacts, ShapeTiming, TaskInfo
+from mutators.llm.prompt.context import ParentFacts, ShapeTiming, TaskInfo
 
 __all__ = ["StoreContextProvider", "task_info", "reference_text", "tensors_text", "short_kernel_name",
            "ptxas_text"]

@@ -3,7 +3,7 @@
 :func:`interpret` is the whole path from answer text to child (pure: no I/O, no state), so
 the corpus of messy answers in ``tests/fixtures/llm/answers/`` can test it case by case:
 
-1. reasoning is removed (``<think>`` blocks, :func:`mutators.patch.strip_reasoning`);
+1. reasoning is removed (``<think>`` blocks, :func:`mutators.llm.answer.patch.strip_reasoning`);
 2. an answer wrapped in JSON (``{"code": ...}``, ``{"edits": [{"search", "replace"}]}``,
    optionally in a ```` ```json ```` fence) is unwrapped;
 3. for ``genesis``: the whole ```` ```cuda ```` file (or an unfenced file) is the child;
@@ -12,7 +12,7 @@ the corpus of messy answers in ``tests/fixtures/llm/answers/`` can test it case 
    a unified diff's hunks, else a whole file, accepted as the diff it amounts to when that
    diff is small (at most ``max(whole_file_lines, whole_file_fraction x the parent's
    lines)`` changed lines), else prose;
-5. the child is validated (:func:`mutators.patch.validate_child`).
+5. the child is validated (:func:`mutators.llm.answer.patch.validate_child`).
 
 The result is an :class:`Interpretation`: the child (or None), the problems, the unmatched
 blocks, the form the answer took, notes on what was tolerated, and ``feedback``: what the
@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mutators.patch import (
+from mutators.llm.answer.patch import (
     Block,
     UnmatchedBlock,
     apply_blocks,
