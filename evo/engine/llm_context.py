@@ -15,7 +15,9 @@ engine's driver (it reads the same store the driver writes, in the same process)
   ``evo_seed::matvec_kernel<4>``), but only under the profile rule below;
 - :meth:`StoreContextProvider.failure`: the failed stage, its status and its text; for a
   compile error the whole (head + tail trimmed) log, because the candidate's own frames of
-  a template-instantiation chain come last and the ``errors`` excerpt cuts them off.
+  a template-instantiation chain come last and the ``errors`` excerpt cuts them off; for a
+  policy rejection every violation with its line, source line and rule (the policy's
+  ``violations`` artifact: its ``reason`` names only the first);
 
 The profile rule lives here: profile numbers are shown only for parents whose lineage depth
 (generations since the seed or genesis) is at least ``feedback_after``, so structure is
@@ -339,6 +341,8 @@ class StoreContextProvider:
             return None
         if st.stage == "compile":
             text = st.artifacts.get("log") or st.artifacts.get("errors") or st.reason
+        elif st.stage == "policy":  # every violation with its line and source (the reason names only the first)
+            text = st.artifacts.get("violations") or st.reason
         else:
             text = st.artifacts.get("errors") or st.reason
         return st.stage, st.status.value, text
