@@ -25,7 +25,7 @@ class MutatorStopped(RuntimeError):
     """The mutator can make no more proposals in this run (its budget is spent, every model
     it may call is stopped). The message is one line naming the cause and the fix.
 
-    Subclasses: :class:`mutators.budget.BudgetExhausted`, :class:`mutators.health.NoModelLeft`.
+    Subclasses: :class:`mutators.llm.client.budget.BudgetExhausted`, :class:`mutators.llm.client.health.NoModelLeft`.
     Today the engine catches only ``BudgetExhausted`` around ``propose`` (it stops proposing,
     lets the work in flight drain and ends the run with the message as its stop reason);
     any other subclass ends the run with the exception (catching the base class is the
@@ -67,7 +67,7 @@ class Mutator(Protocol):
     """Turns selected parents into one child proposal.
 
     Implemented by :class:`mutators.knobs.KnobsMutator` (offline) and
-    :class:`mutators.llm.LLMMutator`; every implementation passes the conformance suite in
+    :class:`mutators.llm.mutator.LLMMutator`; every implementation passes the conformance suite in
     ``tests/conformance/test_mutator_conformance.py``.
 
     Required members: ``name`` (recorded in errors and logs) and :meth:`propose`. The
@@ -103,7 +103,7 @@ class Mutator(Protocol):
       ``repair(request, context, rng)`` and ``begin_repair(request, context, rng)``
       [none]: the engine offers every child it records as failed, and serves a queued
       repair of an island's task before a new proposal (``begin_repair`` off the loop like
-      ``begin``). :class:`mutators.llm.LLMMutator` documents them.
+      ``begin``). :class:`mutators.llm.mutator.LLMMutator` documents them.
     """
 
     name: str
@@ -128,7 +128,7 @@ class Mutator(Protocol):
         the mutator's own caches and counters only (never the parents, the store, the
         islands).
 
-        Raises: :class:`mutators.budget.BudgetExhausted` when the mutator's budget is spent
+        Raises: :class:`mutators.llm.client.budget.BudgetExhausted` when the mutator's budget is spent
         (the engine stops proposing, lets the work in flight drain, and the run ends with
         the message as its stop reason); any other exception is a failure of the mutator
         itself (a broken template, a misconfiguration, a replay that diverged) and ends

@@ -278,12 +278,12 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
     import json
 
     from evo.engine.llm_context import StoreContextProvider
-    from mutators.cassette import Cassette
-    from mutators.budget import Budget
-    from mutators.client import LLMClient
-    from mutators.model_spec import ModelSpec
-    from mutators.fake_server import FakeLLMServer
-    from mutators.llm import LLMMutator
+    from mutators.llm.replay.cassette import Cassette
+    from mutators.llm.client.budget import Budget
+    from mutators.llm.client.chat import LLMClient
+    from mutators.llm.client.model_spec import ModelSpec
+    from mutators.llm.replay.fake_server import FakeLLMServer
+    from mutators.llm.mutator import LLMMutator
 
     entries = []
     for line in (Path(__file__).parent / "fixtures" / "llm" / "lineage.jsonl").read_text().splitlines():

@@ -1,5 +1,5 @@
 """The corpus of messy model answers (tests/fixtures/llm/answers/): each answer's expected
-outcome, through the same path the mutator uses (mutators.answer.interpret), and the table
+outcome, through the same path the mutator uses (mutators.llm.answer.interpret.interpret), and the table
 of docs/llm.md that lists them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mutators.answer import interpret
-from mutators.patch import validate_child
+from mutators.llm.answer.interpret import ORDER_NOTE, interpret
+from mutators.llm.answer.patch import validate_child
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 CASES = json.loads((FIX / "answers" / "cases.json").read_text())
@@ -41,6 +41,54 @@ def test_each_answer_has_its_expected_outcome(case):
         said = " ".join(r.problems) + "\n" + r.feedback
         assert case["expect"] in said, said
         assert r.feedback, "a rejection always says what to do next"
+        # a refused patch answer always says how blocks apply (genesis asks for a whole file)
+        assert r.feedback.endswith("\n" + ORDER_NOTE) == (case["kind"] != "genesis")
+
+
+def _case(name: str, kind: str = "optimize"):
+    text = next((FIX / "answers").glob(f"{name}*")).read_text()
+    return interpret(text, kind=kind, parent_source=None if kind == "genesis" else (FIX / "parent_matvec.cu").read_text())
+
+
+def test_an_ambiguous_search_is_fed_back_with_both_places():
+    r = _case("35_")
+    assert r.problems == ("1 of 1 SEARCH blocks could not be applied (1 matched more than once)",)
+    (u,) = r.unmatched
+    assert u.kind == "ambiguous" and u.match_lines == (99, 128)
+    assert "matches 2 times (exactly), at lines 99 and 128" in r.feedback
+    assert "it matches at line 99; the lines around it there:" in r.feedback
+    assert "const Vec<V> av = gA(rows[r], c);" in r.feedback and "smem[r][lane]" in r.feedback  # what tells them apart
+
+
+def test_a_draft_then_final_answer_is_refused_not_applied_at_the_other_loop():
+    r = _case("36_")
+    assert r.child is None
+    (u,) = r.unmatched
+    assert u.kind == "replaced" and u.index == 1 and u.match_lines == (131,)
+    assert "lines 122-123 of the source before any block" in r.feedback
+    assert "at line 131 (ignoring indentation), another place, where it was not applied" in r.feedback
+    assert "send only the final block" in r.feedback
+
+
+def test_elided_whole_files_and_replace_sections_are_refused_with_the_fix():
+    r = _case("37_")
+    assert r.form == "whole_file" and r.child is None
+    assert "'// ... unchanged ...'" in r.problems[0] and "would be deleted" in r.problems[0]
+    assert "SEARCH/REPLACE blocks" in r.feedback and "complete file" in r.feedback
+    g = _case("41_", kind="genesis")
+    assert "'/* ... */'" in g.problems[0] and "Send the complete file" in g.feedback and ORDER_NOTE not in g.feedback
+    b = _case("42_")
+    assert b.problems[0].startswith("REPLACE section of block 1 leaves code out (line 4: '// ... rest unchanged ...')")
+    assert "leave them out of the block" in b.feedback
+
+
+def test_harmless_variants_are_applied_and_noted():
+    plain = _case("01_").child
+    for name, note in (("38_", "ORIGINAL/UPDATED markers read as SEARCH/REPLACE"),
+                       ("39_", "file names after the markers ignored"),
+                       ("40_", "code fences inside 1 block(s) removed")):
+        r = _case(name)
+        assert r.ok and r.child == plain and note in r.notes, (name, r.notes)
 
 
 def test_crlf_fixture_really_has_crlf():

@@ -1,5 +1,5 @@
 """`evo search CONFIG --dry-run` with the llm mutator: one probe request per model against the
-real local fake endpoint (mutators/fake_server.py on 127.0.0.1), one line each, exit 1 when
+real local fake endpoint (mutators/llm/replay/fake_server.py on 127.0.0.1), one line each, exit 1 when
 a model fails; `--no-probe` sends nothing; per task the largest starting prompt against each
 model's window. Seeds' compiles are faked (no nvcc needed); everything else is real."""
 
@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import evaluators.compile as comp
 from evo.cli import app
 from evo.core.records import StageResult, Status
-from mutators.cassette import Cassette
-from mutators.fake_server import FakeLLMServer
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.replay.fake_server import FakeLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

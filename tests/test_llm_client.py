@@ -11,13 +11,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from mutators.cassette import Cassette, CassetteError, CassetteRecorder, ReplayClient, ReplayMiss
-from mutators.budget import Budget, BudgetExhausted
-from mutators.calls import LLMCall, prompt_hash
-from mutators.client import LLMClient
-from mutators.model_spec import LLMConfigError, ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.fake_server import main as fake_main
+from mutators.llm.replay.cassette import Cassette, CassetteError, CassetteRecorder, ReplayClient, ReplayMiss
+from mutators.llm.client.budget import Budget, BudgetExhausted
+from mutators.llm.client.calls import LLMCall, prompt_hash
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.replay.fake_server import main as fake_main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
@@ -270,7 +270,7 @@ def test_fake_server_main_serves_until_interrupted(monkeypatch, capsys):
         calls.append(s)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mutators.fake_server.time.sleep", fake_sleep)
+    monkeypatch.setattr("mutators.llm.replay.fake_server.time.sleep", fake_sleep)
     assert fake_main(["--cassette", str(FIXTURES / "faults.jsonl"), "--port", "0"]) == 0
     out = capsys.readouterr().out
     assert "http://127.0.0.1:" in out and calls
@@ -423,7 +423,7 @@ def test_timeout_mid_stream_charges_what_was_sent_and_streamed():
         call = _client(timeout_s=0.4, max_attempts=2).complete(MSGS, model=_spec(srv, stream=True))
     assert not call.ok and "timeout after 0.4s after" in call.error and "streamed chunks" in call.error
     assert call.attempts == 2 and call.usage_estimated
-    from mutators.calls import estimate_tokens
+    from mutators.llm.client.calls import estimate_tokens
 
     # both attempts: the prompt, and the half of the 400 characters that arrived before the stall
     assert call.tokens_in == 2 * estimate_tokens(MSGS) and call.tokens_out == 2 * estimate_tokens("y" * 192)
@@ -431,7 +431,7 @@ def test_timeout_mid_stream_charges_what_was_sent_and_streamed():
 
 
 def test_timed_out_attempts_and_answers_without_usage_are_charged_by_estimate():
-    from mutators.calls import estimate_tokens
+    from mutators.llm.client.calls import estimate_tokens
 
     cas = Cassette([{"delay_s": 5}, {"response": "z" * 80, "usage": False}])
     with FakeLLMServer(cas) as srv:
@@ -442,7 +442,7 @@ def test_timed_out_attempts_and_answers_without_usage_are_charged_by_estimate():
 
 
 def test_reasoning_content_counts_for_cost_only():
-    from mutators.calls import estimate_tokens
+    from mutators.llm.client.calls import estimate_tokens
 
     cas = Cassette([{"response": "", "reasoning": "r" * 400, "finish_reason": "length", "usage": False}])
     with FakeLLMServer(cas) as srv:

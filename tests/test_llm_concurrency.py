@@ -25,12 +25,12 @@ from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators import base as mb  # noqa: E402
-from mutators.budget import Budget  # noqa: E402
-from mutators.cassette import Cassette, ReplayClient  # noqa: E402
-from mutators.client import LLMClient  # noqa: E402
-from mutators.fake_server import FakeLLMServer  # noqa: E402
-from mutators.llm import LLMMutator  # noqa: E402
-from mutators.model_spec import ModelSpec  # noqa: E402
+from mutators.llm.client.budget import Budget  # noqa: E402
+from mutators.llm.replay.cassette import Cassette, ReplayClient  # noqa: E402
+from mutators.llm.client.chat import LLMClient  # noqa: E402
+from mutators.llm.replay.fake_server import FakeLLMServer  # noqa: E402
+from mutators.llm.mutator import LLMMutator  # noqa: E402
+from mutators.llm.client.model_spec import ModelSpec  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fake)
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"

@@ -11,10 +11,10 @@ import random
 import pytest
 
 from evo.config import ConfigError, LLMModelConfig, parse_config
-from mutators.cassette import Cassette
-from mutators.client import LLMClient
-from mutators.model_spec import LLMConfigError, ModelSpec, is_openai_reasoning_model
-from mutators.fake_server import FakeLLMServer
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import LLMConfigError, ModelSpec, is_openai_reasoning_model
+from mutators.llm.replay.fake_server import FakeLLMServer
 
 MINIMAL = {"tasks": {"include": ["kb19_relu"]}, "mutator": {"kind": "llm"}}
 MODEL = {"name": "m", "base_url": "http://127.0.0.1:8000/v1", "model": "Qwen/Qwen3-32B"}
@@ -164,16 +164,16 @@ def test_per_model_concurrency_caps_that_model_only():
 
 
 def test_zero_prices_with_a_budget_warn_once_per_model(caplog):
-    from mutators.budget import Budget
+    from mutators.llm.client.budget import Budget
 
     free = ModelSpec(name="free", base_url="http://127.0.0.1:9/v1", model="x")
     paid = ModelSpec(name="paid", base_url="http://127.0.0.1:9/v1", model="x", price_in_per_mtok=1.0)
-    with caplog.at_level("WARNING", logger="mutators.client"):
+    with caplog.at_level("WARNING", logger="mutators.llm.client.chat"):
         LLMClient([free, paid], budget=Budget(5.0))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "'free'" in lines[0] and "llm.budget_usd = 5 does not limit its calls" in lines[0]
     caplog.clear()
-    with caplog.at_level("WARNING", logger="mutators.client"):
+    with caplog.at_level("WARNING", logger="mutators.llm.client.chat"):
         LLMClient([free])  # no budget: nothing to warn about
     assert not caplog.records
 

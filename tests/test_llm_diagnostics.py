@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mutators.diagnostics import digest, kernel_lines, numbered_excerpt, parse_diagnostics
+from mutators.llm.prompt.diagnostics import digest, kernel_lines, numbered_excerpt, parse_diagnostics
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 LOG = (FIX / "nvcc_cute_mismatched_ranks.log").read_text()

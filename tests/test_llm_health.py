@@ -14,16 +14,16 @@ import pytest
 
 from evo.core.records import Candidate, Member
 from mutators.base import MutationContext, MutatorStopped
-from mutators.cassette import Cassette
-from mutators.calls import LLMCall
-from mutators.client import LLMClient
-from mutators.http_errors import classify_http_error
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.health import ModelHealth, NoModelLeft
-from mutators.llm import LLMMutator
-from mutators.prompt_context import SimpleContextProvider, TaskInfo
-from mutators.patch import Block, render_blocks
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.client.calls import LLMCall
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.http_errors import classify_http_error
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.client.health import ModelHealth, NoModelLeft
+from mutators.llm.mutator import LLMMutator
+from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.answer.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 GOOD = (FIX / "tiny_kernel.cu").read_text()
@@ -140,8 +140,8 @@ def test_open_model_sits_out_while_another_is_usable():
 
 
 def test_replayed_fatal_errors_stop_the_model_the_same_way():
-    from mutators.cassette import ReplayClient
-    from mutators.calls import prompt_hash
+    from mutators.llm.replay.cassette import ReplayClient
+    from mutators.llm.client.calls import prompt_hash
 
     mut, stops, _ = _mutator("http://127.0.0.1:9/v1")
     msgs = mut.render("optimize", PARENT, MutationContext(TASK, 0, 1), mut.models[0], chain=PARENT.id).messages

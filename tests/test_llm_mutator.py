@@ -16,19 +16,19 @@ import pytest
 
 from evo.core.records import Candidate, Member, Status
 from mutators.base import MutationContext, Mutator, Proposal
-from mutators.cassette import Cassette, ReplayClient
-from mutators.budget import Budget, BudgetExhausted
-from mutators.calls import LLMCall
-from mutators.client import LLMClient
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.attempts import AttemptRecord
-from mutators.bandit import ModelBandit
-from mutators.llm import LLMMutator
-from mutators.prompt_context import SimpleContextProvider, TaskInfo
-from mutators.prompt_text import failing_lines, trim_error
-from mutators.patch import render_blocks, Block
-from mutators.templates import PromptError, render_prompt, template_fields
+from mutators.llm.replay.cassette import Cassette, ReplayClient
+from mutators.llm.client.budget import Budget, BudgetExhausted
+from mutators.llm.client.calls import LLMCall
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.attempts import AttemptRecord
+from mutators.llm.bandit import ModelBandit
+from mutators.llm.mutator import LLMMutator
+from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.prompt.text import failing_lines, trim_error
+from mutators.llm.answer.patch import render_blocks, Block
+from mutators.llm.prompt.templates import PromptError, render_prompt, template_fields
 
 FIX = Path(__file__).parent / "fixtures"
 GOOD = (FIX / "llm" / "tiny_kernel.cu").read_text()

@@ -17,13 +17,13 @@ from evo.engine.llm_context import StoreContextProvider, ptxas_text, task_info
 from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
 from evo.store import Store
 from mutators.base import MutationContext
-from mutators.cassette import Cassette
-from mutators.client import LLMClient
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.llm import LLMMutator
-from mutators.prompt_context import ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
-from mutators.patch import Block, render_blocks
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.mutator import LLMMutator
+from mutators.llm.prompt.context import ParentFacts, ShapeTiming, SimpleContextProvider, TaskInfo
+from mutators.llm.answer.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 KERNELS = Path(__file__).parents[1] / "evo" / "tasks" / "kernels"
@@ -266,5 +266,39 @@ def test_docs_show_the_current_rendered_prompts(info):
         DOCS.write_text(text)
     assert _docs_block("optimize") == opt, "docs/llm.md's optimize example is stale: rerun with EVO_WRITE_DOCS=1"
     assert _docs_block("repair") == rep, "docs/llm.md's repair example is stale: rerun with EVO_WRITE_DOCS=1"
-    system = (Path(__file__).parents[1] / "mutators" / "prompts" / "system.md").read_text()
+    system = (Path(__file__).parents[1] / "mutators" / "llm" / "prompt" / "prompts" / "system.md").read_text()
     assert "evaluation contract" in system
+
+
+# ---- policy rejections: every violation -----------------------------------------------------------
+
+
+def test_a_repair_prompt_for_a_policy_rejection_lists_every_violation(tmp_path, info):
+    """The policy names all violations (artifacts["violations"]); the repair prompt used to
+    quote only its reason: the first violation and "(+3 more violations)"."""
+    from evaluators.policy import check_policy
+
+    src = MATVEC.replace('#include "evo_abi.h"\n', '#include "evo_abi.h"\n#include <cstdlib>\nstatic int calls = 0;\n')
+    src = src.replace("  if (m == 0) return cudaSuccess;\n",
+                      '  if (m == 0) return cudaSuccess;\n  if (getenv("EVO_FAST")) system("true");\n')
+    pol = check_policy(src)
+    assert pol.status is Status.REJECTED and pol.metrics["n_violations"] == 4 and "(+3 more violations)" in pol.reason
+    with Store(tmp_path / "e.db") as store:
+        run = store.create_run("ctx", {}, seed=0, config_hash="x")
+        bad = Candidate.create(TASK, src, {}, operator="llm:m")
+        store.add_candidate(run, bad)
+        store.add_evaluation(run, Evaluation(bad.id, (pol,)))
+        prov = StoreContextProvider(store, run)
+        stage, status, text = prov.failure(bad.id)
+        assert (stage, status) == ("policy", "rejected")
+        broken = Member(candidate=bad, fitness=None, status=Status.REJECTED)
+        spec = ModelSpec("m", "http://127.0.0.1:8000/v1", "m", context_tokens=32768, max_output_tokens=4096)
+        rep = LLMMutator(LLMClient(), [spec], SimpleContextProvider({TASK: info}, failures={bad.id: (stage, status, text)}))
+        prompt = rep.render("repair", broken, MutationContext(TASK, 0, 1), spec, chain=bad.id).messages[1]["content"]
+    err = prompt.split("## Failure")[1].split("## The kernel's lines")[0]
+    lines = [v["line"] for v in pol.metrics["violations"]]
+    for rule, line in zip(("include-allowlist", "no-global-state", "no-env", "no-host-process"), lines):
+        assert f"line {line}: [{rule}]" in err, err
+    assert "no-env: the environment is not an input" in err  # each rule's why
+    marked = re.findall(r">>\s+(\d+) \|", prompt.split("## The kernel's lines the errors point at")[1].split("```")[1])
+    assert sorted(set(int(x) for x in marked)) == sorted(set(lines)), "every violation's line is excerpted"

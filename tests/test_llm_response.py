@@ -10,14 +10,14 @@ import pytest
 
 from evo.core.records import Candidate, Member, Status
 from mutators.base import MutationContext
-from mutators.cassette import Cassette
-from mutators.client import LLMClient
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer
-from mutators.bandit import ModelBandit
-from mutators.llm import LLMMutator
-from mutators.prompt_context import SimpleContextProvider, TaskInfo
-from mutators.patch import Block, render_blocks, strip_reasoning
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer
+from mutators.llm.bandit import ModelBandit
+from mutators.llm.mutator import LLMMutator
+from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.answer.patch import Block, render_blocks, strip_reasoning
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
 GOOD = (FIX / "tiny_kernel.cu").read_text()

@@ -24,12 +24,12 @@ from evo.core.records import StageResult, Status  # noqa: E402
 from evo.engine.runtime import Runtime, Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
-from mutators.cassette import Cassette, ReplayClient  # noqa: E402
-from mutators.budget import Budget  # noqa: E402
-from mutators.client import LLMClient
-from mutators.model_spec import ModelSpec
-from mutators.fake_server import FakeLLMServer  # noqa: E402
-from mutators.llm import LLMMutator  # noqa: E402
+from mutators.llm.replay.cassette import Cassette, ReplayClient  # noqa: E402
+from mutators.llm.client.budget import Budget  # noqa: E402
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.fake_server import FakeLLMServer  # noqa: E402
+from mutators.llm.mutator import LLMMutator  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fake)
 CASSETTE = Path(__file__).parent / "fixtures" / "llm" / "lineage.jsonl"

@@ -142,8 +142,8 @@ def fake_llm(
 
     Example: evo fake-llm --cassette tests/fixtures/llm/lineage.jsonl --port 8011 --dialect openai
     """
-    from mutators.fake_server import DIALECTS
-    from mutators.fake_server import main as serve
+    from mutators.llm.replay.fake_server import DIALECTS
+    from mutators.llm.replay.fake_server import main as serve
 
     if not cassette.is_file():
         _fail(f"{cassette}: no such cassette file")

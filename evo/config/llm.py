@@ -39,7 +39,7 @@ class LLMModelConfig(Section):
 
 def _check_llm_model(i: int, m: LLMModelConfig) -> str | None:
     """The first cross-key problem of ``[[llm.models]]`` entry ``i`` (None if fit)."""
-    from mutators.model_spec import RESERVED_BODY_KEYS, is_openai_reasoning_model  # lazy: imports openai
+    from mutators.llm.client.model_spec import RESERVED_BODY_KEYS, is_openai_reasoning_model  # lazy: imports openai
 
     key = f"llm.models[{i}]"
     reasoning = m.token_param != "max_tokens" and is_openai_reasoning_model(m.model)

@@ -1,7 +1,7 @@
 """The dry run's checks of the ``llm`` mutator: does each model answer, do the prompts fit.
 
 :func:`probe_models` sends each ``[[llm.models]]`` entry one tiny chat request with its own
-request settings (:meth:`mutators.client.LLMClient.probe`: one attempt, no budget, nothing
+request settings (:meth:`mutators.llm.client.chat.LLMClient.probe`: one attempt, no budget, nothing
 stored) and returns one :class:`ModelProbe` per model: ``ok``, or the endpoint's error in one
 line (a 401 for a wrong key, a 404 for an unknown model id, a 400 for a parameter the model
 does not take) or the configuration's (a key variable that is not set). A replayed run
@@ -9,13 +9,13 @@ does not take) or the configuration's (a key variable that is not set). A replay
 
 :func:`prompt_sizes` renders, per task, the prompts a run starts with (the seed as parent:
 optimize and repair; a task without a seed: genesis) through the LLM mutator's own
-:meth:`mutators.llm.LLMMutator.render`, with the task facts a run has before any evaluation
+:meth:`mutators.llm.mutator.LLMMutator.render`, with the task facts a run has before any evaluation
 (:func:`evo.engine.llm_context.task_info`), and returns the largest with, per model, whether it
 fits the model's window (``context_tokens - max_output_tokens``) whole, only after leaving
 optional parts out, or not at all. Later prompts carry more (other islands' kernels,
 earlier attempts, measured times, the profile); those are the parts the mutator leaves out
 first when a prompt is over the window. Token counts are the mutator's estimate from
-characters (:data:`mutators.templates.BUDGET_CHARS_PER_TOKEN`), not a tokenizer's.
+characters (:data:`mutators.llm.prompt.templates.BUDGET_CHARS_PER_TOKEN`), not a tokenizer's.
 
 Neither is called for the offline (``knobs``) mutator.
 """
@@ -91,14 +91,14 @@ class PromptSize:
 
 
 def _model_specs(cfg) -> list:
-    from mutators.model_spec import ModelSpec
+    from mutators.llm.client.model_spec import ModelSpec
 
     # [[llm.models]] keys map one to one onto ModelSpec fields (tests/test_llm_config.py).
     return [ModelSpec(**m.model_dump()) for m in cfg.llm.models]
 
 
 def _client(cfg, models):
-    from mutators.client import LLMClient
+    from mutators.llm.client.chat import LLMClient
 
     L = cfg.llm
     return LLMClient(models, timeout_s=L.timeout_s, max_attempts=1, backoff_base_s=L.backoff_base_s,
@@ -107,7 +107,7 @@ def _client(cfg, models):
 
 def probe_models(cfg) -> list[ModelProbe]:
     """Probe every configured model once (see module docstring); [] for a replayed run."""
-    from mutators.model_spec import LLMConfigError
+    from mutators.llm.client.model_spec import LLMConfigError
 
     if cfg.llm.replay_run:
         return []
@@ -134,8 +134,8 @@ def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[
     from evo.engine.llm_context import task_info
     from evo.core.records import Candidate, Member, Status
     from mutators.base import MutationContext
-    from mutators.llm import LLMMutator
-    from mutators.prompt_context import SimpleContextProvider
+    from mutators.llm.mutator import LLMMutator
+    from mutators.llm.prompt.context import SimpleContextProvider
 
     models = _model_specs(cfg)
     gpu = None if cfg.run.gpu == "auto" else cfg.run.gpu

@@ -1,6 +1,6 @@
 """What LLM prompts may know, read from the lineage store and the task suite.
 
-:class:`StoreContextProvider` implements :class:`mutators.prompt_context.PromptContextProvider` for the
+:class:`StoreContextProvider` implements :class:`mutators.llm.prompt.context.PromptContextProvider` for the
 engine's driver (it reads the same store the driver writes, in the same process):
 
 - :func:`task_info`: the reference's source with the module constants and same-module
@@ -15,7 +15,9 @@ engine's driver (it reads the same store the driver writes, in the same process)
   ``evo_seed::matvec_kernel<4>``), but only under the profile rule below;
 - :meth:`StoreContextProvider.failure`: the failed stage, its status and its text; for a
   compile error the whole (head + tail trimmed) log, because the candidate's own frames of
-  a template-instantiation chain come last and the ``errors`` excerpt cuts them off.
+  a template-instantiation chain come last and the ``errors`` excerpt cuts them off; for a
+  policy rejection every violation with its line, source line and rule (the policy's
+  ``violations`` artifact: its ``reason`` names only the first);
 
 The profile rule lives here: profile numbers are shown only for parents whose lineage depth
 (generations since the seed or genesis) is at least ``feedback_after``, so structure is
@@ -33,7 +35,7 @@ import types
 from importlib import resources
 from typing import Any, Callable
 
-from mutators.prompt_context import ParentFacts, ShapeTiming, TaskInfo
+from mutators.llm.prompt.context import ParentFacts, ShapeTiming, TaskInfo
 
 __all__ = ["StoreContextProvider", "task_info", "reference_text", "tensors_text", "short_kernel_name",
            "ptxas_text"]
@@ -339,6 +341,8 @@ class StoreContextProvider:
             return None
         if st.stage == "compile":
             text = st.artifacts.get("log") or st.artifacts.get("errors") or st.reason
+        elif st.stage == "policy":  # every violation with its line and source (the reason names only the first)
+            text = st.artifacts.get("violations") or st.reason
         else:
             text = st.artifacts.get("errors") or st.reason
         return st.stage, st.status.value, text

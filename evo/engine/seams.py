@@ -14,7 +14,7 @@ every fake must pass:
 - :class:`StoreWriter`: :class:`evo.store.Store`; suite
   ``tests/conformance/test_store_writer_conformance.py``;
 - the mutator, :class:`mutators.base.Mutator`: :class:`mutators.knobs.KnobsMutator`,
-  :class:`mutators.llm.LLMMutator`; suite ``tests/conformance/test_mutator_conformance.py``.
+  :class:`mutators.llm.mutator.LLMMutator`; suite ``tests/conformance/test_mutator_conformance.py``.
 
 The mutator's Protocol lives with the mutators (``mutators/base.py``: mutators never import
 the engine); the others live here, on the engine's side, so that ``evaluators/`` and

@@ -45,12 +45,12 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from dataclasses import asdict
 
     from evo.engine.llm_context import StoreContextProvider
-    from mutators.cassette import CassetteRecorder, ReplayClient
-    from mutators.budget import Budget
-    from mutators.client import LLMClient
-    from mutators.model_spec import ModelSpec
-    from mutators.health import ModelHealth
-    from mutators.llm import LLMMutator
+    from mutators.llm.replay.cassette import CassetteRecorder, ReplayClient
+    from mutators.llm.client.budget import Budget
+    from mutators.llm.client.chat import LLMClient
+    from mutators.llm.client.model_spec import ModelSpec
+    from mutators.llm.client.health import ModelHealth
+    from mutators.llm.mutator import LLMMutator
 
     L = cfg.llm
     # [[llm.models]] keys map one to one onto ModelSpec fields (tests/test_llm_config.py).

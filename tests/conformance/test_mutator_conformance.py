@@ -1,7 +1,7 @@
 """Conformance of every mutator to mutators.base.Mutator, optional members included.
 
 Implementations: the knobs mutator, and the LLM mutator against the fake OpenAI-compatible
-endpoint on 127.0.0.1 (mutators.fake_server) answering from tests/fixtures/llm/lineage.jsonl
+endpoint on 127.0.0.1 (mutators.llm.replay.fake_server) answering from tests/fixtures/llm/lineage.jsonl
 (genesis, repair and optimize answers for the tiny copy kernel). What the engine relies on:
 ``propose`` returns a well-formed Proposal (or None) for a correct parent, for a failed
 parent and (with ``genesis``) for none, never a candidate of ``context.seen``, the same one
@@ -48,12 +48,12 @@ def _knobs() -> Impl:
 
 
 def _llm() -> Impl:
-    from mutators.cassette import Cassette
-    from mutators.client import LLMClient
-    from mutators.model_spec import ModelSpec
-    from mutators.fake_server import FakeLLMServer
-    from mutators.llm import LLMMutator
-    from mutators.prompt_context import SimpleContextProvider, TaskInfo
+    from mutators.llm.replay.cassette import Cassette
+    from mutators.llm.client.chat import LLMClient
+    from mutators.llm.client.model_spec import ModelSpec
+    from mutators.llm.replay.fake_server import FakeLLMServer
+    from mutators.llm.mutator import LLMMutator
+    from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
 
     good_src = (FIX / "tiny_kernel.cu").read_text()
     bad_src = good_src.replace("int64_t(blockIdx.x) * BLOCK", "int64_t(blockIdx.x) * BLOK")

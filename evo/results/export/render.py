@@ -12,7 +12,7 @@ from evo.results.export.errors import ExportTemplateError
 
 __all__ = ["TEMPLATES_DIR", "template_fields", "render_template", "abi_fields", "build_script"]
 
-#: The generated files' templates (shipped as package data, like ``mutators/prompts``).
+#: The generated files' templates (shipped as package data, like ``mutators/llm/prompt/prompts``).
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 
 

@@ -2,7 +2,7 @@
 
 Two uses:
 
-- A **cassette** (JSONL, one scripted answer per line) drives :class:`mutators.fake_server.
+- A **cassette** (JSONL, one scripted answer per line) drives :class:`mutators.llm.replay.fake_server.
   FakeLLMServer` in tests and demos. Line fields::
 
       {"response": "...",            # answer text (default "")
@@ -28,7 +28,7 @@ Two uses:
 - **Replay**: :class:`ReplayClient` answers ``complete`` from stored calls (rows of the
   store's ``llm_calls`` table, or a cassette) without any endpoint. Answers are keyed by the
   attempt's identity (``attempt_key``: kind, parent or repair chain, attempt number; see
-  :class:`mutators.attempts.AttemptRecord`) when the rows carry it
+  :class:`mutators.llm.attempts.AttemptRecord`) when the rows carry it
   (:meth:`ReplayClient.from_run` joins a run's calls with its ``llm_attempt`` events), so
   the answer to an attempt does not depend on the order in which concurrent proposals
   finished or on prompt text that reflects that order (attempt outcomes, other islands'
@@ -36,7 +36,7 @@ Two uses:
   :class:`ReplayMiss` (a :class:`mutators.base.MutatorStopped`: the run stops proposing
   and ends with its one line).
 
-:class:`CassetteRecorder` is a :data:`mutators.calls.CallSink` that appends successful calls
+:class:`CassetteRecorder` is a :data:`mutators.llm.client.calls.CallSink` that appends successful calls
 to a cassette file as ``prompt_hash`` entries, turning any live run into a replayable script.
 """
 
@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from mutators.base import MutatorStopped
-from mutators.budget import Budget
-from mutators.calls import CallSink, LLMCall, norm_messages, prompt_hash
-from mutators.model_spec import ModelSpec
+from mutators.llm.client.budget import Budget
+from mutators.llm.client.calls import CallSink, LLMCall, norm_messages, prompt_hash
+from mutators.llm.client.model_spec import ModelSpec
 
 __all__ = ["CassetteEntry", "Cassette", "CassetteError", "CassetteRecorder", "ReplayClient", "ReplayMiss"]
 

@@ -1,5 +1,5 @@
 """The fields of one LLM prompt (:func:`prompt_fields`): what the templates in
-``mutators/prompts/`` are rendered with, from the task, the parent and its earlier attempts,
+``mutators/llm/prompt/prompts/`` are rendered with, from the task, the parent and its earlier attempts,
 and the ordered ways to shorten a prompt that is over the model's budget.
 """
 
@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from evo.core.records import Member
 from mutators.base import MutationContext
-from mutators.diagnostics import digest
-from mutators.prompt_context import PromptContextProvider
-from mutators.prompt_text import (effective_source, failing_lines, fmt_fitness, fmt_profile, inspiration_text,
+from mutators.llm.prompt.diagnostics import digest
+from mutators.llm.prompt.context import PromptContextProvider
+from mutators.llm.prompt.text import (effective_source, failing_lines, fmt_fitness, fmt_profile, inspiration_text,
                                   timings_text, tunables_text)
 
 __all__ = ["prompt_fields", "Step"]

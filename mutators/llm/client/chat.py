@@ -1,7 +1,7 @@
 """A chat-completions client for any OpenAI-compatible endpoint, with observable retries.
 
 :class:`LLMClient` talks to OpenAI, vLLM, Ollama, a llama.cpp server or the local
-:mod:`mutators.fake_server` through the ``openai`` package (``base_url`` + ``model`` + a key
+:mod:`mutators.llm.replay.fake_server` through the ``openai`` package (``base_url`` + ``model`` + a key
 read from the environment variable a :class:`ModelSpec` names). The ``openai`` client is built
 with ``max_retries=0``: retries happen here so that every attempt, wait and failure is visible
 in the returned :class:`LLMCall` and in the logs. What a request carries is
@@ -15,11 +15,12 @@ Contract of :meth:`LLMClient.complete`:
   (timeouts, 5xx, 429, connection errors, a body that is not JSON, a non-retryable 4xx, an
   answer over the size cap) is an ``LLMCall`` with ``error`` set, never an exception: a
   failed call is data the engine stores. A failure that cannot heal is tagged
-  ``[fatal:<kind>]`` in ``error`` (:data:`mutators.calls.FATAL_KINDS`; :func:`classify_http_error`), so
-  the caller can stop that model (:mod:`mutators.health`);
-- it raises only :class:`mutators.budget.BudgetExhausted` (the shared :class:`mutators.budget.Budget` is spent; raised
-  *before* anything is sent, so the engine stops proposing) and :class:`mutators.model_spec.LLMConfigError`
-  (a misconfigured model, e.g. its key variable is unset);
+  ``[fatal:<kind>]`` in ``error`` (:data:`mutators.llm.client.calls.FATAL_KINDS`; :func:`classify_http_error`), so
+  the caller can stop that model (:mod:`mutators.llm.client.health`);
+- it raises only :class:`mutators.llm.client.budget.BudgetExhausted` (the shared
+  :class:`mutators.llm.client.budget.Budget` is spent; raised *before* anything is sent, so the
+  engine stops proposing) and :class:`mutators.llm.client.model_spec.LLMConfigError` (a
+  misconfigured model, e.g. its key variable is unset);
 - every returned call is also handed to the ``sink`` (the engine writes it to ``llm_calls``);
 - at most ``concurrency`` requests are on the wire at once (a bounded semaphore; a model's
   own ``concurrency`` caps it further), so the client can be shared by threads;
@@ -52,10 +53,10 @@ from typing import Any, Callable, Sequence
 
 import openai
 
-from mutators.budget import Budget
-from mutators.calls import CallSink, LLMCall, estimate_tokens, norm_messages, prompt_hash
-from mutators.http_errors import classify_http_error, retry_after_seconds
-from mutators.model_spec import ModelSpec
+from mutators.llm.client.budget import Budget
+from mutators.llm.client.calls import CallSink, LLMCall, estimate_tokens, norm_messages, prompt_hash
+from mutators.llm.client.http_errors import classify_http_error, retry_after_seconds
+from mutators.llm.client.model_spec import ModelSpec
 
 __all__ = ["LLMClient"]
 

@@ -6,20 +6,20 @@ attempt:
 
 1. prompt kind: ``genesis`` when there is no parent (write a kernel from the task's
    reference), ``repair`` when the parent is incorrect, else ``optimize``;
-2. :class:`mutators.health.ModelHealth` says which models may be called (stopped models and
-   open circuit breakers are skipped) and the :class:`mutators.bandit.ModelBandit` picks one;
-3. the prompt is rendered from ``mutators/prompts/<kind>.md`` with what the injected
+2. :class:`mutators.llm.client.health.ModelHealth` says which models may be called (stopped models and
+   open circuit breakers are skipped) and the :class:`mutators.llm.bandit.ModelBandit` picks one;
+3. the prompt is rendered from ``mutators/llm/prompt/prompts/<kind>.md`` with what the injected
    :class:`PromptContextProvider` knows: the reference with the module constants it uses,
    the task description, each tensor's shape and dtype, the parent *as it ran* (its tunable
    values written in as the defaults, see :func:`effective_source`), its measured times
    against torch, ptxas resources, the profile once allowed, other islands' kernels as a
    diff against the parent (or their body), for a repair the failing stage's error with the
-   candidate's own lines first (:mod:`mutators.diagnostics`), and the outcomes of earlier
+   candidate's own lines first (:mod:`mutators.llm.prompt.diagnostics`), and the outcomes of earlier
    attempts from the same parent with the reason the last answer was not used. With the
    model's ``context_tokens`` known, the least useful parts are dropped until the prompt
    fits, and the prompt says which (:meth:`LLMMutator.render`);
 4. the client sends it (retries, budget; every call goes to the client's CallSink);
-5. :func:`mutators.answer.interpret` turns the answer into a child or into reasons.
+5. :func:`mutators.llm.answer.interpret.interpret` turns the answer into a child or into reasons.
 
 Any failure of steps 4-5 (an errored call, prose, broken or unmatched blocks, an empty or
 oversized answer, a no-op, a duplicate, a child that breaks the ABI) returns ``None`` and is
@@ -28,9 +28,9 @@ reported as an :class:`AttemptRecord` to the ``attempt_sink`` and kept in
 that parent, and no parent is sent the same prompt twice in a row.
 
 ``propose`` / ``repair`` raise only :class:`mutators.base.MutatorStopped` (the budget is
-spent: :class:`mutators.budget.BudgetExhausted`; every model is stopped:
-:class:`mutators.health.NoModelLeft`; the engine stops proposing and ends the run with its
-one-line message), :class:`mutators.cassette.ReplayMiss` (a replay diverged) and
+spent: :class:`mutators.llm.client.budget.BudgetExhausted`; every model is stopped:
+:class:`mutators.llm.client.health.NoModelLeft`; the engine stops proposing and ends the run with its
+one-line message), :class:`mutators.llm.replay.cassette.ReplayMiss` (a replay diverged) and
 configuration errors. All methods are thread-safe (proposals may run concurrently).
 
 The engine reports each evaluated child back through :meth:`LLMMutator.observe` so the
@@ -50,19 +50,19 @@ from typing import Any, Callable, Sequence
 
 from evo.core.records import Member, candidate_id, canonical_params
 from evo.core.tunables import TunableError, resolve_params
-from mutators.answer import Interpretation, interpret
-from mutators.attempts import STAGE_RANK, AttemptNote, AttemptRecord, AttemptSink, RepairRequest
-from mutators.bandit import ModelBandit
+from mutators.llm.answer.interpret import Interpretation, interpret
+from mutators.llm.attempts import STAGE_RANK, AttemptNote, AttemptRecord, AttemptSink, RepairRequest
+from mutators.llm.bandit import ModelBandit
 from mutators.base import MutationContext, Proposal
-from mutators.calls import ChatClient, LLMCall, prompt_hash
-from mutators.health import ModelHealth, StopSink
-from mutators.model_spec import LLMConfigError, ModelSpec
-from mutators.patch import UnmatchedBlock
-from mutators.prompt_context import PromptContextProvider
-from mutators.prompt_fields import prompt_fields
-from mutators.prompt_text import RenderedPrompt, effective_source
-from mutators.repairs import RepairQueue
-from mutators.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
+from mutators.llm.client.calls import ChatClient, LLMCall, prompt_hash
+from mutators.llm.client.health import ModelHealth, StopSink
+from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
+from mutators.llm.answer.patch import UnmatchedBlock
+from mutators.llm.prompt.context import PromptContextProvider
+from mutators.llm.prompt.fields import prompt_fields
+from mutators.llm.prompt.text import RenderedPrompt, effective_source
+from mutators.llm.repairs import RepairQueue
+from mutators.llm.prompt.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
 
 __all__ = ["LLMMutator"]
 
@@ -78,7 +78,7 @@ class LLMMutator:
     memory of attempts. ``repair_rounds``: repair attempts per failure (a chain of repairs of
     one broken child); ``repair_per_lineage``: repair attempts queued per correct ancestor
     over the run. ``whole_file_lines`` / ``whole_file_fraction``: how large a diff a
-    whole-file answer to a patch prompt may amount to (:mod:`mutators.answer`).
+    whole-file answer to a patch prompt may amount to (:mod:`mutators.llm.answer.interpret`).
     ``concurrency``: requests the client may have on the wire at once (its own cap); the
     mutator's :attr:`concurrency`, how many proposals the engine keeps in flight, is that
     cap or the sum of the models' own ``concurrency`` (unset: the cap), whichever is less.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from evo.core.records import Member
-from mutators.patch import UnmatchedBlock
+from mutators.llm.answer.patch import UnmatchedBlock
 
 __all__ = ["AttemptRecord", "AttemptSink", "AttemptNote", "RepairRequest", "REPAIRABLE_STAGES", "STAGE_RANK"]
 

@@ -1,7 +1,7 @@
 """Which models may still be called: failures that cannot heal stop a model, repeated
 transient failures open its circuit breaker.
 
-:class:`ModelHealth` watches every :class:`mutators.calls.LLMCall` the LLM mutator gets back
+:class:`ModelHealth` watches every :class:`mutators.llm.client.calls.LLMCall` the LLM mutator gets back
 (:meth:`ModelHealth.record`) and answers which models it may choose (:meth:`usable`).
 
 - **Stop** (for the rest of the run): a call whose error is *fatal* (``LLMCall.fatal``: a
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from mutators.base import MutatorStopped
-from mutators.calls import LLMCall
-from mutators.http_errors import FATAL_FIXES
-from mutators.model_spec import ModelSpec
+from mutators.llm.client.calls import LLMCall
+from mutators.llm.client.http_errors import FATAL_FIXES
+from mutators.llm.client.model_spec import ModelSpec
 
 __all__ = ["ModelHealth", "ModelState", "NoModelLeft", "StopSink"]
 

@@ -1,4 +1,4 @@
-"""Prompt templates: ``mutators/prompts/<kind>.md`` rendered into chat messages.
+"""Prompt templates: ``mutators/llm/prompt/prompts/<kind>.md`` rendered into chat messages.
 
 Templates are plain files in :class:`string.Template` syntax (``${field}``; a literal dollar
 is ``$$``) plus one tiny construct for optional sections::
@@ -30,7 +30,7 @@ __all__ = ["KINDS", "PromptError", "render_prompt", "template_fields", "estimate
 
 #: Characters per token assumed when fitting a prompt to a model's window: conservative on
 #: purpose (CUDA source tokenizes at ~3-3.5 characters a token), so an estimate that fits
-#: leaves room; cost estimates use mutators.calls.estimate_tokens (~4) instead.
+#: leaves room; cost estimates use mutators.llm.client.calls.estimate_tokens (~4) instead.
 BUDGET_CHARS_PER_TOKEN = 3.0
 
 PROMPTS_DIR = Path(__file__).with_name("prompts")
@@ -47,7 +47,8 @@ class PromptError(ValueError):
 def _read(name: str) -> str:
     p = PROMPTS_DIR / f"{name}.md"
     if not p.is_file():
-        raise PromptError(f"prompt template {p} is missing; the package data of mutators/prompts is incomplete")
+        raise PromptError(f"prompt template {p} is missing; the package data of "
+                          "mutators/llm/prompt/prompts is incomplete")
     return p.read_text(encoding="utf-8")
 
 

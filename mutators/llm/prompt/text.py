@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from evo.core.tunables import TunableError, parse_tunables
-from mutators.diagnostics import kernel_lines, numbered_excerpt
-from mutators.prompt_context import ParentFacts
+from mutators.llm.prompt.diagnostics import kernel_lines, numbered_excerpt
+from mutators.llm.prompt.context import ParentFacts
 
 __all__ = ["RenderedPrompt", "trim_error", "failing_lines", "effective_source", "fmt_fitness", "fmt_profile",
            "tunables_text", "timings_text", "kernel_body", "inspiration_text"]
@@ -48,7 +48,7 @@ def failing_lines(source: str, error_text: str, context: int = 2, max_locations:
     """Numbered source excerpts around the candidate lines an error text points at ("" if none).
 
     Compiler messages in the candidate first, then the candidate frames of header messages'
-    instantiation chains; never a header's own line number (:mod:`mutators.diagnostics`).
+    instantiation chains; never a header's own line number (:mod:`mutators.llm.prompt.diagnostics`).
     """
     lines = kernel_lines(error_text, source, max_locations=max_locations)
     return numbered_excerpt(source, lines, context) if lines else ""

@@ -7,7 +7,7 @@ import random
 import threading
 from typing import Sequence
 
-from mutators.model_spec import LLMConfigError, ModelSpec
+from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
 
 __all__ = ["ModelBandit"]
 

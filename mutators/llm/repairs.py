@@ -1,9 +1,9 @@
 """The repair queue of the CuTeGen loop: which failed children get a repair attempt, and when.
 
-:class:`RepairQueue` holds the queued :class:`mutators.attempts.RepairRequest`\\ s (oldest
+:class:`RepairQueue` holds the queued :class:`mutators.llm.attempts.RepairRequest`\\ s (oldest
 first), the chain each repair child belongs to, and the per-lineage counts that bound them.
 The LLM mutator owns one and decides a failure's stage; the engine drives it through
-:meth:`mutators.llm.LLMMutator.offer_repair` / ``next_repair`` / ``repair``. Thread-safe.
+:meth:`mutators.llm.mutator.LLMMutator.offer_repair` / ``next_repair`` / ``repair``. Thread-safe.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict, deque
 
 from evo.core.records import Member
-from mutators.attempts import STAGE_RANK, RepairRequest
+from mutators.llm.attempts import STAGE_RANK, RepairRequest
 
 __all__ = ["RepairQueue"]
 

@@ -1,7 +1,7 @@
 """What one chat call is, as data: :class:`LLMCall`, the :class:`ChatClient` Protocol and the
 record/replay key of a prompt (:func:`prompt_hash`).
 
-:class:`mutators.client.LLMClient` (an endpoint) and :class:`mutators.cassette.ReplayClient`
+:class:`mutators.llm.client.chat.LLMClient` (an endpoint) and :class:`mutators.llm.replay.cassette.ReplayClient`
 (recorded answers) both implement :class:`ChatClient`; every call either returns goes to a
 :data:`CallSink` (the engine stores it in ``llm_calls``).
 """
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from mutators.model_spec import ModelSpec
+from mutators.llm.client.model_spec import ModelSpec
 
 __all__ = ["LLMCall", "CallSink", "ChatClient", "FATAL_KINDS", "norm_messages", "canonical_messages",
            "prompt_hash", "estimate_tokens", "CHARS_PER_TOKEN"]
@@ -36,7 +36,7 @@ class LLMCall:
     ``usage_estimated`` is set. ``reasoning_tokens`` is the part of ``tokens_out`` spent on
     reasoning when known. ``cached`` marks calls answered by a replay client.
     ``attempt_key`` is the caller's name for the attempt (the LLM mutator's proposal
-    identity, see :class:`mutators.attempts.AttemptRecord`); it is not a column of
+    identity, see :class:`mutators.llm.attempts.AttemptRecord`); it is not a column of
     ``llm_calls``: the ``llm_attempt`` event of the attempt links the key to the call's
     ``prompt_hash``.
 
@@ -95,7 +95,8 @@ CallSink = Callable[[LLMCall], None]
 
 
 class ChatClient(Protocol):
-    """What :class:`mutators.llm.LLMMutator` needs: :class:`mutators.client.LLMClient` or :class:`mutators.cassette.ReplayClient`."""
+    """What :class:`mutators.llm.mutator.LLMMutator` needs: :class:`mutators.llm.client.chat.LLMClient`
+    or :class:`mutators.llm.replay.cassette.ReplayClient`."""
 
     def complete(
         self, messages: Sequence[dict[str, str]], *, model: ModelSpec, kind: str = "", key: str = ""

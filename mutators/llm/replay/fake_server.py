@@ -6,7 +6,7 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
 
 - ``POST /v1/chat/completions``: first the request is checked the way a real server checks
   it (below); a rejected request uses up no cassette entry. Then the answer is the cassette
-  entry chosen by :meth:`mutators.cassette.Cassette.next_for` (by prompt hash, by ``match``
+  entry chosen by :meth:`mutators.llm.replay.cassette.Cassette.next_for` (by prompt hash, by ``match``
   substring of the last user message, else the next plain entry), with its scripted fault:
   a non-200 status (``500``, ``429`` with or without ``Retry-After``, ``401``...) with the
   dialect's error body, a ``delay_s`` wait (a hang when longer than the client's timeout),
@@ -57,8 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Sequence
 
-from mutators.cassette import Cassette, CassetteEntry
-from mutators.model_spec import is_openai_reasoning_model
+from mutators.llm.replay.cassette import Cassette, CassetteEntry
+from mutators.llm.client.model_spec import is_openai_reasoning_model
 
 __all__ = ["FakeLLMServer", "DIALECTS", "OPENAI_REQUEST_FIELDS", "main"]
 
@@ -249,7 +249,7 @@ class FakeLLMServer:
     """The fake endpoint (see module docstring). ``port=0`` picks a free port.
 
     Use as a context manager, or ``start()`` / ``stop()``. ``base_url`` is what a
-    :class:`mutators.model_spec.ModelSpec` points at (``http://127.0.0.1:<port>/v1``).
+    :class:`mutators.llm.client.model_spec.ModelSpec` points at (``http://127.0.0.1:<port>/v1``).
     """
 
     def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0, *,

@@ -11,17 +11,26 @@ The format is the one aider and OpenEvolve use::
 Contracts:
 
 - :func:`parse_blocks` tolerates prose and ```` ``` ```` fences around blocks (5 to 9
-  marker characters, trailing spaces). A broken block (a SEARCH without its ``=======`` or
-  ``>>>>>>> REPLACE``, or a stray REPLACE marker) becomes a :class:`ParseError` with its line
-  number, never silently dropped. Block texts keep their lines with ``\\n`` endings.
-- :func:`apply_blocks` applies blocks in order, each once at its first match in the source as
-  it stands after the previous blocks. Matching is line-based and tries, in order: exact
-  lines; lines equal after stripping indentation and trailing whitespace (the replacement is
-  re-indented by the difference); lines equal after collapsing all internal whitespace; the
-  same ignoring blank lines; and, when every SEARCH line carries a line-number prefix copied
-  from a numbered excerpt (``  16 | code``, ``>>   16 | code``, ``16: code``), all of these
-  again without the prefixes. Every block that matches nowhere is an :class:`UnmatchedBlock`
-  carrying the closest source snippet, for the next prompt.
+  marker characters, trailing spaces), fences inside a block's sections, a file name after
+  the SEARCH / REPLACE word (``<<<<<<< SEARCH kernel.cu``) and aider's older marker words
+  ``ORIGINAL`` / ``UPDATED`` for ``SEARCH`` / ``REPLACE``. A broken block (a SEARCH without
+  its ``=======`` or ``>>>>>>> REPLACE``, or a stray REPLACE marker) becomes a
+  :class:`ParseError` with its line number, never silently dropped. Block texts keep their
+  lines with ``\\n`` endings.
+- :func:`apply_blocks` applies blocks in order, each to the source as the blocks before it
+  left it. Matching is line-based and tries, in order: exact lines; lines equal after
+  stripping indentation and trailing whitespace (the replacement is re-indented by the
+  difference); lines equal after collapsing all internal whitespace; the same ignoring blank
+  lines; and, when every SEARCH line carries a line-number prefix copied from a numbered
+  excerpt (``  16 | code``, ``>>   16 | code``, ``16: code``), all of these again without the
+  prefixes. A block is applied only where the model meant it: its SEARCH text must match
+  exactly once at the first of these levels that matches at all (two matches: refused as
+  ambiguous, with the lines of both), and a block whose lines an earlier block already
+  replaced is refused rather than applied at a looser match elsewhere (a draft block followed
+  by the final one). Every block not applied is an :class:`UnmatchedBlock` saying why, with
+  the closest source snippet (or the places it matched), for the next prompt.
+- :func:`elided_lines` finds the lines of a whole file (or a REPLACE section) that stand for
+  code left out (``// ... unchanged ...``, ``/* ... */``, ``// (unchanged)``).
 - :func:`parse_unified_diff` turns a unified diff's hunks into blocks (matched by content).
 - :func:`validate_child` lists what makes a child unfit to compile: no-op, missing or changed
   ``evo_launch``, removed ``#include "evo_abi.h"``, leftover conflict markers, and a whole-file
@@ -46,15 +55,20 @@ __all__ = [
     "apply_blocks",
     "extract_whole_file",
     "strip_reasoning",
+    "elided_lines",
     "validate_child",
     "evo_launch_signature",
     "ABI_PARAM_TYPES",
 ]
 
-_SEARCH_RE = re.compile(r"^\s*<{5,9}\s*SEARCH\s*$")
+#: an optional file name after a marker word: ``SEARCH kernel.cu``, ``SEARCH: `kernel.cu```
+_FILE_NAME = r"(?:\s*:?\s+|\s*:\s*)[`'\"(\[]?[\w./\\-]+[`'\")\]]?"
+_SEARCH_RE = re.compile(rf"^\s*<{{5,9}}\s*(?:SEARCH|ORIGINAL)(?:{_FILE_NAME})?\s*:?\s*$")
 _DIVIDER_RE = re.compile(r"^\s*={5,9}\s*$")
-_REPLACE_RE = re.compile(r"^\s*>{5,9}\s*REPLACE\s*$")
+_REPLACE_RE = re.compile(rf"^\s*>{{5,9}}\s*(?:REPLACE|UPDATED)(?:{_FILE_NAME})?\s*:?\s*$")
 _FENCE_RE = re.compile(r"^\s*```")
+#: a fence line alone (```` ```cuda ````, ```` ``` ````), as models put inside a block's sections
+_FENCE_LINE_RE = re.compile(r"^\s*```[\w+.-]*\s*$")
 
 #: The parameter types of ``evo_launch`` (evo_abi.h), names stripped.
 ABI_PARAM_TYPES = ("const EvoTensor*", "int", "EvoTensor*", "int", "const double*", "int", "cudaStream_t")
@@ -88,6 +102,8 @@ class ParseError:
 class ParseResult:
     blocks: tuple[Block, ...]
     errors: tuple[ParseError, ...]
+    #: what was tolerated ("fences inside 2 block(s) removed", "ORIGINAL/UPDATED markers read as SEARCH/REPLACE")
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -96,10 +112,20 @@ class ParseResult:
 
 @dataclass(frozen=True)
 class UnmatchedBlock:
-    """A block whose SEARCH text was found nowhere (or was empty).
+    """A block that was not applied, and why (``kind``):
 
-    ``closest_match_snippet`` is the source window most similar to the SEARCH text, with
-    ``closest_line`` its first line (1-based; 0 when the source is empty).
+    - ``not_found``: its SEARCH text matches nowhere; ``closest_match_snippet`` is the source
+      window most similar to it, with ``closest_line`` its first line (1-based; 0 when the
+      source is empty);
+    - ``empty``: its SEARCH section is empty;
+    - ``ambiguous``: it matches more than once; ``match_lines`` are the first lines of every
+      match and ``match_context`` the lines around each (up to 3), in the source as the
+      blocks before it left it;
+    - ``replaced``: the lines it quotes were replaced by an earlier block (``replaced_by``,
+      0-based), so it matches only elsewhere, more loosely (``match_lines``, the snippet
+      there), or nowhere.
+
+    ``reason`` says it in one sentence, for the next prompt.
     """
 
     index: int
@@ -107,6 +133,10 @@ class UnmatchedBlock:
     closest_match_snippet: str
     closest_line: int = 0
     reason: str = "SEARCH text not found in the source"
+    kind: str = "not_found"
+    match_lines: tuple[int, ...] = ()
+    match_context: tuple[str, ...] = ()
+    replaced_by: int = -1
 
 
 @dataclass(frozen=True)
@@ -133,6 +163,7 @@ def parse_blocks(text: str) -> ParseResult:
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     blocks: list[Block] = []
     errors: list[ParseError] = []
+    fenced = 0
     i, n = 0, len(lines)
     while i < n:
         line = lines[i]
@@ -158,13 +189,37 @@ def parse_blocks(text: str) -> ParseResult:
                 errors.append(ParseError(start, f"SEARCH block has no '>>>>>>> REPLACE' end before {what}"))
                 i = k if (k < n and _SEARCH_RE.match(lines[k])) else k + 1
                 continue
-            blocks.append(Block(_join(search), _join(replace), start))
+            s_kept, r_kept = _unfence(search), _unfence(replace)
+            fenced += (s_kept != search or r_kept != replace)
+            blocks.append(Block(_join(s_kept), _join(r_kept), start))
             i = k + 1
             continue
         if _REPLACE_RE.match(line):
             errors.append(ParseError(i + 1, "'>>>>>>> REPLACE' without a preceding '<<<<<<< SEARCH'"))
         i += 1
-    return ParseResult(tuple(blocks), tuple(errors))
+    markers = [ln for ln in lines if _SEARCH_RE.match(ln) or _REPLACE_RE.match(ln)]
+    notes = []
+    if any(re.search(r"<\s*ORIGINAL|>\s*UPDATED", ln) for ln in markers):
+        notes.append("ORIGINAL/UPDATED markers read as SEARCH/REPLACE")
+    if any(re.search(r"(SEARCH|ORIGINAL|REPLACE|UPDATED)\s*:?\s*[^\s:]", ln) for ln in markers):
+        notes.append("file names after the markers ignored")
+    if fenced:
+        notes.append(f"code fences inside {fenced} block(s) removed")
+    return ParseResult(tuple(blocks), tuple(errors), tuple(notes))
+
+
+def _unfence(section: list[str]) -> list[str]:
+    """A section without the fence lines a model put around its code inside the block (a
+    kernel source never has a line starting with three backticks): a first line like
+    ```` ```cuda ```` and a last line ```` ``` ````, blank lines around them included."""
+    out = list(section)
+    lead = next((i for i, ln in enumerate(out) if ln.strip()), None)
+    if lead is not None and _FENCE_LINE_RE.match(out[lead]):
+        out = out[lead + 1:]
+    tail = next((i for i in range(len(out) - 1, -1, -1) if out[i].strip()), None)
+    if tail is not None and _FENCE_LINE_RE.match(out[tail]) and out[tail].strip() == "```":
+        out = out[:tail]
+    return out if out != section else section
 
 
 def _join(lines: list[str]) -> str:
@@ -257,8 +312,10 @@ def _key(tier: int, line: str) -> str:
     return " ".join(c.split())
 
 
-def _find(src: list[str], search: list[str], tier: int) -> tuple[int, int] | None:
-    """First ``(start, end)`` span of ``src`` lines matching ``search`` at ``tier``."""
+def _find_all(src: list[str], search: list[str], tier: int) -> list[tuple[int, int]]:
+    """Every ``(start, end)`` span of ``src`` lines matching ``search`` at ``tier`` (overlapping
+    ones included), first first."""
+    spans: list[tuple[int, int]] = []
     if tier <= 2:
         keys = [_key(tier, s) for s in search]
         n = len(keys)
@@ -267,19 +324,51 @@ def _find(src: list[str], search: list[str], tier: int) -> tuple[int, int] | Non
             if _key(tier, src[i]) != first:
                 continue
             if all(_key(tier, src[i + k]) == keys[k] for k in range(1, n)):
-                return i, i + n
-        return None
+                spans.append((i, i + n))
+        return spans
     # tier 3: collapsed whitespace, blank lines ignored on both sides
     keys = [_key(2, s) for s in search if _key(2, s)]
     if not keys:
-        return None
+        return spans
     nonblank = [i for i, s in enumerate(src) if _key(2, s)]
     skeys = [_key(2, src[i]) for i in nonblank]
     n = len(keys)
     for p in range(0, len(skeys) - n + 1):
         if skeys[p : p + n] == keys:
-            return nonblank[p], nonblank[p + n - 1] + 1
-    return None
+            spans.append((nonblank[p], nonblank[p + n - 1] + 1))
+    return spans
+
+
+#: what each matching level is called in feedback
+_TIER_WORDS = ("exactly", "ignoring indentation", "ignoring whitespace", "ignoring whitespace and blank lines")
+
+
+def _locate(src: list[str], search: list[str]) -> tuple[list[tuple[int, int]], int, list[str], bool]:
+    """``(spans, tier, search used, line numbers stripped)``: every match of ``search`` at the
+    first level that has one (tiers 0-3, then the same without copied line-number prefixes,
+    counted as tier >= 1); ``([], -1, ...)`` when none has."""
+    for tier in range(4):
+        spans = _find_all(src, search, tier)
+        if spans:
+            return spans, tier, search, False
+    numbered = _strip_line_numbers(search)
+    if numbered is None:
+        return [], -1, search, False
+    for tier in range(4):
+        spans = _find_all(src, numbered, tier)
+        if spans:
+            return spans, max(tier, 1), numbered, True
+    return [], -1, numbered, True
+
+
+def _context(src: list[str], span: tuple[int, int], around: int = 2) -> str:
+    return "".join(src[max(0, span[0] - around): span[1] + around])
+
+
+def _lines_text(starts: list[int]) -> str:
+    """``"12"``, ``"12 and 40"``, ``"12, 40 and 77"`` (1-based line numbers)."""
+    words = [str(s) for s in starts]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _indent(line: str) -> str:
@@ -341,6 +430,52 @@ def _closest(src: list[str], search: list[str]) -> tuple[str, int]:
 _LINE_NO_RE = re.compile(r"^(?:\s*>>)?\s*\d{1,6}\s*(?:\||:(?=\s))\s?")
 _ELISION_RE = re.compile(r"^\s*(?://|/\*|#)?\s*(?:\.\.\.|…)|\.\.\.\s*(?:rest|existing|unchanged|same)", re.IGNORECASE)
 
+#: a line that is only a comment: its text in ``body``
+_COMMENT_LINE_RE = re.compile(r"^\s*(?://+!?|/\*+)(?P<body>.*?)(?:\*+/)?\s*$")
+_DOTS_RE = re.compile(r"\.{3,}|…")
+#: words that, with "..." anywhere, make a comment stand for code left out
+_ELIDED_WORDS_RE = re.compile(r"\b(unchanged|existing|rest|remain(?:s|ing|der)?|same|omitted|elided|skipped|previous|"
+                              r"original|untouched|identical|as is)\b", re.IGNORECASE)
+#: ... and words that do so only after leading dots ("// ... other kernels ...")
+_ELIDED_AFTER_DOTS_RE = re.compile(r"\b(before|other|others|code|kernels?|functions?|body|implementation|here|as "
+                                   r"before|helpers?|includes?|setup)\b", re.IGNORECASE)
+#: a comment without "..." that stands for code left out: "(unchanged)", "rest of the file unchanged"
+_ELIDED_PHRASE_RE = re.compile(
+    r"(?:\(?\s*(?:unchanged|no changes?|same as (?:before|above|the original|original)|existing code|"
+    r"(?:code|rest|body) unchanged|unchanged code|(?:code )?omitted(?: for brevity)?|(?:code )?elided)\s*\)?"
+    r"|(?:the )?(?:rest|remainder) of (?:the )?[\w\s]{1,30}?(?:is |remains |stays )?"
+    r"(?:unchanged|the same|as before|identical|as is|omitted))[.:]?", re.IGNORECASE)
+
+
+def elided_lines(text: str, parent: str | None = None) -> list[tuple[int, str]]:
+    """``(line, text)`` of every line of ``text`` that stands for code left out: a comment
+    that is only dots (``/* ... */``, ``// ...``), one with dots and a word like
+    ``unchanged``, ``rest``, ``existing`` (``// ... rest of the code ...``), a short phrase
+    without dots (``// (unchanged)``, ``// rest of the kernel unchanged``), or ``...`` alone.
+    Lines that ``parent`` has too (its own comments) are not counted."""
+    known = {ln.strip() for ln in parent.splitlines()} if parent else set()
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped in known:
+            continue
+        if _DOTS_RE.fullmatch(stripped):
+            found.append((n, stripped))
+            continue
+        m = _COMMENT_LINE_RE.match(line)
+        if m is None:
+            continue
+        body = m.group("body").strip().strip("[](){}<>-=*#:;,").strip()
+        if not body:
+            continue
+        dots = _DOTS_RE.search(body)
+        only_dots = dots and not _DOTS_RE.sub("", body).strip(" .[](){}<>-=*#:;,")
+        leading = dots and dots.start() == 0
+        if only_dots or (dots and _ELIDED_WORDS_RE.search(body)) or (leading and _ELIDED_AFTER_DOTS_RE.search(body)) \
+                or _ELIDED_PHRASE_RE.fullmatch(body):
+            found.append((n, stripped))
+    return found
+
 
 def _strip_line_numbers(lines: list[str], partial: bool = False) -> list[str] | None:
     """``lines`` without copied line-number prefixes, or None when not every non-blank line
@@ -400,7 +535,12 @@ def parse_unified_diff(text: str) -> tuple[Block, ...]:
 
 def apply_blocks(source: str, blocks: list[Block] | tuple[Block, ...]) -> PatchResult:
     """Apply ``blocks`` in order (see module docstring); never raises for a bad block."""
-    src = _lines(source)
+    orig = _lines(source)
+    src = list(orig)
+    #: for each line of ``src``: its index in ``orig``, None for a line a block wrote
+    origin: list[int | None] = list(range(len(orig)))
+    #: index in ``orig`` -> the block that replaced that line
+    replaced_by: dict[int, int] = {}
     applied: list[int] = []
     fuzzy: list[int] = []
     unmatched: list[UnmatchedBlock] = []
@@ -408,33 +548,45 @@ def apply_blocks(source: str, blocks: list[Block] | tuple[Block, ...]) -> PatchR
         search = _lines(b.search)
         replace = _lines(b.replace)
         if not "".join(search).strip():
-            unmatched.append(UnmatchedBlock(idx, b.search, "", 0, "SEARCH section is empty; quote the lines to replace"))
+            unmatched.append(UnmatchedBlock(idx, b.search, "", 0, "SEARCH section is empty; quote the lines to replace",
+                                            kind="empty"))
             continue
-        span = None
-        tier_used = -1
-        for tier in range(4):
-            span = _find(src, search, tier)
-            if span is not None:
-                tier_used = tier
-                break
-        numbered = _strip_line_numbers(search)
-        if span is None and numbered is not None:
-            # line numbers copied from a prompt's numbered excerpt ("  16 | code", ">>   16 | code", "16: code")
-            search = numbered
+        spans, tier_used, search, numbered = _locate(src, search)
+        if numbered:  # line numbers copied from a prompt's numbered excerpt ("  16 | code", ">>   16 | code", "16: code")
             replace = _strip_line_numbers(replace, partial=True) or replace
-            for tier in range(4):
-                span = _find(src, search, tier)
-                if span is not None:
-                    tier_used = max(tier, 1)
-                    break
-        if span is None:
+        gone = _replaced_lines(orig, _lines(b.search), replaced_by, spans, tier_used, origin)
+        if gone is not None:
+            first, last, by = gone
+            reason = (f"the lines it quotes (lines {first}-{last} of the source before any block) were already "
+                      f"replaced by block {by + 1}, so it no longer matches there")
+            snippet, line, where = "", 0, ()
+            if spans:
+                where = tuple(s + 1 for s, _ in spans)
+                reason += (f"; it matches only at line {_lines_text(list(where))} ({_TIER_WORDS[tier_used]}), "
+                           "another place, where it was not applied")
+                snippet, line = "".join(src[spans[0][0]:spans[0][1]]), where[0]
+            reason += f". If block {by + 1} was a draft, send only the final block"
+            unmatched.append(UnmatchedBlock(idx, b.search, snippet, line, reason, kind="replaced", match_lines=where,
+                                            replaced_by=by))
+            continue
+        if not spans:
             snippet, line = _closest(src, search)
             reason = "SEARCH text not found in the source"
             if any(_ELISION_RE.match(_content(s)) for s in search):
                 reason += " (it elides lines with '...'; quote every line of the span exactly)"
             unmatched.append(UnmatchedBlock(idx, b.search, snippet, line, reason))
             continue
-        a, z = span
+        if len(spans) > 1:
+            starts = [s + 1 for s, _ in spans]
+            where = " (line numbers of the source as the blocks before it left it)" if applied else ""
+            reason = (f"SEARCH text matches {len(spans)} times ({_TIER_WORDS[tier_used]}), at lines "
+                      f"{_lines_text(starts)}{where}, so where to apply it is ambiguous; add unchanged lines "
+                      "before or after it so that it matches exactly once")
+            unmatched.append(UnmatchedBlock(idx, b.search, _context(src, spans[0]), max(1, starts[0] - 2), reason,
+                                            kind="ambiguous", match_lines=tuple(starts),
+                                            match_context=tuple(_context(src, s) for s in spans[:3])))
+            continue
+        a, z = spans[0]
         matched = src[a:z]
         if tier_used >= 1:
             replace = _reindent(replace, search, matched)
@@ -445,9 +597,38 @@ def apply_blocks(source: str, blocks: list[Block] | tuple[Block, ...]) -> PatchR
             replace = replace[:-1] + [replace[-1] + "\n"]
         if replace and z == len(src) and matched and not matched[-1].endswith("\n") and replace[-1].endswith("\n"):
             replace = replace[:-1] + [replace[-1][:-1]]
+        for o in origin[a:z]:
+            if o is not None:
+                replaced_by[o] = idx
         src = src[:a] + replace + src[z:]
+        origin = origin[:a] + [None] * len(replace) + origin[z:]
         applied.append(idx)
     return PatchResult("".join(src), tuple(applied), tuple(unmatched), tuple(fuzzy))
+
+
+def _replaced_lines(orig: list[str], search: list[str], replaced_by: dict[int, int], spans: list[tuple[int, int]],
+                    tier: int, origin: list[int | None]) -> tuple[int, int, int] | None:
+    """``(first line, last line, block)`` when ``search`` quotes lines of the original source
+    that an earlier block replaced and it does not match in the current source as closely
+    (exactly where it matched the original exactly), else None.
+
+    A looser match elsewhere is then a different place (a draft block followed by its final
+    version: the final one's SEARCH, no longer found where the draft applied, matched the same
+    lines at another indentation). A match on lines an earlier block wrote is a follow-up edit
+    of that block's result and stays allowed.
+    """
+    if not replaced_by or tier == 0:
+        return None
+    ospans, otier, _, _ = _locate(orig, search)
+    if not ospans or (spans and otier >= tier):
+        return None
+    hits = [(replaced_by[i], s, z) for s, z in ospans for i in range(s, z) if i in replaced_by]
+    if not hits:
+        return None
+    if spans and any(origin[i] is None for s, z in spans for i in range(s, z)):
+        return None  # it matches what an earlier block wrote: an edit on top of that edit
+    by, s, z = hits[0]
+    return s + 1, z, by
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,2 @@
+"""Record/replay of LLM calls (cassette) and the local OpenAI-compatible fake endpoint
+(fake_server)."""
