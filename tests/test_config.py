@@ -326,7 +326,7 @@ def test_unknown_nested_key_with_suggestion(registry, tmp_path):
 
 def test_unknown_key_without_close_match_lists_allowed(registry):
     msg = one_line(error_of({**MINIMAL, "evaluator": {"zzz": 1}}))
-    assert "unknown key 'evaluator.zzz' (allowed: trials, warmup, reps, flush_mb, timeout_s, fresh_timing_process, reference, check_concurrency, warm_children)" in msg
+    assert "unknown key 'evaluator.zzz' (allowed: trials, warmup, reps, flush_mb, timeout_s, fresh_timing_process, reference, check_concurrency, warm_children, isolation, call_timeout_s)" in msg
 
 
 def test_unknown_section_with_suggestion(registry):
