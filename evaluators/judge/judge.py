@@ -41,7 +41,7 @@ from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, Ipc
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
 from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, time_shapes
 from evaluators.judge.trials import CallFailed, run_correctness
-from evaluators.protocol import Done, Failed, Loaded, Mapped, Mode, ProtocolViolation
+from evaluators.protocol import Done, Loaded, Mapped, Mode
 from evo.core.records import StageResult, Status
 
 __all__ = ["Judge", "NULL_CALLS", "RUNNER_RESERVE_BYTES"]
@@ -334,29 +334,15 @@ class Judge:
              so: Path, slots: dict[int, ShapeSlots], calib: Calibration, ops: DeviceOps, references: list[Any],
              check_shapes: list[int], bench: list[int], env: dict[str, str],
              progress: Callable[[dict[str, Any]], None]) -> list[StageResult]:
-        from evaluators.judge.runner_process import RunnerGone, RunnerTimeout
+        from evaluators.judge.trials import ask
 
         deadline = time.monotonic() + float(settings.timeout_s)
         scalars = tuple(float(s) for s in task.scalars)
         call_timeout = float(getattr(settings, "call_timeout_s", 10.0))
 
         def request(line: str, what: str) -> tuple[Any, float]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CallFailed(Status.TIMEOUT, f"{what}: the evaluation's {settings.timeout_s:.0f} s were spent")
-            try:
-                reply, wall = runner.request(line, min(call_timeout, left))
-            except RunnerTimeout:
-                raise CallFailed(Status.TIMEOUT, f"{what}: no answer within {min(call_timeout, left):.1f} s "
-                                                 "(the kernel hangs or is far too slow); the runner was killed") from None
-            except RunnerGone as e:
-                raise CallFailed(Status.CRASH, f"{what}: the runner died: {e}",
-                                 {"stderr": runner.stderr_tail()}) from None
-            except ProtocolViolation as e:
-                raise CallFailed(Status.CRASH, f"{what}: the runner answered outside the protocol ({e})") from None
-            if isinstance(reply, Failed):
-                raise CallFailed(Status.CRASH, f"{what}: {reply.where}: {reply.message}")
-            return reply, wall
+            return ask(runner, line, what, deadline=deadline, bound=call_timeout,
+                       spent=f"the evaluation's {settings.timeout_s:.0f} s")
 
         def call(s: ShapeSlots) -> tuple[Done, float]:
             reply, wall = request(protocol.call(s.in_args, s.out_args, scalars), "the candidate's call")

@@ -100,7 +100,7 @@ from evaluators.base import HarnessSettings
 from evaluators.harness_job import HarnessError
 from evaluators.profile.report import classify_roofline, parse_ncu_csv, summarize
 from evaluators.profile.settings import CORE_METRICS, STAGE, ProfileError, ProfileSettings
-from evaluators.protocol import Done, Failed, Loaded, ProtocolViolation
+from evaluators.protocol import Done, Loaded
 from evo.core.records import StageResult, Status
 
 __all__ = ["profile_with_runner", "ncu_wrap", "ncu_readable", "NETWORK_ISOLATION", "DURATION_METRIC"]
@@ -332,27 +332,12 @@ def _profiled_call(task: Any, runner: Any, so: Path, slots: Any, shp: dict[str, 
     import torch
 
     from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits
-    from evaluators.judge.runner_process import RunnerGone, RunnerTimeout
     from evaluators.judge.timing import _sanity
-    from evaluators.judge.trials import CallFailed, check_done, fill_inputs
+    from evaluators.judge.trials import CallFailed, ask, check_done, fill_inputs
 
     def request(line: str, what: str, bound: float) -> Any:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise CallFailed(Status.TIMEOUT, f"{what}: the profile's {settings.timeout_s:g} s were spent")
-        try:
-            reply, _wall = runner.request(line, min(bound, left))
-        except RunnerTimeout:
-            raise CallFailed(Status.TIMEOUT, f"{what}: no answer within {min(bound, left):.1f} s under ncu; "
-                                             "the runner was killed") from None
-        except RunnerGone as e:
-            raise CallFailed(Status.CRASH, f"{what}: the runner died under ncu: {e}",
-                             {"stderr": runner.stderr_tail()}) from None
-        except ProtocolViolation as e:
-            raise CallFailed(Status.CRASH, f"{what}: the runner answered outside the protocol ({e})") from None
-        if isinstance(reply, Failed):
-            raise CallFailed(Status.CRASH, f"{what}: {reply.where}: {reply.message}")
-        return reply
+        return ask(runner, line, what, deadline=deadline, bound=bound,
+                   spent=f"the profile's {settings.timeout_s:g} s", under=" under ncu")[0]
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     where = f"shape {shp}, the profiled call"

@@ -23,7 +23,7 @@ from evaluators.judge.slots import ShapeSlots
 from evaluators.protocol import Done
 from evo.core.records import StageResult, Status
 
-__all__ = ["CallFailed", "Call", "cuda_error_name", "check_done", "run_correctness", "fill_inputs"]
+__all__ = ["CallFailed", "Call", "ask", "cuda_error_name", "check_done", "run_correctness", "fill_inputs"]
 
 
 class CallFailed(Exception):
@@ -52,6 +52,34 @@ _CUDA_ERRORS = {1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation", 9: "
 
 def cuda_error_name(code: int) -> str:
     return _CUDA_ERRORS.get(int(code), f"cudaError {int(code)}")
+
+
+def ask(runner: Any, line: str, what: str, *, deadline: float, bound: float, spent: str,
+        under: str = "") -> tuple[Any, float]:
+    """One request to a runner that has loaded the candidate, its failures as the candidate's
+    verdicts: no answer within ``bound`` s (or past ``deadline``, ``time.monotonic()``) is a
+    ``timeout``; a runner that died, answered outside the protocol or answered ``ERR`` is a
+    ``crash``. ``spent`` names the budget that ran out; ``under`` is added to the reasons (" under
+    ncu")."""
+    from evaluators.judge.runner_process import RunnerGone, RunnerTimeout
+    from evaluators.protocol import Failed, ProtocolViolation
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise CallFailed(Status.TIMEOUT, f"{what}: {spent} were spent")
+    try:
+        return_ = runner.request(line, min(bound, left))
+    except RunnerTimeout:
+        raise CallFailed(Status.TIMEOUT, f"{what}: no answer within {min(bound, left):.1f} s{under} (the kernel "
+                                         "hangs or is far too slow); the runner was killed") from None
+    except RunnerGone as e:
+        raise CallFailed(Status.CRASH, f"{what}: the runner died{under}: {e}", {"stderr": runner.stderr_tail()}) from None
+    except ProtocolViolation as e:
+        raise CallFailed(Status.CRASH, f"{what}: the runner answered outside the protocol ({e})") from None
+    reply, _ = return_
+    if isinstance(reply, Failed):
+        raise CallFailed(Status.CRASH, f"{what}: {reply.where}: {reply.message}")
+    return return_
 
 
 def check_done(done: Done, where: str) -> Done:
