@@ -9,8 +9,9 @@ every fake must pass:
   :func:`evaluators.pipeline.evaluate_built`, ``evaluators.actor.GpuEvaluator.profile``
   (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
   test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
-- :class:`ClusterRuntime`: :class:`evo.engine.runtime.Runtime` (Ray); suite
-  ``tests/conformance/test_runtime_conformance.py``;
+- :class:`ClusterRuntime`: :class:`evo.engine.runtime.Runtime` (Ray) and
+  :class:`evo.engine.local_runtime.LocalRuntime` (in-process: threads, fake GPUs, plain
+  islands; the engine's tests); suite ``tests/conformance/test_runtime_conformance.py``;
 - :class:`StoreWriter`: :class:`evo.store.Store`; suite
   ``tests/conformance/test_store_writer_conformance.py``;
 - the mutator, :class:`mutators.base.Mutator`: :class:`mutators.knobs.KnobsMutator`,
@@ -125,7 +126,8 @@ class ProfileFn(Protocol):
 class ClusterRuntime(Protocol):
     """The cluster as the engine sees it: compile tasks, GPU actors, island actors.
 
-    Implemented by :class:`evo.engine.runtime.Runtime` (Ray). Started and shut down by its creator
+    Implemented by :class:`evo.engine.runtime.Runtime` (Ray) and
+    :class:`evo.engine.local_runtime.LocalRuntime` (in-process, for tests). Started and shut down by its creator
     (``evo.engine.search.run_search``, tests), never by the engine: ``start``/``shutdown`` are not
     part of this seam. Every member is called by the engine in the driver, from one thread.
 
