@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.core.records import Candidate
+from evo.engine.seams import Stages
 
 __all__ = ["LocalRuntime", "LocalTaskError", "LocalActorError", "current_gpu"]
 
@@ -93,7 +94,7 @@ class LocalRuntime:
     """The engine's :class:`~evo.engine.seams.ClusterRuntime` in this process; constructed
     like :class:`evo.engine.runtime.Runtime` (``start``/``shutdown`` are its creator's)."""
 
-    stages: Any  # evo.engine.runtime.Stages (not imported here: that module imports Ray)
+    stages: Stages
     compile_settings: CompileSettings
     harness_settings: HarnessSettings
     num_gpus: int = 2

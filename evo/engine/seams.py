@@ -5,7 +5,7 @@ through one of four seams, each with one conformance suite that every implementa
 every fake must pass:
 
 - the stage callables :class:`CompileFn`, :class:`EvaluateFn`, :class:`ProfileFn` (the
-  fields of :class:`evo.engine.runtime.Stages`): :func:`evaluators.compile.compile_candidate`,
+  fields of :class:`evo.engine.seams.Stages`): :func:`evaluators.compile.compile_candidate`,
   :func:`evaluators.pipeline.evaluate_built`, ``evaluators.actor.GpuEvaluator.profile``
   (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
   test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
@@ -29,12 +29,13 @@ thread, so no implementation needs to be thread-safe towards the engine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.core.records import Candidate, Evaluation, StageResult
 
-__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "ClusterRuntime", "StoreWriter"]
+__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "Stages", "ClusterRuntime", "StoreWriter"]
 
 
 # ---------------------------------------------------------------------- stage callables
@@ -117,6 +118,27 @@ class ProfileFn(Protocol):
 
     def __call__(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> StageResult:  # pragma: no cover
         ...
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The three stage callables the runtime runs remotely; module-level functions, so they
+    pickle by reference. Their contracts are the Protocols :class:`evo.engine.seams.CompileFn`,
+    :class:`~evo.engine.seams.EvaluateFn` and :class:`~evo.engine.seams.ProfileFn` (who calls them, when,
+    what they return for a candidate's failure, what they raise for ours).
+
+    Lives here, beside the Protocols, so that a runtime without Ray
+    (:mod:`evo.engine.local_runtime`) and the tests need not import :mod:`evo.engine.runtime`
+    (which imports Ray); that module re-exports it.
+
+    Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
+    uses :func:`evo.engine.runtime.real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
+    real GPU stages: tests/gpu/test_stages_conformance_gpu.py).
+    """
+
+    compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
+    evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
+    profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
 
 
 # ---------------------------------------------------------------------- the cluster

@@ -20,7 +20,7 @@ from evaluators.base import CompileSettings, HarnessSettings, InfrastructureErro
 from evo.engine.local_runtime import LocalRuntime
 from evo.engine.recovery import infra_cause
 from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
-from evo.engine.seams import ClusterRuntime, CompileResult
+from evo.engine.seams import ClusterRuntime, CompileResult, Stages
 from fakes import stages as fake
 
 try:
@@ -51,8 +51,6 @@ def _cand(notes: str = "", **params: str) -> Candidate:
 
 
 def _stages():
-    from evo.engine.runtime import Stages
-
     return Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile)
 
 
