@@ -20,7 +20,7 @@ from evaluators.base import CompileSettings, HarnessSettings, InfrastructureErro
 from evo.engine.local_runtime import LocalRuntime
 from evo.engine.recovery import infra_cause
 from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
-from evo.engine.seams import ClusterRuntime, CompileResult, Stages
+from evo.engine.seams import ClusterRuntime, CompileResult, IslandHost, Stages, SubmittedWork
 from fakes import stages as fake
 
 try:
@@ -89,7 +89,7 @@ def _built(rt, cand: Candidate) -> bytes:
 
 
 def test_it_is_a_cluster_runtime_with_its_gpus_and_cpus(rt):
-    assert isinstance(rt, ClusterRuntime)
+    assert isinstance(rt, ClusterRuntime) and isinstance(rt, SubmittedWork) and isinstance(rt, IslandHost)
     assert rt.n_gpus == len(rt.gpu_actors) == 2
     assert rt.n_cpus >= 1 and rt.n_cpus == rt.n_cpus
     for a in rt.gpu_actors:  # the probe the engine sends to a GPU actor that died
