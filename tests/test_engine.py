@@ -1,7 +1,8 @@
-"""Engine contract on a real local Ray instance with fake (simulated) compile and GPU stages.
+"""Engine contract with fake (simulated) compile and GPU stages, on the in-process runtime
+(evo.engine.local_runtime: threads, two fake GPUs, plain islands): no Ray instance starts.
 
-Ray's resource accounting is real: the local instance declares two GPUs, so two GPU
-evaluator actors are placed; the stages sleep instead of running nvcc and CUDA.
+Two of these checks (``check_*``) also run end to end on a real local Ray instance, in
+tests/test_engine_on_ray.py (marked ``ray``).
 """
 
 from __future__ import annotations
@@ -17,30 +18,19 @@ from collections import Counter
 
 import pytest
 
-ray = pytest.importorskip("ray")
-import ray.cloudpickle as cloudpickle  # noqa: E402
-
-from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.engine.engine import Engine, EngineSettings  # noqa: E402
-from evo.core.records import StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
-from evo.store import Store  # noqa: E402
-from fakes import stages as fake  # noqa: E402
-
-cloudpickle.register_pickle_by_value(fake)
+from evaluators.base import CompileSettings, HarnessSettings
+from evo.engine.engine import Engine, EngineSettings
+from evo.engine.local_runtime import LocalRuntime
+from evo.core.records import StageResult, Status
+from evo.engine.seams import Stages
+from evo.store import Store
+from fakes import stages as fake
 
 TASKS = ["synthetic_a", "synthetic_b"]
 
 
 def ok_policy(source: str) -> StageResult:
     return StageResult("policy", Status.OK)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _engine(store, run_id, rt, budget=40, seed=0, **kw):
@@ -59,25 +49,38 @@ _RUNTIMES: list = []
 
 @pytest.fixture(autouse=True)
 def _shutdown_runtimes():
-    """Every runtime a test started gives its GPU actors back when the test ends: the module
-    shares one Ray instance with 2 GPUs, and actors left alive (an engine kept by a reference
-    cycle keeps its runtime's handles) would hold them, so the next test's actors never start."""
+    """Every runtime a test started gives its GPU actors (or threads) back when the test ends:
+    on Ray the module shares one instance with 2 GPUs, and actors left alive (an engine kept by
+    a reference cycle keeps its runtime's handles) would hold them, so the next test's actors
+    never start."""
     yield
     while _RUNTIMES:
         _RUNTIMES.pop().shutdown()
 
 
-def _runtime():
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                 harness_settings=HarnessSettings())
+def _runtime(stages: Stages | None = None, on: str = "local"):
+    """A runtime of kind ``on`` (``local``: in-process, two fake GPUs; ``ray``: the Ray
+    runtime, on the Ray instance the caller started), shut down when the test ends."""
+    stages = stages or Stages(fake.fake_compile, fake.fake_evaluate)
+    if on == "ray":
+        from evo.engine.runtime import Runtime
+
+        rt = Runtime(stages=stages, compile_settings=CompileSettings(), harness_settings=HarnessSettings())
+    else:
+        rt = LocalRuntime(stages=stages, compile_settings=CompileSettings(), harness_settings=HarnessSettings(),
+                          num_gpus=2, num_cpus=2)
     _RUNTIMES.append(rt)
     return rt
 
 
-def test_search_records_everything_and_improves_on_the_seed(local_ray, tmp_path):
+def test_search_records_everything_and_improves_on_the_seed(tmp_path):
+    check_search_records_everything(tmp_path)
+
+
+def check_search_records_everything(tmp_path, on: str = "local"):
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("engine-test", {}, seed=0, config_hash="x")
-    rt = _runtime().start()
+    rt = _runtime(on=on).start()
     assert rt.n_gpus == 2
     summary = _engine(store, run_id, rt, budget=40).run()
     assert summary.evaluations == 40
@@ -107,7 +110,7 @@ def test_search_records_everything_and_improves_on_the_seed(local_ray, tmp_path)
     store.close()
 
 
-def test_in_flight_is_bounded_by_back_pressure(local_ray, tmp_path):
+def test_in_flight_is_bounded_by_back_pressure(tmp_path):
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("bp", {}, seed=1, config_hash="x")
     rt = _runtime().start()
@@ -121,23 +124,20 @@ def test_in_flight_is_bounded_by_back_pressure(local_ray, tmp_path):
 
 
 DRIVER = textwrap.dedent('''
-    import random, sys, ray
-    import ray.cloudpickle as cloudpickle
+    import random, sys
     sys.path.insert(0, {tests!r})
     from fakes import stages as fake
-    cloudpickle.register_pickle_by_value(fake)
     from evo.store import Store
-    from evo.engine.runtime import Runtime, Stages
+    from evo.engine.seams import Stages
     from evo.engine.engine import Engine, EngineSettings
     from evaluators.base import CompileSettings, HarnessSettings
     from evo.core.records import StageResult, Status
     from mutators.knobs import KnobsMutator
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     store = Store({db!r})
     run_id = store.create_run("killed", {{}}, seed=3, config_hash="x")
     print(run_id, flush=True)
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                 harness_settings=HarnessSettings()).start()
+    stages = Stages(fake.fake_compile, fake.fake_evaluate)
+    {runtime}
     s = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=400, max_wall_seconds=300,
                        confirm_champions=False)
     Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=["synthetic_a"],
@@ -146,11 +146,28 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def test_resume_after_sigkill_evaluates_nothing_twice(local_ray, tmp_path):
+#: the killed driver's runtime, per kind
+DRIVER_RUNTIME = {
+    "local": "from evo.engine.local_runtime import LocalRuntime; rt = LocalRuntime(stages=stages, "
+             "compile_settings=CompileSettings(), harness_settings=HarnessSettings(), num_gpus=2, num_cpus=2).start()",
+    "ray": "import ray, ray.cloudpickle as cp; cp.register_pickle_by_value(fake); "
+           "ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False); "
+           "from evo.engine.runtime import Runtime; rt = Runtime(stages=stages, compile_settings=CompileSettings(), "
+           "harness_settings=HarnessSettings()).start()",
+}
+
+
+def test_resume_after_sigkill_evaluates_nothing_twice(tmp_path):
+    check_resume_after_sigkill(tmp_path)
+
+
+def check_resume_after_sigkill(tmp_path, on: str = "local"):
+    """A driver killed by SIGKILL mid-run (on runtime ``on``), then resumed here: nothing
+    evaluated before the kill is evaluated again, and the lineage stays whole."""
     db = tmp_path / "evo.db"
     log = tmp_path / "evaluated.log"
     env = dict(os.environ, EVO_FAKE_LOG=str(log), EVO_FAKE_GPU_S="0.1")
-    script = DRIVER.format(tests=os.path.dirname(__file__), db=str(db))
+    script = DRIVER.format(tests=os.path.dirname(__file__), db=str(db), runtime=DRIVER_RUNTIME[on])
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env,
                             start_new_session=True, text=True)
     run_id = proc.stdout.readline().strip()
@@ -174,7 +191,7 @@ def test_resume_after_sigkill_evaluates_nothing_twice(local_ray, tmp_path):
     os.environ["EVO_FAKE_LOG"] = str(log)
     try:
         store = Store(db)
-        rt = _runtime().start()
+        rt = _runtime(on=on).start()
         eng = Engine(store=store, runtime=rt, mutator=__import__("mutators.knobs").knobs.KnobsMutator(0.3, 2),
                      run_id=run_id, tasks=["synthetic_a"],
                      seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
@@ -196,7 +213,7 @@ def test_resume_after_sigkill_evaluates_nothing_twice(local_ray, tmp_path):
     store.close()
 
 
-def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatch):
+def test_profiling_and_tuning_through_the_engine(tmp_path, monkeypatch):
     """Delayed profiling of top-k members and an Optuna study over a survivor's tunables,
     through the real engine: studies are opened, trials flow through the same compile
     pool and GPU actors, constraint violations never compile, the best trial (operator
@@ -209,8 +226,7 @@ def test_profiling_and_tuning_through_the_engine(local_ray, tmp_path, monkeypatc
                                                                    "shapes": ({"N": 1},)})())
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("tune", {}, seed=2, config_hash="x")
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile),
-                 compile_settings=CompileSettings(), harness_settings=HarnessSettings()).start()
+    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile)).start()
     from mutators.knobs import KnobsMutator
 
     settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=40, max_wall_seconds=120,

@@ -44,3 +44,11 @@ def test_the_top_level_names_still_resolve_lazily():
         "    raise SystemExit('no AttributeError')\n"
     )
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_in_process_runtime_and_the_engine_import_no_ray():
+    """The engine's tests drive it through evo.engine.local_runtime without starting (or
+    importing) Ray: neither module, nor the GPU evaluator and island classes it hosts, load it."""
+    res = _run("import sys, evo.engine.local_runtime, evo.engine.engine, evaluators.actor, populations.actor\n"
+               "assert 'ray' not in sys.modules, [m for m in sys.modules if m.startswith('ray')][:5]")
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -1,6 +1,6 @@
-"""Proposals off the engine's loop (issue 31): a whole search on a local Ray instance with fake
-compile/GPU stages, driven by the fake endpoint over real HTTP (127.0.0.1) answering every call
-after 2 s.
+"""Proposals off the engine's loop (issue 31): a whole search on the in-process runtime
+(evo.engine.local_runtime, one fake GPU) with fake compile/GPU stages, driven by the fake
+endpoint over real HTTP (127.0.0.1) answering every call after 2 s.
 
 Before, ``mutator.propose`` ran in the engine's loop: 8 calls of 2 s at concurrency 4 finished
 at 0, 2.1, 4.1 ... 14.4 s, and no GPU result was collected while a call was on the wire.
@@ -12,16 +12,12 @@ import random
 import time
 from pathlib import Path
 
-import pytest
-
-ray = pytest.importorskip("ray")
-import ray.cloudpickle as cloudpickle  # noqa: E402
-
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
 from evo.engine.engine import Engine, EngineSettings  # noqa: E402
 from evo.engine.llm_context import StoreContextProvider  # noqa: E402
 from evo.core.records import StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.local_runtime import LocalRuntime  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators import base as mb  # noqa: E402
@@ -32,7 +28,6 @@ from mutators.llm.replay.fake_server import FakeLLMServer  # noqa: E402
 from mutators.llm.mutator import LLMMutator  # noqa: E402
 from mutators.llm.client.model_spec import ModelSpec  # noqa: E402
 
-cloudpickle.register_pickle_by_value(fake)
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 TASK = "kb19_relu"
 DELAY_S = 2.0
@@ -43,12 +38,6 @@ def variant(k: int) -> str:
     return (f"Variant {k}.\n\n<<<<<<< SEARCH\n#include \"evo_abi.h\"\n=======\n#include \"evo_abi.h\"\n"
             f"#define EVO_VARIANT_{k} 1\n>>>>>>> REPLACE\n")
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_the_mutators_concurrency_is_the_models_within_the_clients_cap():
@@ -62,7 +51,7 @@ def test_the_mutators_concurrency_is_the_models_within_the_clients_cap():
     assert mb.concurrency(object()) == 1
 
 
-def test_eight_calls_of_2s_at_concurrency_4_overlap_and_gpu_results_are_collected_meanwhile(local_ray, tmp_path):
+def test_eight_calls_of_2s_at_concurrency_4_overlap_and_gpu_results_are_collected_meanwhile(tmp_path):
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("llm-concurrent", {}, seed=5, config_hash="x")
     seed_src = (FIXTURES / "tiny_kernel.cu").read_text()
@@ -75,8 +64,8 @@ def test_eight_calls_of_2s_at_concurrency_4_overlap_and_gpu_results_are_collecte
         client = LLMClient([model], timeout_s=10, max_attempts=1, concurrency=4, budget=Budget(1.0),
                            sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"), concurrency=4)
-        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                     harness_settings=HarnessSettings()).start()
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                          harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
                          seeds={TASK: (seed_src, {"BLOCK": "128"})},
@@ -119,8 +108,8 @@ def _ordered_search(store, run_id, client, model):
     mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"), attempt_sink=log_attempt,
                      concurrency=4)
     mut.max_failed_attempts = 50
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                 harness_settings=HarnessSettings()).start()
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                      harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     try:
         eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
                      seeds={TASK: ((FIXTURES / "tiny_kernel.cu").read_text(), {"BLOCK": "128"})},
@@ -137,7 +126,7 @@ def _lineage(store, run_id):
                   for c in store.candidates(run_id))
 
 
-def test_an_ordered_run_with_2_islands_and_4_in_flight_replays_identically(local_ray, tmp_path):
+def test_an_ordered_run_with_2_islands_and_4_in_flight_replays_identically(tmp_path):
     """Before: answers were replayed by prompt hash, and prompts (attempt outcomes, other
     islands' kernels) and parent choices depended on which result came first: 3 of 3 replays
     of such a run raised ReplayMiss as a traceback."""

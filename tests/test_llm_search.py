@@ -1,5 +1,6 @@
-"""Acceptance of LLM mutation: a whole search on a local Ray instance, driven by a scripted
-OpenAI-compatible endpoint over real HTTP (127.0.0.1), with fake compile/GPU stages.
+"""Acceptance of LLM mutation: a whole search on the in-process runtime (evo.engine.local_runtime,
+one fake GPU), driven by a scripted OpenAI-compatible endpoint over real HTTP (127.0.0.1), with
+fake compile/GPU stages.
 
 genesis (typo) -> compile failure -> repair -> correct -> optimize (faster); the lineage and
 the llm_calls rows are asserted, and replaying the run from its stored calls, without the
@@ -14,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
-import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
 from evo.engine.engine import Engine, EngineSettings  # noqa: E402
 from evo.engine.llm_context import StoreContextProvider  # noqa: E402
 from evo.core.records import StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.local_runtime import LocalRuntime  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 from mutators.llm.replay.cassette import Cassette, ReplayClient  # noqa: E402
@@ -31,24 +31,17 @@ from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.replay.fake_server import FakeLLMServer  # noqa: E402
 from mutators.llm.mutator import LLMMutator  # noqa: E402
 
-cloudpickle.register_pickle_by_value(fake)
 CASSETTE = Path(__file__).parent / "fixtures" / "llm" / "lineage.jsonl"
 TASK = "kb19_relu"  # a real task (for the prompt's reference and shapes), searched with no seed
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _search(store, run_id, client, model):
     mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"),
                      attempt_sink=lambda rec: store.log_event(run_id, "llm_attempt", {"ok": rec.ok, "kind": rec.kind}))
     mut.max_failed_attempts = 2
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                 harness_settings=HarnessSettings()).start()
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                      harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK], seeds={},
                  settings=EngineSettings(islands_per_task=1, max_evaluations=3, in_flight=1,
                                          confirm_champions=False),
@@ -66,7 +59,7 @@ def _lineage(store, run_id):
     return out
 
 
-def test_genesis_repair_optimize_over_http_then_replay(local_ray, tmp_path):
+def test_genesis_repair_optimize_over_http_then_replay(tmp_path):
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("llm", {}, seed=5, config_hash="x")
     with FakeLLMServer(Cassette.load(CASSETTE)) as server:
@@ -105,7 +98,7 @@ def test_genesis_repair_optimize_over_http_then_replay(local_ray, tmp_path):
     store.close()
 
 
-def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_ray, tmp_path):
+def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(tmp_path):
     """Before: 401 on every call, 600 requests (3 x max_evaluations) until the engine gave up."""
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("llm-401", {}, seed=5, config_hash="x")
@@ -117,8 +110,8 @@ def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_
         client = LLMClient([model], timeout_s=5, max_attempts=1, budget=Budget(1.0),
                            sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
-        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                     harness_settings=HarnessSettings()).start()
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                          harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK], seeds={},
                          settings=EngineSettings(islands_per_task=1, max_evaluations=200, in_flight=1,
@@ -132,7 +125,7 @@ def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(local_
     store.close()
 
 
-def test_a_seeded_run_repairs_a_broken_optimize_child(local_ray, tmp_path):
+def test_a_seeded_run_repairs_a_broken_optimize_child(tmp_path):
     """The CuTeGen loop in a seeded run: an optimize child that fails to compile is offered
     for repair as it is recorded and repaired before any new optimize prompt; lineage reads
     seed -> broken -> repaired (before, repair happened only on islands with no correct member,
@@ -146,8 +139,8 @@ def test_a_seeded_run_repairs_a_broken_optimize_child(local_ray, tmp_path):
         client = LLMClient([model], timeout_s=5, max_attempts=1, backoff_base_s=0.01,
                            budget=Budget(1.0), sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
-        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
-                     harness_settings=HarnessSettings()).start()
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate), compile_settings=CompileSettings(),
+                          harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
                          seeds={TASK: (seed_src, {"BLOCK": "128"})},

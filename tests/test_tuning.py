@@ -9,7 +9,6 @@ of the space is infeasible (the sampler must never draw it).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -241,32 +240,19 @@ def _drive(study: TuningStudy, rt, max_concurrent: int = 2) -> None:
                 study.tell(n, Evaluation(cand.id, (comp,) + ev.stages, ev.fitness, ev.gpu, ev.env))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    import ray.cloudpickle as cloudpickle
-
-    cloudpickle.register_pickle_by_value(fake)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-def test_study_through_runtime_on_local_ray(local_ray, tmp_path):
-    from evo.engine.runtime import Runtime, Stages
+def test_study_through_the_runtime(tmp_path):
+    """A study driven through a runtime (the in-process one: compile threads, one fake GPU)."""
+    from evo.engine.local_runtime import LocalRuntime
+    from evo.engine.seams import Stages
     from evo.store import Store
 
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("tune-test", {}, seed=0, config_hash="x")
     parent = _parent()
     store.add_candidate(run_id, parent)
-    rt = Runtime(stages=Stages(compile_counted, fake.fake_evaluate),
-                 compile_settings=CompileSettings(cache_dir=str(tmp_path)),
-                 harness_settings=HarnessSettings()).start()
+    rt = LocalRuntime(stages=Stages(compile_counted, fake.fake_evaluate),
+                      compile_settings=CompileSettings(cache_dir=str(tmp_path)),
+                      harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     log = tmp_path / "compile.log"
     path = journal_path(tmp_path / "evo.db", run_id)
 

@@ -164,11 +164,12 @@ def infra_cause(err: BaseException | None):
 def is_stage_exception(err: BaseException) -> bool:
     """Whether a remote error is an exception the stage function raised (our code failed),
     as opposed to its worker or actor dying or being unreachable (RayActorError and its
-    kind, WorkerCrashedError: the recovery paths handle those, with their own bounds)."""
+    kind, WorkerCrashedError: the recovery paths handle those, with their own bounds).
+    The in-process runtime's (evo.engine.local_runtime) are LocalTaskError and LocalActorError."""
     names = {c.__name__ for c in type(err).__mro__}
-    if names & {"RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError"}:
+    if names & {"RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "LocalActorError"}:
         return False
-    return "RayTaskError" in names or type(err).__name__.startswith("RayTaskError")
+    return bool(names & {"RayTaskError", "LocalTaskError"}) or type(err).__name__.startswith("RayTaskError")
 
 
 def is_store_full(err: BaseException | None) -> bool:

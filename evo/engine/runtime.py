@@ -33,7 +33,7 @@ from evaluators.actor import GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.core.records import Candidate
-from evo.engine.seams import CompileFn, EvaluateFn, ProfileFn
+from evo.engine.seams import CompileFn, Stages
 
 __all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
@@ -110,23 +110,6 @@ def probe_cluster_address(addr: str, timeout_s: float = PROBE_TIMEOUT_S) -> None
     if len(data) < 9 or data[3] != 0x4:  # frame type 0x4 = SETTINGS
         raise RuntimeError_(f"something listens at {typed!r} but it does not answer as a Ray cluster "
                             f"(gRPC) does; is it the head node's GCS port (default 6379)? {check}")
-
-
-@dataclass(frozen=True)
-class Stages:
-    """The three stage callables the runtime runs remotely; module-level functions, so they
-    pickle by reference. Their contracts are the Protocols :class:`evo.engine.seams.CompileFn`,
-    :class:`~evo.engine.seams.EvaluateFn` and :class:`~evo.engine.seams.ProfileFn` (who calls them, when,
-    what they return for a candidate's failure, what they raise for ours).
-
-    Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
-    uses :func:`real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
-    real GPU stages: tests/gpu/test_stages_conformance_gpu.py).
-    """
-
-    compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
-    evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
-    profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
 
 
 def route_ray_logs() -> None:

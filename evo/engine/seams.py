@@ -5,12 +5,14 @@ through one of four seams, each with one conformance suite that every implementa
 every fake must pass:
 
 - the stage callables :class:`CompileFn`, :class:`EvaluateFn`, :class:`ProfileFn` (the
-  fields of :class:`evo.engine.runtime.Stages`): :func:`evaluators.compile.compile_candidate`,
+  fields of :class:`evo.engine.seams.Stages`): :func:`evaluators.compile.compile_candidate`,
   :func:`evaluators.pipeline.evaluate_built`, ``evaluators.actor.GpuEvaluator.profile``
   (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
   test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
-- :class:`ClusterRuntime`: :class:`evo.engine.runtime.Runtime` (Ray); suite
-  ``tests/conformance/test_runtime_conformance.py``;
+- :class:`ClusterRuntime` (the work it submits, :class:`SubmittedWork`, and the islands it
+  hosts, :class:`IslandHost`): :class:`evo.engine.runtime.Runtime` (Ray) and
+  :class:`evo.engine.local_runtime.LocalRuntime` (in-process: threads, fake GPUs, plain
+  islands; the engine's tests); suite ``tests/conformance/test_runtime_conformance.py``;
 - :class:`StoreWriter`: :class:`evo.store.Store`; suite
   ``tests/conformance/test_store_writer_conformance.py``;
 - the mutator, :class:`mutators.base.Mutator`: :class:`mutators.knobs.KnobsMutator`,
@@ -28,12 +30,14 @@ thread, so no implementation needs to be thread-safe towards the engine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.core.records import Candidate, Evaluation, StageResult
 
-__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "ClusterRuntime", "StoreWriter"]
+__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "Stages", "SubmittedWork", "IslandHost",
+           "ClusterRuntime", "StoreWriter"]
 
 
 # ---------------------------------------------------------------------- stage callables
@@ -118,29 +122,51 @@ class ProfileFn(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Stages:
+    """The three stage callables the runtime runs remotely; module-level functions, so they
+    pickle by reference. Their contracts are the Protocols :class:`evo.engine.seams.CompileFn`,
+    :class:`~evo.engine.seams.EvaluateFn` and :class:`~evo.engine.seams.ProfileFn` (who calls them, when,
+    what they return for a candidate's failure, what they raise for ours).
+
+    Lives here, beside the Protocols, so that a runtime without Ray
+    (:mod:`evo.engine.local_runtime`) and the tests need not import :mod:`evo.engine.runtime`
+    (which imports Ray); that module re-exports it.
+
+    Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
+    uses :func:`evo.engine.runtime.real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
+    real GPU stages: tests/gpu/test_stages_conformance_gpu.py).
+    """
+
+    compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
+    evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
+    profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
+
+
 # ---------------------------------------------------------------------- the cluster
 
 
 @runtime_checkable
-class ClusterRuntime(Protocol):
-    """The cluster as the engine sees it: compile tasks, GPU actors, island actors.
+class SubmittedWork(Protocol):
+    """The work the engine submits to the cluster: compile tasks, GPU evaluations and
+    profiles; waiting for them and reading them.
 
-    Implemented by :class:`evo.engine.runtime.Runtime` (Ray). Started and shut down by its creator
-    (``evo.engine.search.run_search``, tests), never by the engine: ``start``/``shutdown`` are not
-    part of this seam. Every member is called by the engine in the driver, from one thread.
+    Half of :class:`ClusterRuntime` (the other half: :class:`IslandHost`). Every member is
+    called by the engine in the driver, from one thread.
 
-    *References.* ``submit_*`` and :meth:`ask` return an opaque, hashable reference to a
-    result that is not ready yet; the engine keeps them as dict keys, passes them to
-    :meth:`wait` and reads them with :meth:`get`. Nothing else may be assumed about them.
+    *References.* ``submit_*`` (and :meth:`IslandHost.ask`) return an opaque, hashable
+    reference to a result that is not ready yet; the engine keeps them as dict keys, passes
+    them to :meth:`wait` and reads them with :meth:`get`. Nothing else may be assumed about
+    them (the Ray runtime: object references; the in-process one: futures).
 
     *Errors.* :meth:`remote_errors` names the exception types that mean "the remote side
     failed" (a worker process died, an actor is gone, or the remote function raised and
-    the error was shipped back). :meth:`get` and :meth:`call` raise those; the engine
-    decides what they mean (evo.engine.recovery). Errors the remote function raised arrive
-    wrapped, with the original exception as ``cause`` (Ray's ``RayTaskError``) so that an
-    :class:`~evaluators.base.InfrastructureError` can be found behind them. The types whose
-    name contains ``Actor`` mean the actor itself is dead (an island actor is then rebuilt
-    from the store).
+    the error was shipped back). :meth:`get` (and :meth:`IslandHost.call`) raise those; the
+    engine decides what they mean (evo.engine.recovery). Errors the remote function raised
+    arrive wrapped, with the original exception as ``cause`` (Ray's ``RayTaskError``) so
+    that an :class:`~evaluators.base.InfrastructureError` can be found behind them. The
+    types whose name contains ``Actor`` mean the actor itself is dead (an island actor is
+    then rebuilt from the store).
     """
 
     #: One handle per GPU actor, in GPU order (``len(gpu_actors) == n_gpus``). The engine
@@ -201,6 +227,19 @@ class ClusterRuntime(Protocol):
         non-empty tuple; the same on every call)."""
         ...
 
+
+@runtime_checkable
+class IslandHost(Protocol):
+    """The islands the cluster hosts: one actor per island, called by name with
+    :class:`populations.actor.IslandActor`'s methods.
+
+    Half of :class:`ClusterRuntime` (the other half: :class:`SubmittedWork`, whose
+    :meth:`~SubmittedWork.wait` and :meth:`~SubmittedWork.get` read what :meth:`ask`
+    returns, and whose :meth:`~SubmittedWork.remote_errors` :meth:`call` raises). The engine
+    also uses :meth:`ask` to probe a GPU actor (``ask(gpu_actors[g], "worker")``). Every member
+    is called by the engine in the driver, from one thread.
+    """
+
     def make_islands(self, specs: list) -> list:
         """One island actor per :class:`populations.island.IslandSpec`, in order. Called once
         per island at the start of a run and again for each island actor that died. The
@@ -208,12 +247,13 @@ class ClusterRuntime(Protocol):
         ...
 
     def call(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``actor.method(*args)`` and wait for its answer; raises :meth:`remote_errors`."""
+        """Call ``actor.method(*args)`` and wait for its answer; raises
+        :meth:`SubmittedWork.remote_errors`."""
         ...
 
     def ask(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Start ``actor.method(*args)``; a reference to its answer (for :meth:`get` or
-        :meth:`wait`). Must not block."""
+        """Start ``actor.method(*args)``; a reference to its answer (for
+        :meth:`SubmittedWork.get` or :meth:`SubmittedWork.wait`). Must not block."""
         ...
 
     def cast(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> None:
@@ -225,6 +265,18 @@ class ClusterRuntime(Protocol):
     def call_many(self, actors: list, method: str, *args: Any, **kwargs: Any) -> list:
         """:meth:`call` on every actor at once; the answers in the order of ``actors``."""
         ...
+
+
+@runtime_checkable
+class ClusterRuntime(SubmittedWork, IslandHost, Protocol):
+    """The cluster as the engine sees it: the work it submits (:class:`SubmittedWork`) and
+    the islands it hosts (:class:`IslandHost`).
+
+    Implemented by :class:`evo.engine.runtime.Runtime` (Ray) and
+    :class:`evo.engine.local_runtime.LocalRuntime` (in-process, for tests). Started and shut
+    down by its creator (``evo.engine.search.run_search``, tests), never by the engine:
+    ``start``/``shutdown`` are not part of this seam.
+    """
 
 
 # ---------------------------------------------------------------------- the store

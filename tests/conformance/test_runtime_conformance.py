@@ -1,8 +1,10 @@
-"""Conformance of evo.engine.runtime.Runtime (on a real local Ray instance, fake stages) to
-evo.engine.seams.ClusterRuntime: what the engine relies on, member by member.
+"""Conformance of the runtimes to evo.engine.seams.ClusterRuntime: what the engine relies on,
+member by member, for each of ``RUNTIMES``:
 
-Runtime is the only implementation; a second one (another cluster manager, an in-process
-runtime) would be added to ``RUNTIMES``.
+- ``ray``: evo.engine.runtime.Runtime on a real local Ray instance (fake stages);
+- ``local``: evo.engine.local_runtime.LocalRuntime (threads, two fake GPUs, plain islands).
+
+A third implementation (another cluster manager) would be added to ``RUNTIMES``.
 """
 
 from __future__ import annotations
@@ -13,19 +15,24 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray")
-import ray.cloudpickle as cloudpickle  # noqa: E402
+from evaluators.actor import GpuResult
+from evaluators.base import CompileSettings, HarnessSettings, InfrastructureError
+from evo.engine.local_runtime import LocalRuntime
+from evo.engine.recovery import infra_cause
+from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
+from evo.engine.seams import ClusterRuntime, CompileResult, IslandHost, Stages, SubmittedWork
+from fakes import stages as fake
 
-from evaluators.actor import GpuResult  # noqa: E402
-from evaluators.base import CompileSettings, HarnessSettings, InfrastructureError  # noqa: E402
-from evo.engine.recovery import infra_cause  # noqa: E402
-from evo.core.records import Candidate, Evaluation, Member, StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
-from evo.engine.seams import ClusterRuntime, CompileResult  # noqa: E402
-from fakes import stages as fake  # noqa: E402
+try:
+    import ray
+    import ray.cloudpickle as cloudpickle
+except ImportError:  # pragma: no cover - the local runtime needs no Ray
+    ray = None
+else:
+    cloudpickle.register_pickle_by_value(fake)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-cloudpickle.register_pickle_by_value(fake)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+RUNTIMES = ["ray", "local"]
 
 PARAMS = {"TILE": "32", "STAGES": "2", "VEC": "1"}
 
@@ -43,14 +50,36 @@ def _cand(notes: str = "", **params: str) -> Candidate:
     return Candidate.create("synthetic_a", fake.SOURCE, {**PARAMS, **params}, notes=notes)
 
 
-@pytest.fixture(scope="module")
-def rt():
+def _stages():
+    return Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile)
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def rt(request):
+    if request.param == "local":
+        runtime = LocalRuntime(stages=_stages(), compile_settings=CompileSettings(),
+                               harness_settings=HarnessSettings(), num_gpus=2, num_cpus=2).start()
+        yield runtime
+        runtime.shutdown()
+        return
+    if ray is None:
+        pytest.skip("ray is not installed")
+    from evo.engine.runtime import Runtime
+
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
-    runtime = Runtime(stages=Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile),
-                      compile_settings=CompileSettings(), harness_settings=HarnessSettings()).start()
+    runtime = Runtime(stages=_stages(), compile_settings=CompileSettings(),
+                      harness_settings=HarnessSettings()).start()
     yield runtime
     runtime.shutdown()
     ray.shutdown()
+
+
+def _kill(rt, actor) -> None:
+    """Kill an actor for good, as each runtime's tests can."""
+    if isinstance(rt, LocalRuntime):
+        rt.kill(actor)
+    else:
+        ray.kill(actor, no_restart=True)
 
 
 def _built(rt, cand: Candidate) -> bytes:
@@ -60,7 +89,7 @@ def _built(rt, cand: Candidate) -> bytes:
 
 
 def test_it_is_a_cluster_runtime_with_its_gpus_and_cpus(rt):
-    assert isinstance(rt, ClusterRuntime)
+    assert isinstance(rt, ClusterRuntime) and isinstance(rt, SubmittedWork) and isinstance(rt, IslandHost)
     assert rt.n_gpus == len(rt.gpu_actors) == 2
     assert rt.n_cpus >= 1 and rt.n_cpus == rt.n_cpus
     for a in rt.gpu_actors:  # the probe the engine sends to a GPU actor that died
@@ -73,7 +102,7 @@ def test_submit_compile_returns_a_reference_to_the_compile_result(rt):
     assert len(refs) == 2, "references are hashable and distinct"
     outs = {refs[r].id: rt.get(r) for r in refs}
     handle = outs[good.id].so_bytes  # the real runtime: a reference into Ray's object store
-    binary = ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
+    binary = ray.get(handle) if ray is not None and isinstance(handle, ray.ObjectRef) else handle
     assert outs[good.id].result.passed and binary.endswith(good.id.encode())
     assert outs[bad.id].result.status is Status.COMPILE_ERROR and outs[bad.id].so_bytes is None
 
@@ -131,6 +160,8 @@ def test_a_stage_that_raises_is_a_remote_error_with_the_cause_behind_it(rt):
 
 
 def test_a_worker_that_dies_is_a_remote_error(rt):
+    if isinstance(rt, LocalRuntime):
+        pytest.skip("in-process compile workers are threads: os._exit would end the test process")
     with pytest.raises(rt.remote_errors()):
         rt.get(rt.submit_compile(_cand(notes="die")))
 
@@ -154,7 +185,7 @@ def test_a_dead_island_actor_raises_an_actor_error(rt):
 
     (actor,) = rt.make_islands([IslandSpec(index=0, task="synthetic_a", capacity=4)])
     assert rt.call(actor, "summary").size == 0
-    ray.kill(actor, no_restart=True)
+    _kill(rt, actor)
     # ray.kill is asynchronous: a call sent right after it may still be served by the
     # living actor (seen once in CI). The contract is that calls fail once it is dead.
     deadline = time.monotonic() + 30.0

@@ -59,11 +59,9 @@ def fitness_of(params: dict[str, str], source: str = "") -> float:
 
 
 def fake_compile(candidate: Candidate, settings: CompileSettings):
-    import ray
-
     time.sleep(COMPILE_S)
     p = candidate.params_dict
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    node = _node()
     if "* BLOK +" in candidate.source:  # the scripted LLM genesis answer's typo
         res = StageResult("compile", Status.COMPILE_ERROR, reason="nvcc failed",
                           artifacts={"errors": 'kernel.cu(16): error: identifier "BLOK" is undefined'},
@@ -78,9 +76,29 @@ def fake_compile(candidate: Candidate, settings: CompileSettings):
     return _outcome_cls()(result=res, so_bytes=b"\x7fELF-fake-" + candidate.id.encode(), key=candidate.id, cached=False)
 
 
-def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
-    import ray
+def _node() -> str:
+    """The Ray node running the caller ("" outside Ray; Ray is imported only when it already is)."""
+    import sys
 
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
+
+
+def _where() -> dict[str, str]:
+    """Where a GPU stage runs: the in-process runtime's fake GPU, else Ray's node and GPU ids."""
+    from evo.engine.local_runtime import current_gpu
+
+    if current_gpu() is not None:
+        return {"node": "local", "gpu_ids": str(current_gpu())}
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {"node": "", "gpu_ids": ""}
+    return {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
+
+
+def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
     time.sleep(GPU_S)
     log = os.environ.get("EVO_FAKE_LOG")
     if log:
@@ -90,9 +108,7 @@ def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettin
         assert so_bytes.endswith(candidate.id.encode()), "GPU stage got another candidate's binary"
     else:
         assert so_bytes[:4] == b"\x7fELF", "GPU stage got something that is not a shared object"
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    gpus = ray.get_gpu_ids() if ray.is_initialized() else []
-    env = {"node": node, "gpu_ids": ",".join(str(g) for g in gpus)}
+    env = _where()
     p = candidate.params_dict
     if p.get("VEC") == "8" and p.get("TILE") == "256":
         st = StageResult("correctness", Status.INCORRECT, reason="shape 0 trial 1: max abs err 3.2 (simulated)")
