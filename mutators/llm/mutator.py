@@ -147,6 +147,7 @@ class LLMMutator:
         self._pending_max = pending_max
         self._results: OrderedDict[str, float | None] = OrderedDict()
         self._cpt: dict[str, float] = {}
+        self._windows: dict[str, int] = {}  # context windows endpoints reported, by model name
         self.last_failure: AttemptRecord | None = None
         self.attempts = 0
         self.failures = 0
@@ -259,9 +260,7 @@ class LLMMutator:
             kind, parent, context, provider=self.provider, n_inspirations=self.n_inspirations,
             attempts_text=lambda k: self._attempts_text(chain, kind, parent, last=k),
             feedback=self._feedback(chain), failure=self._failure)
-        budget = None
-        if model is not None and model.context_tokens is not None:
-            budget = model.context_tokens - model.max_output_tokens
+        budget = self.prompt_budget(model) if model is not None else None
         cpt = self.chars_per_token(model.name) if model is not None else BUDGET_CHARS_PER_TOKEN
         omitted: list[str] = []
         while True:
@@ -278,6 +277,24 @@ class LLMMutator:
                     break
             else:
                 return RenderedPrompt(msgs, tokens, budget, tuple(omitted), False)
+
+    def window(self, model: ModelSpec) -> int | None:
+        """The model's context window: ``context_tokens``, or less when its endpoint reported
+        a smaller one in a context-length answer."""
+        with self._lock:
+            seen = self._windows.get(model.name)
+        known = [w for w in (model.context_tokens, seen) if w is not None]
+        return min(known) if known else None
+
+    def prompt_budget(self, model: ModelSpec) -> int | None:
+        """Prompt tokens allowed for ``model``: its window less ``max_output_tokens`` (at most
+        half the window, when a reported window is smaller than the configured output)."""
+        w = self.window(model)
+        if w is None:
+            return None
+        if model.context_tokens is not None and w == model.context_tokens:
+            return w - model.max_output_tokens
+        return w - min(model.max_output_tokens, w // 2)
 
     def chars_per_token(self, model_name: str) -> float:
         """Characters per prompt token for budgeting this model's prompts: 0.95 x the smallest
@@ -383,6 +400,17 @@ class LLMMutator:
         self._calibrate(model, messages, call)
         with self._lock:
             self.attempts += 1
+        if call.too_large:
+            w = call.window
+            if w is not None:
+                with self._lock:
+                    self._windows[model.name] = min(self._windows.get(model.name, w), w)
+            problem = (f"prompt too large for model {model.name!r}: the endpoint's window is "
+                       f"{w if w is not None else '(not said)'} tokens; later prompts for it are sized to that "
+                       f"window ({call.error})")
+            self._fail(kind, pid, model, call, [problem], (), chain=chain, request=request, note_outcome="not_sent",
+                       n=n)
+            return None
         if call.error is not None:
             self._fail(kind, pid, model, call, [f"call failed: {call.error}"], (), chain=chain, request=request,
                        note_outcome="call_failed", n=n)

@@ -34,9 +34,12 @@ Dialects (how strictly requests are checked, and which error bodies are sent):
   error bodies ``{"object": "error", "message", "type", "param", "code"}``.
 
 With ``context_tokens`` set, a prompt (~4 characters a token) plus the requested completion
-over the window is a 400 (vLLM: "This model's maximum context length is N tokens. However,
-you requested M tokens (P in the messages, C in the completion)..."; OpenAI:
-``context_length_exceeded``). With ``api_key`` set, any other bearer token is a 401 (OpenAI:
+over the window is a 400 with the real bodies (vLLM: ``{"object": "error", "message": "This
+model's maximum context length is N tokens. However, you requested M tokens (P in the
+messages, C in the completion). Please reduce ...", "type": "BadRequestError", "param": null,
+"code": 400}``; OpenAI: ``{"error": {"message": "... However, your messages resulted in P
+tokens. ..." (or "you requested M tokens (P in the messages, C in the completion)"), "type":
+"invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}``). With ``api_key`` set, any other bearer token is a 401 (OpenAI:
 ``invalid_api_key``); with ``models`` set, another model id is a 404 (``model_not_found`` /
 vLLM ``NotFoundError``).
 
@@ -365,10 +368,14 @@ class FakeLLMServer:
                 400, f"This model's maximum context length is {n} tokens. However, you requested {p + c} tokens "
                      f"({p} in the messages, {c} in the completion). Please reduce the length of the messages or "
                      "completion.", "BadRequestError"))
+        if p > n or c == 0:  # api.openai.com's words when the messages alone are over the window
+            said = f"your messages resulted in {p} tokens. Please reduce the length of the messages."
+        else:
+            said = (f"you requested {p + c} tokens ({p} in the messages, {c} in the completion). Please reduce the "
+                    "length of the messages or completion.")
         raise _Rejection(400, self.error_body(
-            400, f"This model's maximum context length is {n} tokens. However, your messages resulted in {p + c} "
-                 f"tokens ({p} in the messages, {c} in the completion). Please reduce the length of the messages "
-                 "or completion.", "invalid_request_error", "messages", "context_length_exceeded"))
+            400, f"This model's maximum context length is {n} tokens. However, {said}", "invalid_request_error",
+            "messages", "context_length_exceeded"))
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
