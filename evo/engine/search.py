@@ -150,6 +150,15 @@ def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[
     return seeds
 
 
+def _check_llm_keys(cfg) -> None:
+    """:class:`SearchError` with one line per model whose key variable is unset (and the fix)."""
+    from evo.engine.llm_check import missing_keys
+
+    missing = missing_keys(cfg)
+    if missing:
+        raise SearchError("; ".join(missing))
+
+
 def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True) -> dict:
     """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
     for the ``llm`` mutator its models and prompts (:mod:`evo.engine.llm_check`).
@@ -174,6 +183,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         check_db_location(cfg.run.db)
     except LocationError as e:
         raise SearchError(f"run.db: {e}") from None
+    _check_llm_keys(cfg)  # before any compile, with or without --no-probe
     resumed = ""
     if resume:
         from pathlib import Path
@@ -247,6 +257,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
 
     names = _task_names(cfg)
     seeds = seeds_for(names, cfg.mutator.kind)  # before any run exists: a seedless task fails here
+    _check_llm_keys(cfg)
     try:
         check_db_location(cfg.run.db)
     except LocationError as e:

@@ -46,6 +46,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -101,6 +102,14 @@ class _Usage:
 def estimate_prompt_tokens_safe(msgs: Sequence[dict[str, str]]) -> int:
     """A prompt's tokens when the endpoint did not count them: 3 characters a token (errs high)."""
     return sum(len(m.get("content", "")) // 3 + 8 for m in msgs)
+
+
+def _no_version(base_url: str) -> bool:
+    """``base_url``'s path has no API version segment (``/v1``, ``/v1beta``, ``/openai/v1``...)."""
+    from urllib.parse import urlparse
+
+    path = urlparse(base_url).path if base_url else ""
+    return bool(base_url) and not re.search(r"/v\d+[a-z0-9]*(?:/|$)", path)
 
 
 def _is_transport(exc: BaseException, name: str) -> bool:
@@ -370,7 +379,7 @@ class LLMClient:
             body = raw.http_response.text
         except Exception as exc:
             self._charge_unanswered(exc, msgs, "", "", usage)
-            raise self._translate(exc, timeout) from None
+            raise self._translate(exc, timeout, base_url=model.base_url) from None
         try:
             data = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -429,7 +438,7 @@ class LLMClient:
                 with contextlib.suppress(Exception):
                     stream.close()
             self._charge_unanswered(exc, msgs, "".join(parts), "".join(thoughts), usage)
-            raise self._translate(exc, timeout, streamed=len(parts)) from None
+            raise self._translate(exc, timeout, streamed=len(parts), base_url=model.base_url) from None
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.close()
@@ -477,7 +486,7 @@ class LLMClient:
                 text.encode("utf-8")[: self.max_response_bytes].decode("utf-8", "ignore"),
             )
 
-    def _translate(self, exc: BaseException, timeout: float, streamed: int = 0) -> Exception:
+    def _translate(self, exc: BaseException, timeout: float, streamed: int = 0, base_url: str = "") -> Exception:
         """An exception of the SDK / httpx as a :class:`_Retryable` or :class:`_Fatal`."""
         where = f" after {streamed} streamed chunks" if streamed else ""
         if (isinstance(exc, openai.APITimeoutError) or _is_transport(exc, "TimeoutException")):
@@ -495,6 +504,9 @@ class LLMClient:
                 return _Retryable(f"HTTP 429 rate limited{note}: {detail}", wait)
             if retryable:
                 return _Retryable(f"HTTP {code}: {detail}")
+            if code == 404 and _no_version(base_url):
+                detail += (f" -- add /v1 to base_url? ({base_url!r} has no /v1; OpenAI-compatible servers answer "
+                           "at <base_url>/chat/completions, e.g. http://127.0.0.1:8000/v1)")
             if fatal is not None:
                 return _Fatal(f"HTTP {code} [fatal:{fatal}] (not retried): {detail}")
             return _Fatal(f"HTTP {code} (not retried): {detail}")

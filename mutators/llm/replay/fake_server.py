@@ -19,6 +19,9 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
   ``"choices": []`` and the usage (every other chunk then has ``"usage": null``), then
   ``data: [DONE]``. ``stream_stall_s`` on an entry stalls the stream half way (a timeout
   mid-stream).
+- Only paths under ``/v1`` are served; any other (a base_url without ``/v1``) is a 404 with
+  the server's body (vLLM: ``{"detail": "Not Found"}``; OpenAI: ``Invalid URL (POST
+  /chat/completions)``).
 - ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``.
 
 Dialects (how strictly requests are checked, and which error bodies are sent):
@@ -129,18 +132,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         fake = self.server.fake
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
+        if self.path.rstrip("/") == "/v1/models":
             names = fake.models or sorted({e.model for e in fake.cassette.entries if e.model}) or ["fake"]
             self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "fake"} for n in names]})
         else:
-            self._json(404, fake.error_body(404, f"no route GET {self.path}", "not_found"))
+            self._json(404, fake.no_route("GET", self.path))
 
     def do_POST(self) -> None:  # noqa: N802
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._json(404, fake.error_body(404, f"no route POST {self.path}", "not_found"))
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._json(404, fake.no_route("POST", self.path))
             return
         try:
             req = json.loads(body or b"{}")
@@ -305,6 +308,14 @@ class FakeLLMServer:
                                    code=entry.error_code or "model_not_found")
         typ = "invalid_request_error" if 400 <= st < 500 else "server_error"
         return self.error_body(st, msg or f"scripted HTTP {st}", typ, code=entry.error_code)
+
+    def no_route(self, method: str, path: str) -> dict[str, Any]:
+        """A path the server does not serve (a base_url without /v1): vLLM (FastAPI) answers
+        ``{"detail": "Not Found"}``, api.openai.com ``Invalid URL (POST /chat/completions)``."""
+        if self.dialect == "vllm":
+            return {"detail": "Not Found"}
+        return {"error": {"message": f"Invalid URL ({method} {path})", "type": "invalid_request_error", "param": None,
+                          "code": None}}
 
     def _no_model(self, model: str) -> str:
         if self.dialect == "vllm":
