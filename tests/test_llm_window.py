@@ -93,8 +93,64 @@ def test_the_model_is_not_stopped_and_later_prompts_fit_the_reported_window():
         assert "prompt too large for model 'm'" in attempts[0].problems[0]
         assert "window is 3000" in attempts[0].problems[0]
         assert mut.window(spec) == window and mut.prompt_budget(spec) == window // 2
+        assert mut.calibrated("m"), "the 400's count of the prompt calibrates the estimate"
         assert mut.propose([parent], ctx, random.Random(1)) is None  # "no" is prose: rejected, but answered
         assert [r["status"] for r in srv.requests] == [400, 400, 200], "trimmed, then max_tokens reduced once"
         last = srv.requests[-1]
         assert "Left out to fit" in last["messages"][-1]["content"] and last["body"]["max_tokens"] < window
         assert "prose" in " ".join(attempts[1].problems) or attempts[1].call_error is None
+
+
+# ---- sizes: a calibrated estimate, implausible counts ignored, only models the prompt fits -------------
+
+
+def _mutator(srv, specs, prov=None, **kw):
+    attempts = []
+    mut = LLMMutator(LLMClient(timeout_s=5, max_attempts=1), specs, prov or SimpleContextProvider({"t": _info()}),
+                     attempt_sink=attempts.append, **kw)
+    return mut, attempts
+
+
+@pytest.mark.parametrize("tokens_in", [1, 10 ** 7], ids=["under", "over"])
+def test_a_physically_implausible_usage_count_is_not_used(tokens_in):
+    parent = Member(candidate=Candidate.create("t", _src(40), {}, operator="seed"), fitness=1.0)
+    with FakeLLMServer(Cassette([{"response": "no", "tokens_in": tokens_in, "repeat": True}])) as srv:
+        mut, _ = _mutator(srv, [_spec(srv, context_tokens=32768, max_output_tokens=4096)])
+        mut.propose([parent], MutationContext("t", 0, 1), random.Random(0))
+        assert len(srv.requests) == 1
+    assert not mut.calibrated("m") and mut.chars_per_token("m") == 3.0
+
+
+def test_an_uncalibrated_prompt_that_could_fit_is_sent_and_the_count_then_decides():
+    parent = Member(candidate=Candidate.create("t", _src(400), {}, operator="seed"), fitness=1.0)
+    ctx = MutationContext("t", 0, 1)
+    with FakeLLMServer(Cassette([{"response": "no", "repeat": True}])) as srv:
+        probe, _ = _mutator(srv, [_spec(srv)])
+        msgs = probe.render("optimize", parent, ctx, _spec(srv), chain="x").messages
+        chars = sum(len(m["content"]) for m in msgs)
+        window = int(chars / 3.6) + 1000  # over at 3 characters a token, under at 4.5
+        spec = _spec(srv, context_tokens=window, max_output_tokens=1000)
+        mut, attempts = _mutator(srv, [spec])
+        first = mut.render("optimize", parent, ctx, spec, chain=parent.id)
+        assert first.tokens > first.budget and first.fits, "over the conservative estimate, yet sent on trial"
+        srv.cassette = Cassette([{"response": "no", "tokens_in": int(chars / 3.1) + 16, "repeat": True}])
+        mut.propose([parent], ctx, random.Random(0))
+        assert len(srv.requests) == 1, "sent"
+        assert mut.calibrated("m") and 2.9 < mut.chars_per_token("m") < 3.0
+        mut.propose([parent], ctx, random.Random(1))
+        assert len(srv.requests) == 1, "calibrated at 3.1 characters a token: it does not fit, not sent"
+        assert "not sent" in attempts[-1].problems[0]
+
+
+def test_only_models_the_prompt_fits_are_chosen():
+    parent = Member(candidate=Candidate.create("t", _src(200), {}, operator="seed"), fitness=1.0)
+    with FakeLLMServer(Cassette([{"response": "no", "repeat": True}])) as srv:
+        small = ModelSpec("small", srv.base_url, "small-8k", key_env="EVO_TEST_NO_KEY", weight=5.0,
+                          context_tokens=1200, max_output_tokens=1000)
+        big = ModelSpec("big", srv.base_url, "big-128k", key_env="EVO_TEST_NO_KEY", weight=1.0,
+                        context_tokens=131072, max_output_tokens=4096)
+        mut, attempts = _mutator(srv, [small, big])
+        for i in range(6):
+            mut.propose([parent], MutationContext("t", 0, 1), random.Random(i))
+        assert [r["model"] for r in srv.requests] == ["big-128k"] * 6
+        assert not any("too large" in " ".join(a.problems) for a in attempts)

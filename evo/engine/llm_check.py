@@ -102,6 +102,10 @@ class ModelFit:
         if not self.fits:
             return (f"{self.model}: TOO LARGE for {room} even with every optional part left out "
                     f"(~{self.tokens:,}); calls for this task will not be sent")
+        if self.tokens > self.window:
+            left = f" after leaving out {', '.join(self.omitted)}" if self.omitted else ""
+            return (f"{self.model}: MAY FIT {room}{left}: ~{self.tokens:,} tokens at 3 characters a token, under "
+                    "the window at 4.5; sent on trial, the endpoint's count then sizes later prompts")
         if self.omitted:
             return f"{self.model}: fits {room} after leaving out {', '.join(self.omitted)}"
         return f"{self.model}: fits {room}"
