@@ -108,3 +108,21 @@ def test_a_fatal_probe_failure_still_fails_the_dry_run(compiles, tmp_path):
     with FakeLLMServer(Cassette([{"status": 401, "repeat": True}])) as srv:
         res = _dry_run(_config(tmp_path, srv.base_url))
     assert res.exit_code == 1 and "FAILED: HTTP 401 [fatal:auth]" in res.output
+
+
+def test_a_refused_connection_fails_the_dry_run_and_asks_whether_the_server_is_up(compiles, tmp_path):
+    with FakeLLMServer(Cassette([])) as srv:
+        url = srv.base_url  # the port is free again once the server stops
+    res = _dry_run(_config(tmp_path, url))
+    assert res.exit_code == 1
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("model gpt ")]
+    assert "FAILED: connection error" in line and "is the server up" in line
+
+
+def test_a_task_whose_prompt_fits_no_model_fails_the_dry_run(compiles, tmp_path):
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg.write_text(cfg.read_text() + "context_tokens = 2048\nmax_output_tokens = 1024\n")
+    res = _dry_run(cfg, "--no-probe")
+    assert res.exit_code == 1, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("prompt kb19_relu")]
+    assert "FAILED: fits no model" in line and "gpt: TOO LARGE" in line

@@ -29,8 +29,8 @@ __all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT_RE = __import__("re").compile(r"HTTP (?:429|5\d\d|408|409)\b|timeout|connection |API error|invalid JSON|"
-                                         r"response (?:has no choices|body is JSON)|endpoint error|unreadable")
+_TRANSIENT_RE = __import__("re").compile(r"HTTP (?:429|5\d\d|408|409)\b|timeout|invalid JSON|"
+                                         r"response (?:has no choices|body is JSON)|endpoint error")
 
 
 def missing_keys(cfg) -> list[str]:
@@ -77,6 +77,9 @@ class ModelProbe:
         where = f"model {self.model} ({self.model_id} at {self.base_url})"
         if self.error is None:
             return f"{where}: ok ({self.seconds:.2f} s)"
+        if (self.error or "").startswith("connection "):
+            return (f"{where}: FAILED: {self.error} (is the server up and listening at base_url? a real run would "
+                    "retry, then stop the model)")
         if self.transient:
             return (f"{where}: WARNING: {self.error} (transient: a real run retries this with backoff, "
                     "llm.max_retries times a call)")
@@ -120,8 +123,14 @@ class PromptSize:
     tokens: int
     fits: tuple[ModelFit, ...]
 
+    @property
+    def fits_any(self) -> bool:
+        """Some model may be sent this prompt (the dry run fails when none may)."""
+        return any(f.fits for f in self.fits)
+
     def line(self) -> str:
-        return (f"prompt {self.task} ({self.kind}): ~{self.tokens:,} tokens; "
+        head = "" if self.fits_any else "FAILED: fits no model: "
+        return (f"prompt {self.task} ({self.kind}): {head}~{self.tokens:,} tokens; "
                 + "; ".join(f.text() for f in self.fits))
 
 

@@ -173,7 +173,8 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
     ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny request each;
     none with ``probe=False``) and ``prompts`` one :class:`evo.engine.llm_check.PromptSize` per
     task; both are empty for the ``knobs`` mutator. ``ok`` is False when a seed fails policy
-    or compile, or a probed model fails.
+    or compile, a probed model fails (not for a transient failure a real run retries), or a
+    task's starting prompt fits no model.
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
@@ -235,6 +236,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         probes = probe_models(cfg) if probe else []
         ok &= all(p.ok for p in probes)
         prompts = prompt_sizes(cfg, seeds, names)
+        ok &= all(p.fits_any for p in prompts)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
             f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
