@@ -336,11 +336,12 @@ def test_vllm_dialect_takes_extra_body_and_answers_context_length_like_vllm():
         spec = _spec(srv, model="Qwen/Qwen3-32B", max_output_tokens=600,
                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert _client().complete(MSGS, model=spec).ok
-        long = [{"role": "user", "content": "x" * 2000}]  # 504 prompt tokens + 600 > 1000
+        long = [{"role": "user", "content": "x" * 4000}]  # 1004 prompt tokens + 600 > 1000
         call = _client().complete(long, model=spec)
+        long = [{"role": "user", "content": "x" * 2000}]  # 504 prompt tokens + 600 > 1000
         status, body = _raw_post(srv, {"model": "m", "messages": long, "max_tokens": 600})
-    assert call.fatal == "context_length" and call.attempts == 1
-    assert "This model's maximum context length is 1000 tokens. However, you requested 1104 tokens (504 in the " \
+    assert call.too_large and call.fatal is None and call.attempts == 1 and call.window == 1000
+    assert "This model's maximum context length is 1000 tokens. However, you requested 1604 tokens (1004 in the " \
            "messages, 600 in the completion)." in call.error
     assert status == 400 and json.loads(body) == {
         "object": "error", "type": "BadRequestError", "param": None, "code": 400,

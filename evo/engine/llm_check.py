@@ -25,9 +25,28 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes"]
+__all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes", "missing_keys"]
 
 log = logging.getLogger(__name__)
+
+_TRANSIENT_RE = __import__("re").compile(r"HTTP (?:429|5\d\d|408|409)\b|timeout|invalid JSON|"
+                                         r"response (?:has no choices|body is JSON)|endpoint error")
+
+
+def missing_keys(cfg) -> list[str]:
+    """One line per ``[[llm.models]]`` entry whose key variable is unset (and whose endpoint
+    is not local), each with its fix; [] when every key is there or the run is replayed."""
+    from mutators.llm.client.model_spec import LLMConfigError
+
+    if cfg.mutator.kind != "llm" or cfg.llm is None or cfg.llm.replay_run:
+        return []
+    out = []
+    for m in _model_specs(cfg):
+        try:
+            m.api_key()
+        except LLMConfigError as e:
+            out.append(str(e))
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,14 +60,29 @@ class ModelProbe:
     seconds: float
 
     @property
+    def transient(self) -> bool:
+        """The probe failed in a way a real run retries (429 rate limit, 5xx, timeout, a refused
+        or broken connection): a warning, not a failed dry run."""
+        e = self.error or ""
+        if not e or "[fatal:" in e or "LLMConfigError" in e or "is not set" in e:
+            return False
+        return bool(_TRANSIENT_RE.match(e))
+
+    @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.error is None or self.transient
 
     def line(self) -> str:
         """The dry run's line for this model."""
         where = f"model {self.model} ({self.model_id} at {self.base_url})"
-        if self.ok:
+        if self.error is None:
             return f"{where}: ok ({self.seconds:.2f} s)"
+        if (self.error or "").startswith("connection "):
+            return (f"{where}: FAILED: {self.error} (is the server up and listening at base_url? a real run would "
+                    "retry, then stop the model)")
+        if self.transient:
+            return (f"{where}: WARNING: {self.error} (transient: a real run retries this with backoff, "
+                    "llm.max_retries times a call)")
         return f"{where}: FAILED: {self.error}"
 
 
@@ -71,6 +105,10 @@ class ModelFit:
         if not self.fits:
             return (f"{self.model}: TOO LARGE for {room} even with every optional part left out "
                     f"(~{self.tokens:,}); calls for this task will not be sent")
+        if self.tokens > self.window:
+            left = f" after leaving out {', '.join(self.omitted)}" if self.omitted else ""
+            return (f"{self.model}: MAY FIT {room}{left}: ~{self.tokens:,} tokens at 3 characters a token, under "
+                    "the window at 4.5; sent on trial, the endpoint's count then sizes later prompts")
         if self.omitted:
             return f"{self.model}: fits {room} after leaving out {', '.join(self.omitted)}"
         return f"{self.model}: fits {room}"
@@ -85,8 +123,14 @@ class PromptSize:
     tokens: int
     fits: tuple[ModelFit, ...]
 
+    @property
+    def fits_any(self) -> bool:
+        """Some model may be sent this prompt (the dry run fails when none may)."""
+        return any(f.fits for f in self.fits)
+
     def line(self) -> str:
-        return (f"prompt {self.task} ({self.kind}): ~{self.tokens:,} tokens; "
+        head = "" if self.fits_any else "FAILED: fits no model: "
+        return (f"prompt {self.task} ({self.kind}): {head}~{self.tokens:,} tokens; "
                 + "; ".join(f.text() for f in self.fits))
 
 

@@ -150,6 +150,15 @@ def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[
     return seeds
 
 
+def _check_llm_keys(cfg) -> None:
+    """:class:`SearchError` with one line per model whose key variable is unset (and the fix)."""
+    from evo.engine.llm_check import missing_keys
+
+    missing = missing_keys(cfg)
+    if missing:
+        raise SearchError("; ".join(missing))
+
+
 def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True) -> dict:
     """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
     for the ``llm`` mutator its models and prompts (:mod:`evo.engine.llm_check`).
@@ -164,7 +173,8 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
     ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny request each;
     none with ``probe=False``) and ``prompts`` one :class:`evo.engine.llm_check.PromptSize` per
     task; both are empty for the ``knobs`` mutator. ``ok`` is False when a seed fails policy
-    or compile, or a probed model fails.
+    or compile, a probed model fails (not for a transient failure a real run retries), or a
+    task's starting prompt fits no model.
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
@@ -174,6 +184,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         check_db_location(cfg.run.db)
     except LocationError as e:
         raise SearchError(f"run.db: {e}") from None
+    _check_llm_keys(cfg)  # before any compile, with or without --no-probe
     resumed = ""
     if resume:
         from pathlib import Path
@@ -225,6 +236,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         probes = probe_models(cfg) if probe else []
         ok &= all(p.ok for p in probes)
         prompts = prompt_sizes(cfg, seeds, names)
+        ok &= all(p.fits_any for p in prompts)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
             f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
@@ -247,6 +259,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
 
     names = _task_names(cfg)
     seeds = seeds_for(names, cfg.mutator.kind)  # before any run exists: a seedless task fails here
+    _check_llm_keys(cfg)
     try:
         check_db_location(cfg.run.db)
     except LocationError as e:

@@ -64,6 +64,12 @@ from mutators.llm.prompt.text import RenderedPrompt, effective_source
 from mutators.llm.repairs import RepairQueue
 from mutators.llm.prompt.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
 
+#: Characters per token of a tokenizer's plausible best on our prompts (CUDA source, English):
+#: an uncalibrated model is sent a prompt that fits its window at this ratio.
+OPTIMISTIC_CHARS_PER_TOKEN = 4.5
+#: More characters per token than any tokenizer gives on code: a usage report implying more is not used.
+MAX_CHARS_PER_TOKEN = 8.0
+
 __all__ = ["LLMMutator"]
 
 log = logging.getLogger(__name__)
@@ -147,6 +153,7 @@ class LLMMutator:
         self._pending_max = pending_max
         self._results: OrderedDict[str, float | None] = OrderedDict()
         self._cpt: dict[str, float] = {}
+        self._windows: dict[str, int] = {}  # context windows endpoints reported, by model name
         self.last_failure: AttemptRecord | None = None
         self.attempts = 0
         self.failures = 0
@@ -259,9 +266,7 @@ class LLMMutator:
             kind, parent, context, provider=self.provider, n_inspirations=self.n_inspirations,
             attempts_text=lambda k: self._attempts_text(chain, kind, parent, last=k),
             feedback=self._feedback(chain), failure=self._failure)
-        budget = None
-        if model is not None and model.context_tokens is not None:
-            budget = model.context_tokens - model.max_output_tokens
+        budget = self.prompt_budget(model) if model is not None else None
         cpt = self.chars_per_token(model.name) if model is not None else BUDGET_CHARS_PER_TOKEN
         omitted: list[str] = []
         while True:
@@ -277,20 +282,65 @@ class LLMMutator:
                     omitted.append(label)
                     break
             else:
-                return RenderedPrompt(msgs, tokens, budget, tuple(omitted), False)
+                # Not calibrated yet: the conservative estimate may be far off. Send what could
+                # fit at a tokenizer's plausible best (the endpoint's usage, or its 400 with the
+                # count, then calibrates this model).
+                calibrated = model is not None and self.calibrated(model.name)
+                could = budget is not None and estimate_prompt_tokens(msgs, OPTIMISTIC_CHARS_PER_TOKEN) <= budget
+                return RenderedPrompt(msgs, tokens, budget, tuple(omitted), bool(could and not calibrated))
+
+    def window(self, model: ModelSpec) -> int | None:
+        """The model's context window: ``context_tokens``, or less when its endpoint reported
+        a smaller one in a context-length answer."""
+        with self._lock:
+            seen = self._windows.get(model.name)
+        known = [w for w in (model.context_tokens, seen) if w is not None]
+        return min(known) if known else None
+
+    def prompt_budget(self, model: ModelSpec) -> int | None:
+        """Prompt tokens allowed for ``model``: its window less ``max_output_tokens`` (at most
+        half the window, when a reported window is smaller than the configured output)."""
+        w = self.window(model)
+        if w is None:
+            return None
+        if model.context_tokens is not None and w == model.context_tokens:
+            return w - model.max_output_tokens
+        return w - min(model.max_output_tokens, w // 2)
 
     def chars_per_token(self, model_name: str) -> float:
         """Characters per prompt token for budgeting this model's prompts: 0.95 x the smallest
-        ratio its endpoint's usage reports showed so far (prompt characters / prompt_tokens),
-        or the conservative BUDGET_CHARS_PER_TOKEN before any report."""
+        ratio of its endpoint's plausible counts so far (prompt characters / (prompt_tokens
+        less the chat framing), from answers' usage and from context-length 400s that counted
+        the prompt), or the conservative BUDGET_CHARS_PER_TOKEN before any count."""
         with self._lock:
             seen = self._cpt.get(model_name)
         return BUDGET_CHARS_PER_TOKEN if seen is None else 0.95 * seen
 
+    def calibrated(self, model_name: str) -> bool:
+        """Whether a plausible count from this model's endpoint has calibrated its estimate."""
+        with self._lock:
+            return model_name in self._cpt
+
     def _calibrate(self, model: ModelSpec, messages: list[dict[str, str]], call: LLMCall) -> None:
-        if call.usage_estimated or call.tokens_in <= 0 or call.attempts != 1:
+        """Learn the model's characters per token from a count its endpoint reported: the
+        usage of an answered call, or the prompt tokens a context-length 400 named. A count
+        that is physically implausible (0, more tokens than characters, or over
+        MAX_CHARS_PER_TOKEN characters a token) is ignored and logged."""
+        if call.too_large:
+            tokens = call.prompt_tokens_reported
+        elif call.ok and not call.usage_estimated:
+            tokens = call.tokens_in
+        else:
             return
-        ratio = sum(len(m["content"]) for m in messages) / call.tokens_in
+        if tokens is None:
+            return
+        chars = sum(len(m["content"]) for m in messages)
+        framing = 8 * len(messages)
+        if tokens <= 0 or tokens > chars or chars / max(1, tokens - framing) > MAX_CHARS_PER_TOKEN:
+            log.warning("LLM %s: the endpoint counted %d prompt tokens for %d characters; implausible, not used to "
+                        "size prompts", model.name, tokens, chars)
+            return
+        ratio = chars / max(1, tokens - framing) if tokens > 2 * framing else chars / tokens
         with self._lock:
             self._cpt[model.name] = min(self._cpt.get(model.name, ratio), ratio)
 
@@ -355,13 +405,24 @@ class LLMMutator:
         """What depends on the run's state, in the caller's order: the model, the attempt's
         number from this chain (so its key is the same whatever order calls finish in) and
         the prompt. The returned job sends it and interprets the answer."""
-        model = self._choose_model(rng)  # may raise NoModelLeft
+        renders: dict[str, RenderedPrompt] = {}
+        by_name = {m.name: m for m in self.models}
+
+        def fits(name: str) -> bool:
+            m = by_name[name]
+            if self.prompt_budget(m) is None:
+                return True
+            if name not in renders:
+                renders[name] = self.render(kind, parent, context, m, chain=chain)
+            return renders[name].fits
+
+        model = self._choose_model(rng, fits=fits)  # may raise NoModelLeft
         pid = parent.id if parent is not None else None
         with self._lock:
             n = self._counts.get(chain, 0) + 1
             self._counts[chain] = n
         key = f"{kind}:{chain}:{n}"
-        rendered = self.render(kind, parent, context, model, chain=chain)
+        rendered = renders.get(model.name) or self.render(kind, parent, context, model, chain=chain)
         if not rendered.fits:
             problem = (f"prompt too large for model {model.name!r}: ~{rendered.tokens} tokens after leaving out "
                        f"{', '.join(rendered.omitted) or 'nothing'}, budget {rendered.budget} (context_tokens "
@@ -383,6 +444,17 @@ class LLMMutator:
         self._calibrate(model, messages, call)
         with self._lock:
             self.attempts += 1
+        if call.too_large:
+            w = call.window
+            if w is not None:
+                with self._lock:
+                    self._windows[model.name] = min(self._windows.get(model.name, w), w)
+            problem = (f"prompt too large for model {model.name!r}: the endpoint's window is "
+                       f"{w if w is not None else '(not said)'} tokens; later prompts for it are sized to that "
+                       f"window ({call.error})")
+            self._fail(kind, pid, model, call, [problem], (), chain=chain, request=request, note_outcome="not_sent",
+                       n=n)
+            return None
         if call.error is not None:
             self._fail(kind, pid, model, call, [f"call failed: {call.error}"], (), chain=chain, request=request,
                        note_outcome="call_failed", n=n)
@@ -453,8 +525,10 @@ class LLMMutator:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _choose_model(self, rng: random.Random) -> ModelSpec:
-        """The bandit's pick among the models :class:`ModelHealth` allows.
+    def _choose_model(self, rng: random.Random, fits: Callable[[str], bool] | None = None) -> ModelSpec:
+        """The bandit's pick among the models :class:`ModelHealth` allows and, when more than
+        one is usable and ``fits`` is given, among those the prompt fits (all usable ones when
+        it fits none: that attempt is then reported as too large).
 
         Raises :class:`NoModelLeft` when every model is stopped. When every live model's
         breaker is open, waits for the earliest cooldown (``sleep``) and tries that model.
@@ -469,6 +543,9 @@ class LLMMutator:
             log.warning("every LLM model's circuit breaker is open; waiting %.0f s before trying again", wait)
             self._sleep(wait)
             self.health.force_half_open()
+        if fits is not None and len(usable) > 1:
+            fitting = [n for n in usable if fits(n)]
+            usable = fitting or usable
         model = self.bandit.choose(rng, among=usable)
         self.health.chose(model.name)
         return model

@@ -20,8 +20,10 @@ __all__ = ["LLMCall", "CallSink", "ChatClient", "FATAL_KINDS", "norm_messages", 
            "prompt_hash", "estimate_tokens", "CHARS_PER_TOKEN"]
 
 #: Failure kinds that no retry and no other prompt can heal: the model is stopped for the run.
-FATAL_KINDS = ("auth", "forbidden", "model_not_found", "unsupported_parameter", "context_length", "quota")
+FATAL_KINDS = ("auth", "forbidden", "model_not_found", "unsupported_parameter", "quota")
 _FATAL_TAG_RE = re.compile(r"\[fatal:(\w+)\]")
+_WINDOW_TAG_RE = re.compile(r"\[too_large\] window (\d+) tokens")
+_PROMPT_TAG_RE = re.compile(r"\[too_large\][^;]*?; prompt (\d+) tokens")
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,11 @@ class LLMCall:
     ``llm_calls``: the ``llm_attempt`` event of the attempt links the key to the call's
     ``prompt_hash``.
 
-    A failure no retry can heal (bad key, unknown model, a parameter the model rejects, a
-    prompt over the context window, no quota) carries ``[fatal:<kind>]`` in ``error``, so
-    the stored row (and a replay of it) says so too: see :attr:`fatal`.
+    A failure no retry can heal (bad key, unknown model, a parameter the model rejects, no
+    quota) carries ``[fatal:<kind>]`` in ``error``, so the stored row (and a replay of it)
+    says so too: see :attr:`fatal`. A prompt over the endpoint's window is not fatal: it
+    carries ``[too_large]`` and, when the endpoint said it, ``window N tokens`` (see
+    :attr:`too_large`, :attr:`window`).
     """
 
     model: str
@@ -71,6 +75,23 @@ class LLMCall:
         """The :data:`FATAL_KINDS` entry of a failure that cannot heal, else None."""
         m = _FATAL_TAG_RE.search(self.error or "")
         return m.group(1) if m else None
+
+    @property
+    def too_large(self) -> bool:
+        """The endpoint refused the prompt as over its context window (not fatal)."""
+        return "[too_large]" in (self.error or "")
+
+    @property
+    def window(self) -> int | None:
+        """The context window the endpoint reported in a :attr:`too_large` answer, if any."""
+        m = _WINDOW_TAG_RE.search(self.error or "") if self.too_large else None
+        return int(m.group(1)) if m else None
+
+    @property
+    def prompt_tokens_reported(self) -> int | None:
+        """The prompt's tokens as a :attr:`too_large` answer counted them, if it did."""
+        m = _PROMPT_TAG_RE.search(self.error or "") if self.too_large else None
+        return int(m.group(1)) if m else None
 
     def to_row(self, candidate_id: str | None = None) -> dict[str, Any]:
         """Fields for ``Store.add_llm_call`` (prompt stored as the canonical messages JSON)."""

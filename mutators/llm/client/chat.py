@@ -46,6 +46,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ import openai
 
 from mutators.llm.client.budget import Budget
 from mutators.llm.client.calls import CallSink, LLMCall, estimate_tokens, norm_messages, prompt_hash
-from mutators.llm.client.http_errors import classify_http_error, retry_after_seconds
+from mutators.llm.client.http_errors import classify_http_error, context_overflow, retry_after_seconds
 from mutators.llm.client.model_spec import ModelSpec
 
 __all__ = ["LLMClient"]
@@ -80,6 +81,15 @@ class _Fatal(Exception):
         self.text = text
 
 
+class _TooLarge(Exception):
+    """The endpoint refused the prompt as over its window; ``window`` / ``prompt`` as it said."""
+
+    def __init__(self, reason: str, window: int | None, prompt: int | None) -> None:
+        super().__init__(reason)
+        self.window = window
+        self.prompt = prompt
+
+
 @dataclass
 class _Usage:
     tokens_in: int = 0
@@ -87,6 +97,19 @@ class _Usage:
     reasoning: int = 0
     estimated: bool = False
 
+
+
+def estimate_prompt_tokens_safe(msgs: Sequence[dict[str, str]]) -> int:
+    """A prompt's tokens when the endpoint did not count them: 3 characters a token (errs high)."""
+    return sum(len(m.get("content", "")) // 3 + 8 for m in msgs)
+
+
+def _no_version(base_url: str) -> bool:
+    """``base_url``'s path has no API version segment (``/v1``, ``/v1beta``, ``/openai/v1``...)."""
+    from urllib.parse import urlparse
+
+    path = urlparse(base_url).path if base_url else ""
+    return bool(base_url) and not re.search(r"/v\d+[a-z0-9]*(?:/|$)", path)
 
 
 def _is_transport(exc: BaseException, name: str) -> bool:
@@ -158,6 +181,8 @@ class LLMClient:
         self.tokens_in = 0
         self.tokens_out = 0
         self.cost = 0.0
+        #: Context windows endpoints reported in context-length answers, by model name.
+        self.windows: dict[str, int] = {}
         for m in models:
             m.api_key()  # raises LLMConfigError naming the unset variable
         if self.budget.max_usd is not None:
@@ -185,12 +210,30 @@ class LLMClient:
         finish: str | None = None
         attempt = 0
         model_sem = self._model_sem(model)
+        sent = model
+        resent = False
         while True:
             attempt += 1
             try:
                 with model_sem, self._sem:
-                    text, finish = self._attempt(client, msgs, model, usage)
+                    text, finish = self._attempt(client, msgs, sent, usage)
                 error = None
+                break
+            except _TooLarge as exc:
+                if exc.window is not None:
+                    with self._totals_lock:
+                        self.windows[model.name] = min(self.windows.get(model.name, exc.window), exc.window)
+                room = self._room(exc, msgs, sent)
+                if not resent and room is not None:
+                    log.info("LLM %s: prompt over the %s-token window with max_output_tokens %d; resending once "
+                             "with %d", model.name, exc.window, sent.max_output_tokens, room)
+                    sent = dataclasses.replace(sent, max_output_tokens=room)
+                    resent = True
+                    continue
+                error = (f"{exc} [too_large]" + (f" window {exc.window} tokens" if exc.window else "") +
+                         (f"; prompt {exc.prompt} tokens" if exc.prompt else "") +
+                         "; not stopped: later prompts are sized to the window")
+                log.warning("LLM %s attempt %d: prompt too large (not retried): %s", model.name, attempt, error)
                 break
             except _Fatal as exc:
                 error = str(exc)
@@ -252,7 +295,7 @@ class LLMClient:
         try:
             with self._sem:
                 text, finish = self._attempt(self._client_for(spec), msgs, spec, usage)
-        except (_Fatal, _Retryable) as exc:
+        except (_Fatal, _Retryable, _TooLarge) as exc:
             error = str(exc)
         return LLMCall(model=model.name, prompt_hash=prompt_hash(msgs, model.model), messages=msgs, response=text,
                        tokens_in=usage.tokens_in, tokens_out=usage.tokens_out,
@@ -298,6 +341,23 @@ class LLMClient:
                 sem = self._model_sems[model.name] = threading.BoundedSemaphore(model.concurrency)
             return sem
 
+    def window(self, name: str) -> int | None:
+        """The context window model ``name``'s endpoint reported (a context-length answer), if any."""
+        with self._totals_lock:
+            return self.windows.get(name)
+
+    @staticmethod
+    def _room(exc: _TooLarge, msgs: Sequence[dict[str, str]], sent: ModelSpec) -> int | None:
+        """``max_output_tokens`` for a resend that fits the reported window, or None when
+        what is left is under an eighth of the configured output budget (or 256 tokens)."""
+        if exc.window is None:
+            return None
+        prompt = exc.prompt if exc.prompt is not None else estimate_prompt_tokens_safe(msgs)
+        room = exc.window - prompt - 16
+        if room < min(sent.max_output_tokens, max(256, sent.max_output_tokens // 8)) or room >= sent.max_output_tokens:
+            return None
+        return room
+
     def _backoff(self, attempt: int) -> float:
         base = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
         with self._rng_lock:
@@ -319,7 +379,7 @@ class LLMClient:
             body = raw.http_response.text
         except Exception as exc:
             self._charge_unanswered(exc, msgs, "", "", usage)
-            raise self._translate(exc, timeout) from None
+            raise self._translate(exc, timeout, base_url=model.base_url) from None
         try:
             data = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -378,7 +438,7 @@ class LLMClient:
                 with contextlib.suppress(Exception):
                     stream.close()
             self._charge_unanswered(exc, msgs, "".join(parts), "".join(thoughts), usage)
-            raise self._translate(exc, timeout, streamed=len(parts)) from None
+            raise self._translate(exc, timeout, streamed=len(parts), base_url=model.base_url) from None
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.close()
@@ -426,7 +486,7 @@ class LLMClient:
                 text.encode("utf-8")[: self.max_response_bytes].decode("utf-8", "ignore"),
             )
 
-    def _translate(self, exc: BaseException, timeout: float, streamed: int = 0) -> Exception:
+    def _translate(self, exc: BaseException, timeout: float, streamed: int = 0, base_url: str = "") -> Exception:
         """An exception of the SDK / httpx as a :class:`_Retryable` or :class:`_Fatal`."""
         where = f" after {streamed} streamed chunks" if streamed else ""
         if (isinstance(exc, openai.APITimeoutError) or _is_transport(exc, "TimeoutException")):
@@ -435,12 +495,18 @@ class LLMClient:
             code = exc.status_code
             body = exc.response.text if exc.response is not None else ""
             fatal, retryable, detail = classify_http_error(code, body)
+            over = context_overflow(code, body)
+            if over is not None:
+                return _TooLarge(f"HTTP {code} (not retried): {detail}", *over)
             if code == 429 and retryable:
                 wait = retry_after_seconds(exc.response.headers)
                 note = "" if wait is None else f" (Retry-After {wait:g}s)"
                 return _Retryable(f"HTTP 429 rate limited{note}: {detail}", wait)
             if retryable:
                 return _Retryable(f"HTTP {code}: {detail}")
+            if code == 404 and _no_version(base_url):
+                detail += (f" -- add /v1 to base_url? ({base_url!r} has no /v1; OpenAI-compatible servers answer "
+                           "at <base_url>/chat/completions, e.g. http://127.0.0.1:8000/v1)")
             if fatal is not None:
                 return _Fatal(f"HTTP {code} [fatal:{fatal}] (not retried): {detail}")
             return _Fatal(f"HTTP {code} (not retried): {detail}")

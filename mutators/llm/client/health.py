@@ -6,7 +6,7 @@ transient failures open its circuit breaker.
 
 - **Stop** (for the rest of the run): a call whose error is *fatal* (``LLMCall.fatal``: a
   rejected key, 403, an unknown model, a parameter the model rejects, a prompt over the
-  context window, no quota). Sending it again cannot succeed, so one such call is enough.
+  no quota). Sending it again cannot succeed, so one such call is enough.
   The stop is logged once, as one line naming the model, the endpoint's answer and the
   fix, and handed to ``on_stop`` (the run records it as an event).
 - **Circuit breaker** (for transient failures: timeouts, 5xx, 429 after retries, refused
@@ -18,7 +18,9 @@ transient failures open its circuit breaker.
   openings without a success in between the model is stopped like a fatal failure.
   Counting choices rather than seconds keeps which model is chosen reproducible in a
   replay, where calls take no time.
-- A call that succeeded (whatever became of its answer) closes the breaker.
+- A call that succeeded (whatever became of its answer) closes the breaker. A prompt the
+  endpoint refused as over its window (``LLMCall.too_large``) changes nothing here: the
+  mutator sizes later prompts to the window the endpoint reported.
 
 When every model is stopped, :meth:`check` raises :class:`NoModelLeft`, a
 :class:`mutators.base.MutatorStopped` whose message lists each model's stop line: the
@@ -165,6 +167,8 @@ class ModelHealth:
         stop: str | None = None
         with self._lock:
             if name not in self._in_a_row or name in self._stopped:
+                return None
+            if call.too_large:  # the endpoint answered (the prompt was over its window): no fault of the model
                 return None
             if call.ok:
                 self._in_a_row[name] = 0

@@ -11,7 +11,10 @@ import json
 import re
 from typing import Any
 
-__all__ = ["classify_http_error", "FATAL_FIXES", "retry_after_seconds"]
+__all__ = ["classify_http_error", "FATAL_FIXES", "retry_after_seconds", "context_overflow", "TOO_LARGE_TAG"]
+
+#: The tag in ``LLMCall.error`` of a prompt over the endpoint's window (not fatal: the model stays usable).
+TOO_LARGE_TAG = "[too_large]"
 
 
 def retry_after_seconds(headers: Any) -> float | None:
@@ -54,6 +57,32 @@ _MODEL_RES = re.compile(r"\bmodel\b.*(?:does not exist|not found|no such|unknown
 _QUOTA_RES = re.compile(r"insufficient_quota|exceeded your current quota|billing", re.IGNORECASE)
 
 
+_WINDOW_RE = re.compile(r"maximum context length is (\d+) tokens", re.IGNORECASE)
+_PROMPT_RES = (re.compile(r"\((\d+) in the messages", re.IGNORECASE),
+               re.compile(r"messages resulted in (\d+) tokens", re.IGNORECASE))
+
+
+def context_overflow(status: int, body: str) -> tuple[int | None, int | None] | None:
+    """For an answer that says the prompt is over the model's window (OpenAI's
+    ``context_length_exceeded``, vLLM's "maximum context length is N tokens ... (P in the
+    messages, C in the completion)"): ``(window, prompt_tokens)``, each None when the body
+    does not say. None for any other answer."""
+    if status not in (400, 413):
+        return None
+    msg, typ, _, code = _error_fields(body)
+    if "context_length" not in f"{code} {typ}".lower() and not _CONTEXT_RES.search(msg) and status != 413:
+        return None
+    m = _WINDOW_RE.search(msg)
+    window = int(m.group(1)) if m else None
+    prompt = None
+    for rx in _PROMPT_RES:
+        pm = rx.search(msg)
+        if pm:
+            prompt = int(pm.group(1))
+            break
+    return window, prompt
+
+
 def classify_http_error(status: int, body: str) -> tuple[str | None, bool, str]:
     """``(fatal_kind, retryable, detail)`` of an HTTP error answer.
 
@@ -78,7 +107,7 @@ def classify_http_error(status: int, body: str) -> tuple[str | None, bool, str]:
     if status == 404:
         return "model_not_found", False, detail
     if "context_length" in low or _CONTEXT_RES.search(msg) or status == 413:
-        return "context_length", False, detail
+        return None, False, detail  # not fatal: see context_overflow (the next prompt is sized to the window)
     if "model_not_found" in low or _MODEL_RES.search(msg):
         return "model_not_found", False, detail
     if "unsupported" in low or _UNSUPPORTED_RES.search(msg):
@@ -94,7 +123,5 @@ FATAL_FIXES = {
                        "check model and base_url",
     "unsupported_parameter": "the model rejects a request setting: check token_param, temperature, top_p, "
                              "reasoning_effort and extra_body of this model",
-    "context_length": "the prompt and max_output_tokens exceed the model's window: set context_tokens to the "
-                      "window the endpoint reports (prompts are then trimmed to fit) or lower max_output_tokens",
     "quota": "the account has no quota left: add credit or switch the model off (weight = 0)",
 }

@@ -19,6 +19,9 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
   ``"choices": []`` and the usage (every other chunk then has ``"usage": null``), then
   ``data: [DONE]``. ``stream_stall_s`` on an entry stalls the stream half way (a timeout
   mid-stream).
+- Only paths under ``/v1`` are served; any other (a base_url without ``/v1``) is a 404 with
+  the server's body (vLLM: ``{"detail": "Not Found"}``; OpenAI: ``Invalid URL (POST
+  /chat/completions)``).
 - ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``.
 
 Dialects (how strictly requests are checked, and which error bodies are sent):
@@ -34,9 +37,12 @@ Dialects (how strictly requests are checked, and which error bodies are sent):
   error bodies ``{"object": "error", "message", "type", "param", "code"}``.
 
 With ``context_tokens`` set, a prompt (~4 characters a token) plus the requested completion
-over the window is a 400 (vLLM: "This model's maximum context length is N tokens. However,
-you requested M tokens (P in the messages, C in the completion)..."; OpenAI:
-``context_length_exceeded``). With ``api_key`` set, any other bearer token is a 401 (OpenAI:
+over the window is a 400 with the real bodies (vLLM: ``{"object": "error", "message": "This
+model's maximum context length is N tokens. However, you requested M tokens (P in the
+messages, C in the completion). Please reduce ...", "type": "BadRequestError", "param": null,
+"code": 400}``; OpenAI: ``{"error": {"message": "... However, your messages resulted in P
+tokens. ..." (or "you requested M tokens (P in the messages, C in the completion)"), "type":
+"invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}``). With ``api_key`` set, any other bearer token is a 401 (OpenAI:
 ``invalid_api_key``); with ``models`` set, another model id is a 404 (``model_not_found`` /
 vLLM ``NotFoundError``).
 
@@ -126,18 +132,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         fake = self.server.fake
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
+        if self.path.rstrip("/") == "/v1/models":
             names = fake.models or sorted({e.model for e in fake.cassette.entries if e.model}) or ["fake"]
             self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "fake"} for n in names]})
         else:
-            self._json(404, fake.error_body(404, f"no route GET {self.path}", "not_found"))
+            self._json(404, fake.no_route("GET", self.path))
 
     def do_POST(self) -> None:  # noqa: N802
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._json(404, fake.error_body(404, f"no route POST {self.path}", "not_found"))
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._json(404, fake.no_route("POST", self.path))
             return
         try:
             req = json.loads(body or b"{}")
@@ -303,6 +309,14 @@ class FakeLLMServer:
         typ = "invalid_request_error" if 400 <= st < 500 else "server_error"
         return self.error_body(st, msg or f"scripted HTTP {st}", typ, code=entry.error_code)
 
+    def no_route(self, method: str, path: str) -> dict[str, Any]:
+        """A path the server does not serve (a base_url without /v1): vLLM (FastAPI) answers
+        ``{"detail": "Not Found"}``, api.openai.com ``Invalid URL (POST /chat/completions)``."""
+        if self.dialect == "vllm":
+            return {"detail": "Not Found"}
+        return {"error": {"message": f"Invalid URL ({method} {path})", "type": "invalid_request_error", "param": None,
+                          "code": None}}
+
     def _no_model(self, model: str) -> str:
         if self.dialect == "vllm":
             return f"The model `{model}` does not exist."
@@ -365,10 +379,14 @@ class FakeLLMServer:
                 400, f"This model's maximum context length is {n} tokens. However, you requested {p + c} tokens "
                      f"({p} in the messages, {c} in the completion). Please reduce the length of the messages or "
                      "completion.", "BadRequestError"))
+        if p > n or c == 0:  # api.openai.com's words when the messages alone are over the window
+            said = f"your messages resulted in {p} tokens. Please reduce the length of the messages."
+        else:
+            said = (f"you requested {p + c} tokens ({p} in the messages, {c} in the completion). Please reduce the "
+                    "length of the messages or completion.")
         raise _Rejection(400, self.error_body(
-            400, f"This model's maximum context length is {n} tokens. However, your messages resulted in {p + c} "
-                 f"tokens ({p} in the messages, {c} in the completion). Please reduce the length of the messages "
-                 "or completion.", "invalid_request_error", "messages", "context_length_exceeded"))
+            400, f"This model's maximum context length is {n} tokens. However, {said}", "invalid_request_error",
+            "messages", "context_length_exceeded"))
 
     # ---- bookkeeping -------------------------------------------------------------------------
 

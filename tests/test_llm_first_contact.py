@@ -1,0 +1,128 @@
+"""First contact with an endpoint, as a new user meets it: a key variable that is not set is
+one line with its fix before any compile (with or without --no-probe); a base_url without
+/v1 that the server answers 404 says "add /v1 to base_url?"; a 429 or 500 in the dry run's
+probe is a warning saying a real run retries it, not a failed dry run. Against the project's
+fake endpoint (only /v1 paths served, like vLLM and api.openai.com)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import evaluators.compile as comp
+from evo.cli import app
+from evo.core.records import StageResult, Status
+from mutators.llm.client.chat import LLMClient
+from mutators.llm.client.model_spec import ModelSpec
+from mutators.llm.replay.cassette import Cassette
+from mutators.llm.replay.fake_server import FakeLLMServer
+
+
+class _Built:
+    cached = False
+
+    def __init__(self) -> None:
+        self.result = StageResult("compile", Status.OK, seconds=0.01)
+
+
+@pytest.fixture()
+def compiles(monkeypatch):
+    done = []
+    monkeypatch.setattr(comp, "compile_candidate", lambda cand, settings: done.append(cand) or _Built())
+    return done
+
+
+def _config(tmp_path: Path, base_url: str, key_env: str = "EVO_TEST_FC_KEY") -> Path:
+    path = tmp_path / "llm.toml"
+    path.write_text(f'''
+[run]
+db = "{tmp_path / 'evo.db'}"
+
+[tasks]
+include = ["kb19_relu"]
+
+[mutator]
+kind = "llm"
+
+[[llm.models]]
+name = "gpt"
+base_url = "{base_url}"
+model = "gpt-4.1"
+key_env = "{key_env}"
+''')
+    return path
+
+
+def _dry_run(cfg: Path, *extra: str):
+    return CliRunner().invoke(app, ["search", str(cfg), "--dry-run", "--no-progress", *extra])
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-probe",)])
+def test_a_missing_key_is_one_line_with_the_fix_before_any_compile(compiles, tmp_path, monkeypatch, extra):
+    monkeypatch.delenv("EVO_TEST_FC_UNSET", raising=False)
+    res = _dry_run(_config(tmp_path, "https://api.openai.com/v1", key_env="EVO_TEST_FC_UNSET"), *extra)
+    assert res.exit_code != 0
+    assert compiles == [], "nothing was compiled"
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    text = " ".join(lines)
+    assert "environment variable EVO_TEST_FC_UNSET is not set" in text and "export EVO_TEST_FC_UNSET=" in text
+    assert len(lines) <= 3, res.output  # one message (the console may wrap it)
+
+
+def test_a_real_run_checks_the_keys_before_anything(tmp_path, monkeypatch):
+    from evo.config import load_config
+    from evo.engine import search
+
+    monkeypatch.delenv("EVO_TEST_FC_UNSET", raising=False)
+    cfg = load_config(_config(tmp_path, "https://api.openai.com/v1", key_env="EVO_TEST_FC_UNSET"))
+    with pytest.raises(search.SearchError, match="EVO_TEST_FC_UNSET is not set"):
+        search.run_search(cfg, progress=False)
+    assert not (tmp_path / "evo.db").exists(), "no database or run was made"
+
+
+@pytest.mark.parametrize("dialect", ["openai", "vllm"])
+def test_a_base_url_without_v1_says_add_v1(dialect):
+    with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), dialect=dialect) as srv:
+        root = srv.base_url.removesuffix("/v1")
+        spec = ModelSpec("m", root, "gpt-4.1", key_env="EVO_TEST_NO_KEY", max_output_tokens=64)
+        call = LLMClient(max_attempts=1).probe(spec)
+        good = LLMClient(max_attempts=1).probe(ModelSpec("m", srv.base_url, "gpt-4.1", key_env="EVO_TEST_NO_KEY",
+                                                          max_output_tokens=64))
+    assert call.error is not None and "HTTP 404" in call.error and "add /v1 to base_url?" in call.error
+    assert good.ok
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_a_transient_probe_failure_warns_and_says_a_real_run_retries(compiles, tmp_path, status):
+    with FakeLLMServer(Cassette([{"status": status, "repeat": True}])) as srv:
+        res = _dry_run(_config(tmp_path, srv.base_url))
+    assert res.exit_code == 0, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("model gpt ")]
+    assert f"WARNING: HTTP {status}" in line and "a real run retries" in line and "FAILED" not in line
+
+
+def test_a_fatal_probe_failure_still_fails_the_dry_run(compiles, tmp_path):
+    with FakeLLMServer(Cassette([{"status": 401, "repeat": True}])) as srv:
+        res = _dry_run(_config(tmp_path, srv.base_url))
+    assert res.exit_code == 1 and "FAILED: HTTP 401 [fatal:auth]" in res.output
+
+
+def test_a_refused_connection_fails_the_dry_run_and_asks_whether_the_server_is_up(compiles, tmp_path):
+    with FakeLLMServer(Cassette([])) as srv:
+        url = srv.base_url  # the port is free again once the server stops
+    res = _dry_run(_config(tmp_path, url))
+    assert res.exit_code == 1
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("model gpt ")]
+    assert "FAILED: connection error" in line and "is the server up" in line
+
+
+def test_a_task_whose_prompt_fits_no_model_fails_the_dry_run(compiles, tmp_path):
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg.write_text(cfg.read_text() + "context_tokens = 2048\nmax_output_tokens = 1024\n")
+    res = _dry_run(cfg, "--no-probe")
+    assert res.exit_code == 1, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("prompt kb19_relu")]
+    assert "FAILED: fits no model" in line and "gpt: TOO LARGE" in line
