@@ -46,7 +46,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from evo.core.records import Member, candidate_id, canonical_params
 from evo.core.tunables import TunableError, resolve_params
