@@ -93,20 +93,7 @@ def _failure_report(
 
 def _parse_result(data: Mapping[str, Any], seconds: float, rc: int) -> HarnessReport:
     stages = tuple(stage_from_json(s) for s in data.get("stages", []))
-    timings = tuple(
-        ShapeTiming(
-            shape={str(k): int(v) for k, v in t["shape"].items()},
-            median_ms=float(t["median_ms"]),
-            iqr_ms=float(t["iqr_ms"]),
-            ref_median_ms=float(t["ref_median_ms"]),
-            ref_iqr_ms=float(t["ref_iqr_ms"]),
-            speedup=float(t["speedup"]),
-            sol_ms=None if t.get("sol_ms") is None else float(t["sol_ms"]),
-            **{k: float(t[k]) for k in ("compile_ref_median_ms", "compile_ref_iqr_ms", "compile_speedup")
-               if t.get(k) is not None},
-        )
-        for t in data.get("timings", [])
-    )
+    timings = tuple(ShapeTiming.from_row(t) for t in data.get("timings", []))
     fit = data.get("fitness")
     env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
     return HarnessReport(

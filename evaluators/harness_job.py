@@ -110,6 +110,17 @@ class ShapeTiming:
     compile_ref_iqr_ms: float | None = None
     compile_speedup: float | None = None
 
+    @classmethod
+    def from_row(cls, r: Mapping[str, Any]) -> "ShapeTiming":
+        """One shape's row of a timing stage's ``metrics["shapes"]`` (or a report's
+        ``timings``) as a record."""
+        return cls(shape={str(k): int(v) for k, v in r["shape"].items()}, median_ms=float(r["median_ms"]),
+                   iqr_ms=float(r["iqr_ms"]), ref_median_ms=float(r["ref_median_ms"]),
+                   ref_iqr_ms=float(r["ref_iqr_ms"]), speedup=float(r["speedup"]),
+                   sol_ms=None if r.get("sol_ms") is None else float(r["sol_ms"]),
+                   **{k: float(r[k]) for k in ("compile_ref_median_ms", "compile_ref_iqr_ms", "compile_speedup")
+                      if r.get(k) is not None})
+
 
 @dataclass(frozen=True)
 class HarnessReport:

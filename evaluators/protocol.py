@@ -60,7 +60,7 @@ from typing import Sequence
 __all__ = [
     "PROTOCOL_VERSION", "MAX_LINE", "Mode", "DTYPE_CODES", "ProtocolViolation",
     "BufferMap", "TensorArg", "Ready", "Mapped", "Seccomped", "Loaded", "Done", "Failed",
-    "Reply", "hello", "map_ipc", "map_host", "nullcall", "seccomp", "load", "call", "quit",
+    "Reply", "hello", "map_ipc", "map_host", "nullcall", "seccomp", "load", "call", "quit_",
     "parse_reply", "timing_after",
 ]
 
@@ -182,8 +182,6 @@ def call(inputs: Sequence[TensorArg], outputs: Sequence[TensorArg], scalars: Seq
 def quit_() -> str:
     return "QUIT"
 
-
-quit = quit_  # noqa: A001 - the command's name
 
 
 # --- replies ---------------------------------------------------------------------------------

@@ -414,13 +414,6 @@ def _report(stages: list[StageResult], env: dict[str, str], seconds: float) -> H
     timing = next((s for s in stages if s.stage == "timing"), None)
     if timing is not None and timing.status is Status.OK:
         fitness = timing.metrics.get("fitness")
-        timings = tuple(
-            ShapeTiming(shape={str(k): int(v) for k, v in r["shape"].items()}, median_ms=float(r["median_ms"]),
-                        iqr_ms=float(r["iqr_ms"]), ref_median_ms=float(r["ref_median_ms"]),
-                        ref_iqr_ms=float(r["ref_iqr_ms"]), speedup=float(r["speedup"]),
-                        sol_ms=None if r.get("sol_ms") is None else float(r["sol_ms"]),
-                        **{k: float(r[k]) for k in ("compile_ref_median_ms", "compile_ref_iqr_ms", "compile_speedup")
-                           if r.get(k) is not None})
-            for r in timing.metrics.get("shapes", []))
+        timings = tuple(ShapeTiming.from_row(r) for r in timing.metrics.get("shapes", []))
     return HarnessReport(stages=tuple(stages), fitness=None if fitness is None else float(fitness),
                          timings=timings, env={str(k): str(v) for k, v in env.items()}, seconds=seconds)
