@@ -105,21 +105,41 @@ PY
     selftest)
       selftest_shards ;;
     judge)
-      timeout 120 python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/test_runner.py tests/test_judge_profile.py \
-        > "$out/gpu_runner.txt" 2>&1
-      echo "runner + profile gpu tests rc=$?: $(tail -n 1 "$out/gpu_runner.txt")"; grep -E "^(FAILED|ERROR)|Error" "$out/gpu_runner.txt" | head -n 8
-      timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" ${EVO_JUDGE_TASKS:+--tasks $EVO_JUDGE_TASKS} \
-        > "$out/judge_stdout.txt" 2>&1
-      echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
-      timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
-        --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" \
-        > "$out/judge_demo.txt" 2>&1
-      echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
-      EVO_TEST_ISOLATION=judge EVO_ADVERSARIAL_TABLE="$out/adversarial_judge.md" timeout "${EVO_JUDGE_ADV_S:-180}" \
-        python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/gpu/test_adversarial_gpu.py \
-        > "$out/gpu_adversarial_judge.txt" 2>&1
-      echo "adversarial (judge) rc=$?: $(tail -n 1 "$out/gpu_adversarial_judge.txt")"
-      cat "$out/adversarial_judge.md" 2>/dev/null ;;
+      # EVO_JUDGE_PARTS narrows it (default: runner acceptance demo adversarial); the card's
+      # memory and activity are sampled every second throughout -> $out/gpu_mem.csv
+      parts=${EVO_JUDGE_PARTS:-runner acceptance demo adversarial}
+      nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 \
+        > "$out/gpu_mem.csv" 2>&1 &
+      smi=$!
+      if [[ " $parts " == *" runner "* ]]; then
+        timeout 120 python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/test_runner.py tests/test_judge_profile.py \
+          > "$out/gpu_runner.txt" 2>&1
+        echo "runner + profile gpu tests rc=$?: $(tail -n 1 "$out/gpu_runner.txt")"; grep -E "^(FAILED|ERROR)|Error" "$out/gpu_runner.txt" | head -n 8
+      fi
+      if [[ " $parts " == *" ncu "* ]]; then
+        timeout 240 python benchmarks/judge_gpu/ncu_matrix.py --out "$out/ncu_matrix" > "$out/ncu_matrix.txt" 2>&1
+        echo "ncu matrix rc=$?"; cat "$out/ncu_matrix.txt" | grep -v "^warning" | tail -n 12
+      fi
+      if [[ " $parts " == *" acceptance "* ]]; then
+        timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" ${EVO_JUDGE_TASKS:+--tasks $EVO_JUDGE_TASKS} \
+          ${EVO_JUDGE_STEPS:+--steps $EVO_JUDGE_STEPS} > "$out/judge_stdout.txt" 2>&1
+        echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
+      fi
+      if [[ " $parts " == *" demo "* ]]; then
+        timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
+          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" \
+          > "$out/judge_demo.txt" 2>&1
+        echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
+      fi
+      if [[ " $parts " == *" adversarial "* ]]; then
+        EVO_TEST_ISOLATION=judge EVO_ADVERSARIAL_TABLE="$out/adversarial_judge.md" timeout "${EVO_JUDGE_ADV_S:-180}" \
+          python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/gpu/test_adversarial_gpu.py \
+          > "$out/gpu_adversarial_judge.txt" 2>&1
+        echo "adversarial (judge) rc=$?: $(tail -n 1 "$out/gpu_adversarial_judge.txt")"
+        cat "$out/adversarial_judge.md" 2>/dev/null
+      fi
+      kill $smi 2>/dev/null
+      echo "card memory used, max MiB: $(cut -d, -f2 "$out/gpu_mem.csv" | tr -dc '0-9\n' | sort -n | tail -n 1)" ;;
     bench)
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1

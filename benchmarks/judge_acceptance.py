@@ -57,21 +57,26 @@ def seeds(tasks: list[str], out: Path) -> list[str]:
 
     cands = [Candidate.create(t, seed_source(t), seed_params(t), operator=Operator.SEED) for t in tasks]
     built = compile_all(cands, CompileSettings(), jobs=8)
-    rows = ["| task | harness | judge | harness fitness | judge fitness | judge / harness | harness s | judge s (cold) | judge s (warm) |",
+    rows = ["| task | harness | judge | harness fitness (2 runs) | judge fitness (cold, warm) | judge / harness "
+            "(means) | harness s | judge s (cold) | judge s (warm) |",
             "|---|---|---|---|---|---|---|---|---|"]
     log = []
     for cand, b in zip(cands, built):
         if not b.ok:
             rows.append(f"| {cand.task} | compile {b.result.status.value}: {b.result.reason[:80]} |")
             continue
+        # each path twice, interleaved, so the spread within a path is the noise the ratio is read against
         h, hs = _eval(cand, b.so_bytes, "harness")
         j1, js1 = _eval(cand, b.so_bytes, "judge")
+        h2, _hs2 = _eval(cand, b.so_bytes, "harness")
         j2, js2 = _eval(cand, b.so_bytes, "judge")
-        fh, fj = h.fitness, j2.fitness
-        ratio = f"{fj / fh:.3f}" if fh and fj else "-"
-        rows.append(f"| {cand.task} | {_verdict(h)} | {_verdict(j2)} | {fh or '-'} | {fj or '-'} | {ratio} | "
-                    f"{hs:.1f} | {js1:.1f} | {js2:.1f} |")
-        for name, rep in (("harness", h), ("judge-cold", j1), ("judge-warm", j2)):
+        fh = [f for f in (h.fitness, h2.fitness) if f]
+        fj = [f for f in (j1.fitness, j2.fitness) if f]
+        ratio = f"{(sum(fj) / len(fj)) / (sum(fh) / len(fh)):.3f}" if fh and fj else "-"
+        rows.append(f"| {cand.task} | {_verdict(h)} | {_verdict(j2)} | {', '.join(f'{f:.4f}' for f in fh) or '-'} | "
+                    f"{', '.join(f'{f:.4f}' for f in fj) or '-'} | {ratio} | {hs:.1f} | {js1:.1f} | {js2:.1f} |")
+        print(f"{cand.task} judge phases (warm): {j2.env.get('judge_phases', '-')}", flush=True)
+        for name, rep in (("harness", h), ("judge-cold", j1), ("harness-2", h2), ("judge-warm", j2)):
             log.append({"task": cand.task, "path": name, "fitness": rep.fitness,
                         "stages": [[s.stage, s.status.value, s.reason[:500]] for s in rep.stages],
                         "timings": [t.__dict__ for t in rep.timings], "env": rep.env})

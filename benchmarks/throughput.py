@@ -113,9 +113,16 @@ def _records(db: Path) -> dict:
             stages[name] = [float(r[0]) for r in rows if r[0] is not None]
         prog = [json.loads(r[0]) for r in con.execute(
             "SELECT payload FROM events WHERE kind = 'progress' ORDER BY id").fetchall()]
+        # the judge's seconds per step of each evaluation it decided (evaluators.judge.phases)
+        phases: dict[str, list[float]] = {}
+        for (env,) in con.execute("SELECT env FROM evaluations").fetchall():
+            text = (json.loads(env or "{}") or {}).get("judge_phases", "")
+            for kv in text.split():
+                k, _, v = kv.partition("=")
+                phases.setdefault(k, []).append(float(v))
     finally:
         con.close()
-    return {"stages": stages, "progress": prog}
+    return {"stages": stages, "progress": prog, "judge_phases": phases}
 
 
 def _limit(rec: dict, evaluations: int, workers: int) -> tuple[str, float | None, float | None]:
@@ -147,6 +154,8 @@ def part(name: str, config: Path, limit_s: float, workers: int) -> dict:
         "evals_per_min": round(60.0 * n / wall, 2),
         "slot_occupancy": prog.get("gpu_busy"), "gpu_activity": act,
         "mean_s": {k: round(mean(v), 2) if v else None for k, v in rec["stages"].items()},
+        "judge_phases_mean_s": {k: round(mean(v), 3) for k, v in rec["judge_phases"].items()},
+        "judge_evaluations": max((len(v) for v in rec["judge_phases"].values()), default=0),
         "limit": limit, "compile_capacity_per_min": compile_cap and round(compile_cap, 1),
         "gpu_capacity_per_min": gpu_cap and round(gpu_cap, 1),
         "mean_gpu_queue": round(mean(q[1] for q in queues), 2) if queues else None,

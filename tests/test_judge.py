@@ -85,6 +85,13 @@ def test_an_honest_kernel_passes_and_is_timed_by_the_judges_references(tmp_path)
     assert made[0].closed
     assert made[0].log[:2] == ["MAP", "MAP"] and "SECCOMP" in made[0].log
     assert made[0].log.index("SECCOMP") < made[0].log.index("LOAD") < made[0].log.index("CALL")
+    # where the judge's own time went, per step, in the evaluation's env (the run's records
+    # say which step limits the rate)
+    phases = {k: float(v) for k, v in (kv.split("=") for kv in rep.env["judge_phases"].split())}
+    assert {"buffers", "runner_start", "runner_map", "runner_calibrate", "runner_seccomp", "load", "correctness",
+            "timing_warmup", "timing_inputs", "timing_reference", "timing_call", "timing_check",
+            "close"} <= set(phases)
+    assert all(v >= 0 for v in phases.values())
 
 
 def test_a_runner_that_reports_a_tenth_of_its_time_is_invalid(tmp_path):

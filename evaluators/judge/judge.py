@@ -38,6 +38,7 @@ from evaluators import protocol
 from evaluators.base import HarnessSettings
 from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, ShapeTiming
 from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
+from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
 from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, time_shapes
 from evaluators.judge.trials import CallFailed, run_correctness
@@ -250,19 +251,24 @@ class Judge:
         own: list[ShapeSlots] = []
         slots: dict[int, ShapeSlots] = {}
         env = _env(task, settings, cuda)
+        phases = Phases()
         runner = None
         try:
-            for si in needed:
-                slots[si] = self._slots_for(task, si, ex, cached=cuda)
-                if not cuda:
-                    own.append(slots[si])
-            references = self._references(task, settings, slots, bench, env) if mode.times else []
-            runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox)
+            with phases("buffers"):
+                for si in needed:
+                    slots[si] = self._slots_for(task, si, ex, cached=cuda)
+                    if not cuda:
+                        own.append(slots[si])
+            with phases("references"):
+                references = self._references(task, settings, slots, bench, env) if mode.times else []
+            runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox, phases=phases)
             stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
-                               check_shapes, bench, env, progress)
+                               check_shapes, bench, env, progress, phases)
         finally:
-            if runner is not None:
-                runner.close()
+            with phases("close"):
+                if runner is not None:
+                    runner.close()
+            env["judge_phases"] = phases.dumps()
             for s in own:
                 free_slots(ex, s)
             shutil.rmtree(jobdir, ignore_errors=True)
@@ -273,37 +279,42 @@ class Judge:
         return _report(stages, env, time.monotonic() - t0)
 
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
-                      env: dict[str, str], sandbox: Any, wrap: Sequence[str] = ()) -> tuple[Any, Calibration]:
+                      env: dict[str, str], sandbox: Any, wrap: Sequence[str] = (),
+                      phases: Phases | None = None) -> tuple[Any, Calibration]:
         """A runner with every buffer mapped and its empty call timed; our failure if not.
         ``wrap``: a trusted program started in front of the sandboxed runner (ncu,
         :mod:`evaluators.judge.profile`; :meth:`RunnerProcess.start`)."""
         from evaluators.judge.runner_process import RunnerProcess, RunnerStartError
         from evaluators.sandbox import seccomp_wanted
 
+        phases = phases if phases is not None else Phases()
         want_seccomp = seccomp_wanted()
         try:
-            if self._start is not None:
-                runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp,
-                                     **({"wrap": tuple(wrap)} if wrap else {}))
-            else:
-                argv = self._runner_argv()
-                runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
-                                             sandbox=sandbox, timeout_s=settings.timeout_s,
-                                             seccomp=want_seccomp, cuda_device=self._cuda_device, wrap=wrap)
+            with phases("runner_start"):
+                if self._start is not None:
+                    runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp,
+                                         **({"wrap": tuple(wrap)} if wrap else {}))
+                else:
+                    argv = self._runner_argv()
+                    runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
+                                                 sandbox=sandbox, timeout_s=settings.timeout_s,
+                                                 seccomp=want_seccomp, cuda_device=self._cuda_device, wrap=wrap)
         except RunnerStartError as e:
             raise HarnessError(f"the runner did not start: {e}", kind="runner",
                                fix="run `evo check` on a seed kernel to see the runner's own error") from e
         try:
             env["sandbox"] = ", ".join(runner.layers)
             env["runner_backend"] = runner.backend
-            for s in slots.values():
-                for b in s.buffers:
-                    reply, _ = runner.request(b.map_line(), 30.0)
-                    if not isinstance(reply, Mapped) or reply.buf != b.buf:
-                        raise HarnessError(f"the runner could not map buffer {b.buf} ({b.nbytes} bytes): {reply}",
-                                           kind="runner", fix="see docs/SECURITY.md (the exchange)")
+            with phases("runner_map"):
+                for s in slots.values():
+                    for b in s.buffers:
+                        reply, _ = runner.request(b.map_line(), 30.0)
+                        if not isinstance(reply, Mapped) or reply.buf != b.buf:
+                            raise HarnessError(f"the runner could not map buffer {b.buf} ({b.nbytes} bytes): "
+                                               f"{reply}", kind="runner", fix="see docs/SECURITY.md (the exchange)")
             walls, events = [], []
             ops = self._ops
+            t_cal = time.perf_counter()
             for _ in range(NULL_CALLS):
                 # as in the timed loop: the judge's own GPU work (a flush) comes first, so each
                 # empty call pays the same switch between the two processes' CUDA contexts
@@ -315,8 +326,11 @@ class Judge:
                     raise HarnessError(f"the runner's empty call failed: {reply}", kind="runner")
                 walls.append(wall * 1e3)
                 events.append(reply.ms)
+            phases.add("runner_calibrate", time.perf_counter() - t_cal)
             if want_seccomp:
-                env["seccomp"] = f"seccomp-bpf in the runner ({runner.install_seccomp()} threads)"
+                with phases("runner_seccomp"):
+                    threads = runner.install_seccomp()
+                env["seccomp"] = f"seccomp-bpf in the runner ({threads} threads)"
             else:
                 env["seccomp"] = "off (EVO_SANDBOX_SECCOMP=0)"
             # the first and last round trips of a fresh process are its slowest: drop both
@@ -333,7 +347,7 @@ class Judge:
     def _run(self, task: Any, job: HarnessJob, mode: Mode, seed: int, settings: HarnessSettings, runner: Any,
              so: Path, slots: dict[int, ShapeSlots], calib: Calibration, ops: DeviceOps, references: list[Any],
              check_shapes: list[int], bench: list[int], env: dict[str, str],
-             progress: Callable[[dict[str, Any]], None]) -> list[StageResult]:
+             progress: Callable[[dict[str, Any]], None], phases: Phases) -> list[StageResult]:
         from evaluators.judge.trials import ask
 
         deadline = time.monotonic() + float(settings.timeout_s)
@@ -353,12 +367,14 @@ class Judge:
         stages: list[StageResult] = []
         current = "correctness" if mode.checks else "timing"
         try:
-            reply, _ = request(protocol.load(str(so)), "loading the kernel")
+            with phases("load"):
+                reply, _ = request(protocol.load(str(so)), "loading the kernel")
             if not isinstance(reply, Loaded):
                 raise CallFailed(Status.CRASH, f"loading the kernel: the runner answered {reply}")
             if mode.checks:
-                stages.append(run_correctness(task, call, slots.__getitem__, trials=settings.trials, seed=seed,
-                                              shape_indices=check_shapes, sync=ops.sync, progress=progress))
+                with phases("correctness"):
+                    stages.append(run_correctness(task, call, slots.__getitem__, trials=settings.trials, seed=seed,
+                                                  shape_indices=check_shapes, sync=ops.sync, progress=progress))
             else:
                 stages.append(StageResult("correctness", Status.SKIPPED, "time-only re-confirmation"))
             skip = protocol.timing_after(mode, None if not mode.checks else stages[-1].status.value)
@@ -369,7 +385,7 @@ class Judge:
             stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
                                       reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
                                       sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
-                                      progress=progress))
+                                      progress=progress, phases=phases))
         except CallFailed as f:
             stages.append(StageResult(current, f.status, f.reason, {}, f.artifacts))
             if current == "correctness":

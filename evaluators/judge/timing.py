@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots
 from evaluators.judge.trials import Call, check_done, fill_inputs
 from evo.core.records import StageResult, Status
@@ -236,7 +237,8 @@ def _sanity(task: Any, outs: Sequence[Any], refs: Sequence[Any], *, sample: int 
 
 def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int], references: Sequence[Any],
                reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
-               progress: Callable[[dict[str, Any]], None] = lambda p: None) -> tuple[Any, StageResult | None, dict]:
+               progress: Callable[[dict[str, Any]], None] = lambda p: None,
+               phases: Phases | None = None) -> tuple[Any, StageResult | None, dict]:
     """Warm-up and ``reps`` judge-driven timed calls of one shape.
 
     Returns ``(samples, failure, extra)``: the :class:`~evaluators.child.timing.ShapeSamples`
@@ -252,12 +254,14 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
 
     dist = task.distributions[0] if task.distributions else "normal"
     refs = list(references)
+    ph = phases if phases is not None else Phases()
     progress({"stage": "timing", "shape": shape, "step": "warm-up"})
-    fill_inputs(task, slots, shape, trial_seed(seed, 2000, 0), dist, keep=False)
-    with torch.no_grad():
-        warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
-    for i in range(max(int(warmup), 1)):
-        check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
+    with ph("timing_warmup"):
+        fill_inputs(task, slots, shape, trial_seed(seed, 2000, 0), dist, keep=False)
+        with torch.no_grad():
+            warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
+        for i in range(max(int(warmup), 1)):
+            check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
     cand, walls, ref_ms = [], [], [[] for _ in refs]
     progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
     last = int(reps) - 1
@@ -266,10 +270,13 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
         # inputs compared after the first and the last timed call (correctness compared them
         # after every call); the ones in between are fresh all the same
         check_inputs = r in (0, last)
-        saved = fill_inputs(task, slots, shape, trial_seed(seed, 1000 + r, 1), dist, keep=check_inputs)
-        with torch.no_grad():
-            for o in slots.outs:
-                poison_(o)
+        with ph("timing_inputs"):
+            saved = fill_inputs(task, slots, shape, trial_seed(seed, 1000 + r, 1), dist, keep=check_inputs)
+            with torch.no_grad():
+                for o in slots.outs:
+                    poison_(o)
+            ops.sync()
+        with ph("timing_reference"), torch.no_grad():
             eager_out = None
             for j, ref in enumerate(refs):
                 ops.flush()
@@ -279,11 +286,12 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
                     eager_out = out if isinstance(out, (tuple, list)) else (out,)
             ops.flush()
             ops.sync()
-        done, wall = call(slots)
+        with ph("timing_call"):
+            done, wall = call(slots)
         check_done(done, where)
         cand.append(done.ms)
         walls.append(wall)
-        with torch.no_grad():
+        with ph("timing_check"), torch.no_grad():
             for k, (x, s) in enumerate(zip(slots.ins, saved)):
                 if not same_bits(x, s):
                     return None, StageResult("timing", Status.INCORRECT,
@@ -291,11 +299,11 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
             wrong = _sanity(task, slots.outs, eager_out, seed=trial_seed(seed, 3000 + r, 0))
             if wrong is None and r == 0:
                 wrong = first_wrong_output(task, slots.outs, ground_truth(task, saved))
-            if wrong:
-                return None, StageResult(
-                    "timing", Status.INCORRECT,
-                    f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
-                    "passed: the kernel behaves differently when timed"), {}
+        if wrong:
+            return None, StageResult(
+                "timing", Status.INCORRECT,
+                f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
+                "passed: the kernel behaves differently when timed"), {}
     reason, nums = corroborate(shape, cand, walls, calib)
     extra = {"wall_ms": walls, **nums}
     if reason:
@@ -307,9 +315,11 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
 def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, shape_indices: Sequence[int],
                 references: Sequence[Any], reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                 sol_ms: Callable[[dict[str, int]], float | None], basis: str = "eager",
-                progress: Callable[[dict[str, Any]], None] = lambda p: None) -> StageResult:
+                progress: Callable[[dict[str, Any]], None] = lambda p: None,
+                phases: Phases | None = None) -> StageResult:
     """The timing stage over the benchmark shapes: ``ok`` with fitness, or the first
-    ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails."""
+    ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails. ``phases``
+    receives the judge's seconds per step of the loop."""
     from evaluators.child.timing import summarize
 
     t0 = time.monotonic()
@@ -317,14 +327,15 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
     for si in shape_indices:
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
-                                       warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress)
+                                       warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress,
+                                       phases=phases)
         if failure is not None and failure.status is Status.INVALID:
             # A host busy for the whole loop can still push every round trip up: one more
             # loop, and the timing stands only if it agrees (a liar fails both).
             first = failure
             s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
                                            reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
-                                           progress=progress)
+                                           progress=progress, phases=phases)
             extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,

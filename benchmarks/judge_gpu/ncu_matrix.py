@@ -1,0 +1,82 @@
+"""Why ncu in front of a sandboxed runner captures no kernel (GPU machine only).
+
+The kb19_relu seed, compiled once, profiled through the judge (evaluators.judge.profile)
+with the sandbox's layers switched off one at a time, on the big and a small shape. The
+layer whose removal makes kernels appear is the one that hides them from ncu. Prints one
+line per variant:  variant | status | kernels | ncu_kernel_ms | reason / ncu's first lines.
+
+    python3 benchmarks/judge_gpu/ncu_matrix.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/ncu_matrix"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evaluators.compile import compile_candidate
+    from evaluators.judge.judge import Judge
+    from evaluators.judge.profile import profile_with_runner
+    from evaluators.profile import find_ncu
+    from evaluators.profile.settings import ProfileSettings
+    from evaluators.sandbox import SandboxSettings
+    from evo.core.records import Candidate
+    from evo.engine.search import seed_for
+
+    ncu = find_ncu()
+    print("ncu:", ncu, subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    src, params = seed_for("kb19_relu")
+    cand = Candidate.create("kb19_relu", src, params)
+    out = compile_candidate(cand, CompileSettings())
+    assert out.result.passed, out.result.reason
+    base = SandboxSettings.from_env()
+    variants = [
+        ("default, shape 1 (small)", base, {}, 1),
+        ("default, shape 0", base, {}, 0),
+        ("seccomp off", base, {"EVO_SANDBOX_SECCOMP": "0"}, 1),
+        ("landlock off", dataclasses.replace(base, landlock=False), {}, 1),
+        ("landlock reads off", dataclasses.replace(base, landlock_reads=False), {}, 1),
+        ("landlock fs off", dataclasses.replace(base, landlock_fs=False), {}, 1),
+        ("sandbox off (seccomp off too)", dataclasses.replace(base, enabled=False), {"EVO_SANDBOX_SECCOMP": "0"}, 1),
+    ]
+    for name, sb, env, shape in variants:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        t0 = time.monotonic()
+        try:
+            judge = Judge(backend="cuda", sandbox=sb, workdir=args.out / "work")
+            r = profile_with_runner(judge, cand.id, out.so_bytes, "kb19_relu", shape,
+                                    settings=ProfileSettings(cache_dir="", timeout_s=120),
+                                    harness=HarnessSettings(isolation="judge"))
+            m = r.metrics
+            ncu_text = (r.artifacts.get("ncu") or "").strip().replace("\n", " / ")[:300]
+            line = (f"{name} | {r.status.value} | {m.get('kernels')} | {m.get('ncu_kernel_ms')} | "
+                    f"{r.reason[:200]} | {ncu_text} | {m.get('sandbox', '')}")
+        except Exception as e:  # noqa: BLE001 - a diagnostic: every variant gets its line
+            line = f"{name} | error | - | - | {type(e).__name__}: {str(e)[:400]}"
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        print(f"{line} | {time.monotonic() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
