@@ -174,6 +174,13 @@ def test_helpers():
     a = torch.tensor([1.0, float("nan")])
     assert same_bits(a, a.clone()) and not same_bits(a, torch.tensor([1.0, 2.0]))
     assert "at (1, 0)" in worst_element(torch.tensor([[1.0], [5.0]]), torch.tensor([[1.0], [2.0]]))
+    # in chunks (outputs of several GB): the same answer as in one piece
+    o, r = torch.zeros(3, 7), torch.zeros(3, 7)
+    o[2, 5], o[1, 1] = 4.0, 1.0
+    assert all("= 4 at (2, 5)" in worst_element(o, r, chunk=c) for c in (1, 3, 8, 1 << 24))
+    o[0, 6] = o[2, 0] = float("nan")
+    assert all("2 of 21 elements non-finite" in w and "first at (0, 6)" in w
+               for w in (worst_element(o, r, chunk=c) for c in (1, 3, 8, 1 << 24)))
 
 
 def test_stats():

@@ -407,6 +407,24 @@ def test_check_deterministic():
     assert check_deterministic(a, b, loose)[0]
 
 
+def test_check_deterministic_in_chunks_finds_the_worst_difference_in_any_chunk():
+    """Outputs of several GB are compared a chunk at a time (float64 temporaries of one
+    chunk): the verdict, the largest difference and its position are those of the whole."""
+    tol = Tolerance(atol=0, rtol=0, rel_l2=1e-5)
+    a = torch.arange(23, dtype=torch.float32).reshape(1, 23)
+    b = a.clone()
+    b[0, 9] += 0.25
+    b[0, 17] += 0.5
+    b[0, 2] = float("nan")
+    a[0, 2] = float("nan")            # NaN in both: the same
+    for chunk in (1, 4, 5, 1 << 23):
+        ok, why, mx = check_deterministic(a, b, tol, chunk=chunk)
+        assert not ok and mx == 0.5 and "(0, 17)" in why, (chunk, why)
+        assert check_deterministic(a, b, Tolerance(atol=0, rtol=0, rel_l2=1e-5, nondeterminism=0.5), chunk=chunk)[0]
+    z = torch.tensor([0.0, -0.0])
+    assert check_deterministic(z, torch.tensor([-0.0, 0.0]), tol, chunk=1) == (True, "ok", 0.0)
+
+
 # ------------------------------------------------------------------------------- user tasks
 USER_TASK_SRC = '''
 import torch

@@ -121,23 +121,42 @@ def _fmt_index(flat: int, shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(i) for i in reversed(idx)) + ")"
 
 
-def worst_element(out: torch.Tensor, ref: torch.Tensor) -> str:
-    """Human-readable worst element: first unexpected NaN/Inf, else the largest |out - ref|."""
+#: Elements compared at a time by :func:`worst_element` (bounds its float64 temporaries).
+WORST_CHUNK = 1 << 24
+
+
+def worst_element(out: torch.Tensor, ref: torch.Tensor, *, chunk: int = WORST_CHUNK) -> str:
+    """Human-readable worst element: first unexpected NaN/Inf, else the largest |out - ref|.
+    Taken ``chunk`` elements at a time in float64 (outputs may be several GB)."""
     if out.shape != ref.shape or out.numel() == 0:
         return f"output shape {tuple(out.shape)} vs reference {tuple(ref.shape)}"
-    o = out.detach().reshape(-1).double()
-    r = ref.detach().reshape(-1).double()
-    bad = ~torch.isfinite(o) & torch.isfinite(r)
-    n_bad = int(bad.sum())
+    o_all = out.detach().reshape(-1)
+    r_all = ref.detach().reshape(-1)
+    n = o_all.numel()
+    chunk = max(int(chunk), 1)
+    n_bad, first_bad = 0, -1
+    best, best_i = -1.0, 0
+    for s in range(0, n, chunk):
+        o = o_all[s:s + chunk].double()
+        r = r_all[s:s + chunk].double()
+        bad = ~torch.isfinite(o) & torch.isfinite(r)
+        nb = int(bad.sum())
+        if nb and first_bad < 0:
+            first_bad = s + int(torch.nonzero(bad)[0])
+        n_bad += nb
+        if not n_bad:
+            d = (o - r).abs()
+            d = torch.where(torch.isnan(d), torch.zeros_like(d), d)
+            j = int(torch.argmax(d))
+            if float(d[j]) > best:
+                best, best_i = float(d[j]), s + j
     if n_bad:
-        i = int(torch.nonzero(bad)[0])
-        return (f"{n_bad} of {o.numel()} elements non-finite (NaN = unwritten poison or computed NaN), "
-                f"first at {_fmt_index(i, out.shape)}: out={float(o[i])!r}, ref={float(r[i]):.6g}")
-    d = (o - r).abs()
-    d = torch.where(torch.isnan(d), torch.zeros_like(d), d)
-    i = int(torch.argmax(d))
-    return (f"worst |out - ref| = {float(d[i]):.3g} at {_fmt_index(i, out.shape)}: "
-            f"out={float(o[i]):.6g}, ref={float(r[i]):.6g}")
+        i = first_bad
+        return (f"{n_bad} of {n} elements non-finite (NaN = unwritten poison or computed NaN), "
+                f"first at {_fmt_index(i, out.shape)}: out={float(o_all[i])!r}, ref={float(r_all[i]):.6g}")
+    i = best_i
+    return (f"worst |out - ref| = {best:.3g} at {_fmt_index(i, out.shape)}: "
+            f"out={float(o_all[i]):.6g}, ref={float(r_all[i]):.6g}")
 
 
 def _tolerance_fns() -> tuple[Callable[..., tuple[bool, str, dict]], Callable[..., tuple[bool, str, float]]]:
@@ -303,7 +322,7 @@ def check_correctness(
             for k, (o1, o2) in enumerate(zip(outs, outs2)):
                 same, why, _diff = determinism(o1, o2, tol)
                 if not same:
-                    detail = worst_element(o2, o1.to(torch.float64))
+                    detail = worst_element(o2, o1)
                     return fail(
                         f"{where}, output {k}: {why}; the kernel is nondeterministic, keeps "
                         f"state between calls, or leaves elements unwritten (second call vs "
