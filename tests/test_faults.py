@@ -185,15 +185,15 @@ def test_island_actor_killed_is_restored_from_the_store(fault_dir, tmp_path):
 
     def on_progress(p) -> None:
         if state["killed"] is None and p.evaluations >= 8:
-            actor = eng.island_meta[0]["actor"]
-            state["killed"] = actor
-            ray.kill(actor, no_restart=True)
+            island = eng.island_meta[0]["actor"]
+            state["killed"] = island
+            ray.kill(island.actor, no_restart=True)
 
     eng = _engine(store, run_id, rt, "island", budget=30, seed=2, on_progress=on_progress)
     try:
         summary = eng.run()
         assert eng.island_meta[0]["actor"] is not state["killed"], "island 0 got a new actor"
-        size = rt.call(eng.island_meta[0]["actor"], "summary").size
+        size = eng.island_meta[0]["actor"].summary().size
     finally:
         rt.shutdown()
     assert state["killed"] is not None
