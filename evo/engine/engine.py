@@ -45,7 +45,7 @@ from evo.engine.dispatch import (CompileDone, CompileFailed, Dispatch, GpuDone, 
                                  ProfileFailed)
 from evo.engine.engine_settings import EngineSettings
 from evo.engine.inflight import RateMeter, inflight_bound
-from evo.engine.islands import IslandHandle, IslandSet, island_specs
+from evo.engine.islands import IslandSet, island_specs
 from evo.engine.ordering import ItemOrder
 from evo.engine.proposals import Proposer
 from evo.engine.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
@@ -99,11 +99,6 @@ class Engine:
         self.proposer = Proposer(mutator=mutator, rng=rng, islands=self.islands, seeds=seeds, seen=self.seen.view(),
                                  items=self.items, max_evaluations=settings.max_evaluations,
                                  submit=self._submit, stop=self._stop)
-
-    @property
-    def island_meta(self) -> list[IslandHandle]:
-        """The island handles (``islands[i]`` reads the same; the former name)."""
-        return self.islands.handles
 
     @property
     def n_inflight(self) -> int:

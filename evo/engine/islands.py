@@ -53,11 +53,6 @@ class IslandHandle:
     exhausted: bool = False
     restores: int = 0
 
-    def __getitem__(self, key: str) -> Any:
-        """Read a field by name (``islands[0]["actor"]``), as the engine's island records
-        were read when they were dicts."""
-        return getattr(self, key)
-
 
 def island_specs(tasks: list[str], *, per_task: int, capacity: int, selection_lambda: float, archive: bool,
                  rng: random.Random) -> list:

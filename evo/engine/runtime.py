@@ -36,7 +36,7 @@ from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.core.records import Candidate
 from evo.engine.seams import CompileFn, Stages
 
-__all__ = ["Stages", "Runtime", "RayIsland", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
+__all__ = ["Runtime", "RayIsland", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
 log = logging.getLogger(__name__)
 

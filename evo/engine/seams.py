@@ -132,7 +132,7 @@ class Stages:
 
     Lives here, beside the Protocols, so that a runtime without Ray
     (:mod:`evo.engine.local_runtime`) and the tests need not import :mod:`evo.engine.runtime`
-    (which imports Ray); that module re-exports it.
+    (which imports Ray).
 
     Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
     uses :func:`evo.engine.runtime.real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
