@@ -42,7 +42,8 @@ from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
 from evaluators.compile import CompileOutcome  # noqa: E402
 from evo.engine.engine import Engine, EngineSettings  # noqa: E402
 from evo.core.records import Candidate, Evaluation, StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.runtime import Runtime  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from mutators.knobs import KnobsMutator  # noqa: E402
 

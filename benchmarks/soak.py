@@ -93,7 +93,8 @@ def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
     from evaluators.base import CompileSettings, HarnessSettings
     from evo.engine.engine import Engine, EngineSettings
     from evo.core.records import StageResult, Status
-    from evo.engine.runtime import Runtime, Stages
+    from evo.engine.runtime import Runtime
+    from evo.engine.seams import Stages
     from evo.store import Store
     from fakes import faults as ff
     from mutators.knobs import KnobsMutator

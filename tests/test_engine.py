@@ -220,7 +220,7 @@ def test_profiling_and_tuning_through_the_engine(tmp_path, monkeypatch):
     optuna) beats its parent, and profiles land in the store."""
     import evo.tasks as T
     from evaluators.profile import ProfileSettings
-    from evo.tuning.tuning import TuningSettings
+    from evo.tuning.tuning_settings import TuningSettings
 
     monkeypatch.setattr(T, "get_task", lambda name: type("T", (), {"bench_shapes": 1,
                                                                    "shapes": ({"N": 1},)})())

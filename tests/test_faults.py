@@ -27,7 +27,8 @@ import ray.cloudpickle as cloudpickle  # noqa: E402
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
 from evo.engine.engine import Engine, EngineSettings, StoreFullError  # noqa: E402
 from evo.core.records import Candidate, Operator, StageResult, Status  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.runtime import Runtime  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import faults as ff  # noqa: E402
 from fakes import stages as fake  # noqa: E402
@@ -185,15 +186,15 @@ def test_island_actor_killed_is_restored_from_the_store(fault_dir, tmp_path):
 
     def on_progress(p) -> None:
         if state["killed"] is None and p.evaluations >= 8:
-            actor = eng.island_meta[0]["actor"]
-            state["killed"] = actor
-            ray.kill(actor, no_restart=True)
+            island = eng.islands[0].actor
+            state["killed"] = island
+            ray.kill(island.actor, no_restart=True)
 
     eng = _engine(store, run_id, rt, "island", budget=30, seed=2, on_progress=on_progress)
     try:
         summary = eng.run()
-        assert eng.island_meta[0]["actor"] is not state["killed"], "island 0 got a new actor"
-        size = rt.call(eng.island_meta[0]["actor"], "summary").size
+        assert eng.islands[0].actor is not state["killed"], "island 0 got a new actor"
+        size = eng.islands[0].actor.summary().size
     finally:
         rt.shutdown()
     assert state["killed"] is not None

@@ -167,3 +167,22 @@ def test_a_circle_is_found(tmp_path):
     assert ("evo/core/records.py", 2, "evo.engine.engine") in bottom_sites
     del graph["core"]
     assert find_cycle(graph) is None
+
+
+def test_the_cli_leaves_tuning_to_evo_tuning_and_no_transitional_name_is_left():
+    """``evo tune`` is parsing and printing only (its session is evo.tuning.session), and the
+    names kept for callers of the former layout are gone: each module exports what it defines."""
+    import evo.engine.bookkeeping
+    import evo.engine.islands
+    import evo.tuning.tuning
+    from evo.engine.engine import Engine
+
+    kernels = {m for _, m in imports_of(ROOT / "evo" / "cli" / "kernels.py", ROOT)}
+    assert {"evo.tuning.session.find_target", "evo.tuning.session.prepare"} <= kernels
+    assert not {"evo.tuning.tuning.TuningStudy", "evo.tuning.tuning.tune_once",
+                "evo.tuning.tuning.make_local_evaluate"} & kernels, "evo tune orchestrates in the CLI"
+    assert "TuningSettings" not in evo.tuning.tuning.__all__
+    assert "EngineSettings" not in evo.engine.bookkeeping.__all__
+    assert not hasattr(Engine, "island_meta") and not hasattr(evo.engine.islands.IslandHandle, "__getitem__")
+    runtime = (ROOT / "evo" / "engine" / "runtime.py").read_text()
+    assert '"Stages"' not in runtime, "evo.engine.runtime re-exports Stages (import it from evo.engine.seams)"

@@ -19,7 +19,8 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evaluators.base import CompileSettings, HarnessSettings  # noqa: E402
-from evo.engine.runtime import Runtime, Stages  # noqa: E402
+from evo.engine.runtime import Runtime  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fake)

@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle as cloudpickle  # noqa: E402
 
 from evo.config import load_config  # noqa: E402
-from evo.engine.runtime import Stages  # noqa: E402
+from evo.engine.seams import Stages  # noqa: E402
 from evo.engine.search import run_search  # noqa: E402
 from evo.store import Store  # noqa: E402
 from fakes import stages as fake  # noqa: E402

@@ -783,3 +783,29 @@ def test_closed_store_raises(store):
     store.close()  # idempotent
     with pytest.raises(StoreError, match="closed"):
         store.list_runs()
+
+
+def test_the_writer_holds_a_reader_and_answers_every_read_through_it(tmp_path, monkeypatch):
+    """Composition, not inheritance: ``Store`` is no ``StoreReader``; it holds one over its own
+    connection (reads inside its transaction see its writes) and has each public read of it."""
+    import inspect
+
+    from evo.store import StoreReader
+    from evo.store.writer import READS
+
+    assert not issubclass(Store, StoreReader)
+    public = {n for n, v in vars(StoreReader).items() if not n.startswith("_") and callable(v)} - {"close"}
+    assert set(READS) == public and {"candidates", "get_evaluation", "events"} <= public
+    for name in READS:
+        assert inspect.signature(getattr(Store, name)) == inspect.signature(getattr(StoreReader, name)), name
+    with Store(tmp_path / "evo.db") as store:
+        assert isinstance(store.reader, StoreReader)
+        rid = store.create_run("t", {}, seed=0, config_hash="x")
+        c = Candidate.create("t", "src", {"A": "1"})
+        with store.transaction():
+            store.add_candidate(rid, c)
+            assert [x.id for x in store.reader.candidates(rid)] == [c.id], "one connection: the write is seen"
+        calls = []
+        monkeypatch.setattr(store.reader, "candidates", lambda *a, **k: calls.append(a) or [])
+        assert store.candidates(rid) == [] and calls == [(rid,)], "reads go through the reader"
+        assert store.reader.get_run(rid)["writer"] is not None, "the reader sees the lease its writer holds"

@@ -11,7 +11,7 @@ pytest.importorskip("optuna")
 from evo.core.records import Candidate, Evaluation, Member, Operator, StageResult, Status  # noqa: E402
 from evo.store import Store  # noqa: E402
 from evo.engine.survivors import Survivors  # noqa: E402
-from evo.tuning.tuning import TuningSettings  # noqa: E402
+from evo.tuning.tuning_settings import TuningSettings  # noqa: E402
 
 SRC = """// @tunable A = 0 in {0, 1, 2, 3}
 // @tunable B = 0 in {0, 1, 2, 3}

@@ -21,12 +21,12 @@ from evo.engine.survivors import has_tunables, should_tune  # noqa: E402
 from evo.core.tunables import violated_constraints  # noqa: E402
 from evo.tuning.tuning import (  # noqa: E402
     TuningError,
-    TuningSettings,
     TuningStudy,
     journal_path,
     study_name,
     tune_once,
 )
+from evo.tuning.tuning_settings import TuningSettings  # noqa: E402
 from fakes import stages as fake  # noqa: E402
 
 SOURCE = fake.SOURCE.replace("TILE * STAGES <= 768", "TILE * STAGES <= 256")
@@ -292,3 +292,50 @@ def test_study_through_the_runtime(tmp_path):
     finally:
         rt.shutdown()
         store.close()
+
+
+def test_evo_tunes_session_finds_its_target_and_records_every_trial_in_the_run(tmp_path, monkeypatch):
+    """``evo tune``'s orchestration (evo.tuning.session): the target's run and lease, the GPU
+    check, then each trial's candidate, evaluation and trial row recorded in the run."""
+    import evaluators.pipeline as pipeline
+    from evo.store import Store
+    from evo.tuning import session
+
+    class Bar:
+        def __init__(self) -> None:
+            self.steps, self.entered = [], 0
+
+        def __enter__(self):
+            self.entered += 1
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def update(self, label, done):
+            self.steps.append(done)
+
+    db = tmp_path / "evo.db"
+    parent = _parent()
+    with Store(db) as store:
+        run = store.create_run("t", {}, seed=0, config_hash="x", lease=False)
+        store.add_candidate(run, parent)
+        store.add_evaluation(run, Evaluation(parent.id, (StageResult("timing", Status.OK),), PARENT_FIT))
+        target = session.find_target(store, parent.id[:10])
+        assert (target.candidate, target.run_id, target.parent.fitness) == (parent, run, PARENT_FIT)
+        assert store.holds_lease(run)
+        monkeypatch.setattr(pipeline, "gpu_available", lambda: False)
+        with pytest.raises(TuningError, match="no CUDA GPU"):
+            session.prepare(store, str(db), target, trials=3, compile_settings=None, harness_settings=HarnessSettings())
+        monkeypatch.setattr(pipeline, "gpu_available", lambda: True)
+        monkeypatch.setattr(session, "make_local_evaluate", lambda cs, hs: _local_evaluate(tmp_path / "compile.log"))
+        tuned = session.prepare(store, str(db), target, trials=3, compile_settings=None,
+                                harness_settings=HarnessSettings())
+        bar = Bar()
+        summary = tuned.run(bar)
+        assert summary.evaluated == 3 and bar.entered == 1 and bar.steps == [0, 1, 1, 2, 2, 3]
+        trials = store.tuning_trials(run, parent.id)
+        children = [c for c in store.candidates(run) if c.operator == "optuna"]
+        assert len(children) == 3 and all(store.get_evaluation(c.id, run) for c in children)
+        assert {t["candidate_id"] for t in trials} >= {c.id for c in children}
+        assert journal_path(db, run).exists(), "the study is stored next to the database"

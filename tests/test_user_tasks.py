@@ -134,7 +134,8 @@ def _engine(store, run_id, rt, budget, **kw):
 
 
 def _runtime(evaluate, task_files=()):
-    from evo.engine.runtime import Runtime, Stages
+    from evo.engine.runtime import Runtime
+    from evo.engine.seams import Stages
     from fakes import stages as fake
 
     hs = HarnessSettings(timeout_s=120, fresh_timing_process=False, task_files=task_files)

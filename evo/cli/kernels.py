@@ -201,13 +201,11 @@ def tune(
 
     Example: evo tune 3fa9c2e1b7d0 --trials 24
     """
-    from evaluators.pipeline import gpu_available
-    from evo.store import Store, StoreError
-    from evo.tuning.tuning import TuningError, TuningStudy, journal_path, make_local_evaluate, tune_once
-
     from evo.cli.common import store_error_text
     from evo.engine.progress import StepProgress, progress_enabled
-    from evo.results.status import resolve_run
+    from evo.store import Store, StoreError
+    from evo.tuning.session import find_target, prepare
+    from evo.tuning.tuning import TuningError
 
     if trials < 1:
         _fail(f"--trials {trials}: must be at least 1")
@@ -221,60 +219,20 @@ def tune(
         _fail(str(e))
     with store:
         try:
-            cid = store.resolve_id(id)
-            cand = store.get_candidate(cid)
-            run_id = resolve_run(store, run) if run else _latest_run_of(store, cid)
-            ev = store.get_evaluation(cid, run_id)
-            store.acquire_lease(run_id)  # one writer per run: not while a search of it is live
+            target = find_target(store, id, run)
         except StoreError as e:
             _fail(store_error_text(e))
-        if ev is None or not ev.correct:
-            _fail(f"{cid[:12]} has no correct evaluation in run {run_id}; tune a correct kernel (see `evo top {run_id}`)")
-        if not gpu_available():
-            _fail("no CUDA GPU found on this machine: tuning trials are evaluated on the GPU. Run `evo tune` "
-                  "on a GPU machine, or enable [tuning] in a search config.")
-        from dataclasses import replace as _replace
-
-        from evo.tasks.user import TaskFileError, load_run_task_files
-
-        try:  # trials of a user task: every trial's child imports the run's task files
-            hs = _replace(hs, task_files=load_run_task_files(store.get_run(run_id).get("config"), run_id))
-        except TaskFileError as e:
-            _fail(str(e))
-        evaluate = make_local_evaluate(cs, hs)
-        bar = StepProgress(f"tuning {cid[:12]}: trial", trials, enabled=progress_enabled(progress))
-        n_done = [0]
-
-        def evaluate_and_record(c):
-            bar.update(c.short_id, n_done[0])
-            store.add_candidate(run_id, c)
-            e = evaluate(c)
-            store.add_evaluation(run_id, e)
-            n_done[0] += 1
-            bar.update(c.short_id, n_done[0])
-            return e
-
-        try:
-            study = TuningStudy(journal_path(path, run_id), run_id, cand, seed=0, n_trials=trials,
-                                parent_fitness=ev.fitness, lookup=lambda x: store.get_evaluation(x, run_id),
-                                on_trial=lambda r: store.add_tuning_trial(run_id, cand.id, r.number, r.params,
-                                                                          r.value, r.status, r.candidate_id))
         except TuningError as e:
             _fail(str(e))
-        with bar:
-            summary = tune_once(study, evaluate_and_record)
+        try:
+            session = prepare(store, path, target, trials=trials, compile_settings=cs, harness_settings=hs)
+        except TuningError as e:
+            _fail(str(e))
+        summary = session.run(StepProgress(f"tuning {target.candidate.id[:12]}: trial", trials,
+                                           enabled=progress_enabled(progress)))
     console.print(f"study {summary.study}: {summary.evaluated} trial(s) evaluated; parent "
                   f"{_fmt(summary.parent_fitness)}x, best {_fmt(summary.best_fitness)}x "
                   f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
-
-
-def _latest_run_of(store, cid: str) -> str:
-    runs = [r["id"] for r in store.list_runs() if cid in store.evaluated_ids(r["id"])]
-    if not runs:
-        from evo.store import UnknownIdError
-
-        raise UnknownIdError(f"{cid[:12]} was never evaluated in any run of this database")
-    return runs[0]  # list_runs is newest first
 
 
 def bench(

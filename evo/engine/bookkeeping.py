@@ -1,7 +1,6 @@
 """What the engine counts and carries: live :class:`Progress`, the end-of-run
 :class:`SearchSummary`, :class:`Pending` (a candidate's record while it is in flight) and
 :func:`member_of` (an evaluated candidate as the member its islands receive).
-:class:`EngineSettings` (the ``[search]`` record, :mod:`evo.engine.engine_settings`) is re-exported.
 
 Plain data, no I/O: the engine (:mod:`evo.engine.engine`) updates them, its helpers
 (:mod:`evo.engine.recovery`, :mod:`evo.engine.survivors`) read them, ``on_progress`` callbacks (the live
@@ -15,10 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from evo.engine.engine_settings import EngineSettings  # the [search] record (evo.config composes it)
 from evo.core.records import Candidate, Evaluation, Member, StageResult
 
-__all__ = ["EngineSettings", "Progress", "SearchSummary", "Pending", "member_of"]
+__all__ = ["Progress", "SearchSummary", "Pending", "member_of"]
 
 
 @dataclass(frozen=True)

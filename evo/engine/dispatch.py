@@ -1,102 +1,197 @@
 """The engine's work on the cluster: compile tasks, what waits for a GPU and what runs on each.
 
 :class:`Dispatch` is owned by :class:`evo.engine.engine.Engine` and used from its thread only. It
-submits compiles at once (``compiles``: ref -> candidate). It holds three GPU queues, served
-whenever a GPU actor holds fewer than ``rt.gpu_slots``
-requests (its correctness slots plus one queued, so no gap opens between candidates), the
-least loaded GPU that is not down (:class:`evo.engine.recovery.GpuFaults`) first:
+submits compiles at once. It holds three GPU queues, served whenever a GPU actor holds fewer
+than ``rt.gpu_slots`` requests (its correctness slots plus one queued, so no gap opens between
+candidates), the least loaded GPU that is not down (:class:`evo.engine.recovery.GpuFaults`)
+first:
 
-1. ``queue``: compiled mutations, oldest first (a requeued candidate goes to the front);
-2. ``profiles``: delayed profiles of survivors (:class:`evo.engine.survivors.ProfileJob`);
-3. ``tune``: compiled tuning trials (lowest priority).
+1. mutations: compiled candidates, oldest first (a requeued candidate goes to the front);
+2. profiles: delayed profiles of survivors (:class:`evo.engine.survivors.ProfileJob`);
+3. trials: compiled tuning trials (lowest priority).
 
-It submits through the runtime and counts each GPU's load; the engine takes a finished
-request back by its ref (:meth:`Dispatch.took_compile`, :meth:`Dispatch.took`,
-:meth:`Dispatch.took_profile`) and decides what its result means.
+It submits through the runtime and counts each GPU's load. Its containers are its own: the
+engine asks through methods (:meth:`Dispatch.waiting`, :meth:`Dispatch.pending`, the counts)
+and takes a finished request back with :meth:`Dispatch.take`, which reads the result and
+answers with a tagged, frozen :data:`Completion`: :class:`CompileDone`, :class:`GpuDone`,
+:class:`ProfileDone`, or their failures (:class:`CompileFailed`, :class:`GpuFailed`,
+:class:`ProfileFailed`: the runtime's remote error, for evo.engine.recovery to judge). What a
+result means is the engine's to decide.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Union
 
 from evo.engine.bookkeeping import Pending
 from evo.engine.recovery import GpuFaults
 from evo.engine.survivors import ProfileJob
 
-__all__ = ["Dispatch"]
+__all__ = ["Dispatch", "Completion", "CompileDone", "CompileFailed", "GpuDone", "GpuFailed", "ProfileDone",
+           "ProfileFailed"]
+
+
+@dataclass(frozen=True)
+class CompileDone:
+    """A compile returned: ``outcome`` is its :class:`evo.engine.seams.CompileResult`."""
+
+    pending: Pending
+    outcome: Any
+
+
+@dataclass(frozen=True)
+class CompileFailed:
+    """A compile raised or its worker died: ``error`` is one of the runtime's remote errors."""
+
+    pending: Pending
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class GpuDone:
+    """A GPU evaluation returned on GPU ``gpu``: ``result`` is its :class:`evaluators.actor.GpuResult`."""
+
+    gpu: int
+    pending: Pending
+    result: Any
+
+
+@dataclass(frozen=True)
+class GpuFailed:
+    """A GPU evaluation on GPU ``gpu`` raised or its actor died (``error``: a remote error)."""
+
+    gpu: int
+    pending: Pending
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class ProfileDone:
+    """A delayed profile returned on GPU ``gpu``: ``stage`` is its profile StageResult."""
+
+    gpu: int
+    job: ProfileJob
+    stage: Any
+
+
+@dataclass(frozen=True)
+class ProfileFailed:
+    """A delayed profile on GPU ``gpu`` raised (ncu missing or broken; ``error``: a remote error)."""
+
+    gpu: int
+    job: ProfileJob
+    error: BaseException
+
+
+#: What :meth:`Dispatch.take` answers for a finished request.
+Completion = Union[CompileDone, CompileFailed, GpuDone, GpuFailed, ProfileDone, ProfileFailed]
 
 
 class Dispatch:
-    """The compiles, the GPU queues and the requests on the GPUs. ``profile``: the profile settings passed
-    to ``rt.submit_profile``."""
+    """The compiles, the GPU queues and the requests on the GPUs. ``profile``: the profile
+    settings passed to ``rt.submit_profile``."""
 
     def __init__(self, rt, faults: GpuFaults, profile) -> None:
-        self.rt, self.faults, self.profile = rt, faults, profile
-        self.compiles: dict[Any, Pending] = {}
-        self.queue: deque[Pending] = deque()
-        self.profiles: deque[ProfileJob] = deque()
-        self.tune: deque[Pending] = deque()
-        self.refs: dict[Any, tuple[int, Pending]] = {}
-        self.profile_refs: dict[Any, tuple[int, ProfileJob]] = {}
-        self.load: list[int] = []
+        self._rt, self._faults, self._profile = rt, faults, profile
+        self._compiles: dict[Any, Pending] = {}
+        self._queue: deque[Pending] = deque()
+        self._profiles: deque[ProfileJob] = deque()
+        self._tune: deque[Pending] = deque()
+        self._refs: dict[Any, tuple[int, Pending]] = {}
+        self._profile_refs: dict[Any, tuple[int, ProfileJob]] = {}
+        self._load: list[int] = []
 
     def start(self, n_gpus: int) -> None:
-        self.load = [0] * n_gpus
+        self._load = [0] * n_gpus
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs dispatched to (lost ones included), from :meth:`start`."""
+        return len(self._load)
 
     def __len__(self) -> int:
         """Candidates compiling, waiting for or on a GPU (profiles are not candidates in flight)."""
-        return len(self.compiles) + len(self.refs) + len(self.queue) + len(self.tune)
+        return len(self._compiles) + len(self._refs) + len(self._queue) + len(self._tune)
+
+    def compiling(self) -> int:
+        """Candidates compiling."""
+        return len(self._compiles)
+
+    def queued(self) -> int:
+        """Compiled mutations waiting for a GPU."""
+        return len(self._queue)
 
     def pending(self) -> list[Pending]:
         """The candidates compiling, the mutations on a GPU, then those waiting for one."""
-        return list(self.compiles.values()) + [p for _, p in self.refs.values()] + list(self.queue)
+        return list(self._compiles.values()) + [p for _, p in self._refs.values()] + list(self._queue)
 
     def waiting(self) -> list[Any]:
         """The refs of every request out: compiles, GPU evaluations, profiles."""
-        return list(self.compiles) + list(self.refs) + list(self.profile_refs)
+        return list(self._compiles) + list(self._refs) + list(self._profile_refs)
+
+    def on_gpus(self) -> dict[Any, tuple[int, Pending]]:
+        """A copy of the GPU evaluations out: ref -> (GPU, pending)."""
+        return dict(self._refs)
 
     def compile(self, pending: Pending) -> None:
         pending.compile_attempts += 1
-        self.compiles[self.rt.submit_compile(pending.candidate)] = pending
-
-    def took_compile(self, ref) -> Pending:
-        return self.compiles.pop(ref)
+        self._compiles[self._rt.submit_compile(pending.candidate)] = pending
 
     def compiled(self, pending: Pending, trial: bool) -> None:
-        (self.tune if trial else self.queue).append(pending)
+        (self._tune if trial else self._queue).append(pending)
 
     def requeue(self, pending: Pending) -> None:
-        self.queue.appendleft(pending)
+        self._queue.appendleft(pending)
+
+    def add_profiles(self, jobs) -> None:
+        """Queue delayed profiles (served after mutations, before tuning trials)."""
+        self._profiles.extend(jobs)
 
     def lost(self, g: int) -> None:
-        self.load[g] = 2**30  # never dispatched to again
+        self._load[g] = 2**30  # never dispatched to again
 
-    def took(self, ref) -> tuple[int, Pending]:
-        g, pending = self.refs.pop(ref)
-        self.load[g] -= 1
-        return g, pending
-
-    def took_profile(self, ref) -> tuple[int, ProfileJob]:
-        g, job = self.profile_refs.pop(ref)
-        self.load[g] -= 1
-        return g, job
+    def take(self, ref) -> Completion:
+        """Take back the finished request ``ref`` (one of :meth:`waiting`) and read its result
+        (``rt.get``); a remote error becomes the matching ``*Failed`` record. Its GPU's load
+        drops by one."""
+        errors = self._rt.remote_errors()
+        if ref in self._compiles:
+            pending = self._compiles.pop(ref)
+            try:
+                return CompileDone(pending, self._rt.get(ref))
+            except errors as e:
+                return CompileFailed(pending, e)
+        if ref in self._profile_refs:
+            g, job = self._profile_refs.pop(ref)
+            self._load[g] -= 1
+            try:
+                return ProfileDone(g, job, self._rt.get(ref))
+            except errors as e:
+                return ProfileFailed(g, job, e)
+        g, pending = self._refs.pop(ref)
+        self._load[g] -= 1
+        try:
+            return GpuDone(g, pending, self._rt.get(ref))
+        except errors as e:
+            return GpuFailed(g, pending, e)
 
     def fill_gpus(self) -> None:
         """Mutations first, then delayed profiles, then tuning trials (lowest priority)."""
-        while self.queue or self.profiles or self.tune:
-            slots = self.rt.gpu_slots
-            free = [g for g, load in enumerate(self.load) if load < slots and not self.faults.is_down(g)]
+        while self._queue or self._profiles or self._tune:
+            slots = self._rt.gpu_slots
+            free = [g for g, load in enumerate(self._load) if load < slots and not self._faults.is_down(g)]
             if not free:
                 return
-            g = min(free, key=lambda i: self.load[i])
-            if self.queue or (self.tune and not self.profiles):
-                pending = (self.queue or self.tune).popleft()
+            g = min(free, key=lambda i: self._load[i])
+            if self._queue or (self._tune and not self._profiles):
+                pending = (self._queue or self._tune).popleft()
                 pending.gpu_attempts += 1
-                pending.gpu_seq = self.faults.next_seq()
-                self.refs[self.rt.submit_gpu(g, pending.candidate, pending.so_bytes)] = (g, pending)
+                pending.gpu_seq = self._faults.next_seq()
+                self._refs[self._rt.submit_gpu(g, pending.candidate, pending.so_bytes)] = (g, pending)
             else:
-                job = self.profiles.popleft()
-                self.profile_refs[self.rt.submit_profile(g, job.candidate, job.so_bytes, job.shape_idx,
-                                                         self.profile)] = (g, job)
-            self.load[g] += 1
+                job = self._profiles.popleft()
+                self._profile_refs[self._rt.submit_profile(g, job.candidate, job.so_bytes, job.shape_idx,
+                                                           self._profile)] = (g, job)
+            self._load[g] += 1

@@ -41,16 +41,18 @@ from typing import Callable
 
 from evo.engine import recovery
 from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
-from evo.engine.dispatch import Dispatch
+from evo.engine.dispatch import (CompileDone, CompileFailed, Dispatch, GpuDone, GpuFailed, ProfileDone,
+                                 ProfileFailed)
 from evo.engine.engine_settings import EngineSettings
 from evo.engine.inflight import RateMeter, inflight_bound
-from evo.engine.islands import IslandHandle, IslandSet, island_specs
+from evo.engine.islands import IslandSet, island_specs
 from evo.engine.ordering import ItemOrder
 from evo.engine.proposals import Proposer
 from evo.engine.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
 from evo.core.records import Candidate, Evaluation, Operator, StageResult
 from evo.engine.resume import plan_replay
+from evo.engine.seen import SeenIds
 from evo.engine.seams import ClusterRuntime, StoreWriter
 from evo.engine.survivors import Survivors, confirm_champion
 from mutators import base as mut
@@ -80,7 +82,7 @@ class Engine:
         self.descriptor = descriptor or (lambda params: ())
         self.on_progress = on_progress
         self._policy_cache: dict[str, StageResult] = {}
-        self.seen: set[str] = set()
+        self.seen = SeenIds()  # the engine's alone; helpers get seen.view() (read-only)
         self.islands = IslandSet(runtime, store, run_id, self.descriptor)
         self.best: dict[str, tuple[float, Candidate]] = {}
         self.progress = Progress(started=time.time())
@@ -94,14 +96,9 @@ class Engine:
         self.work = Dispatch(runtime, self.gpu_faults, settings.profile)
         self.items = ItemOrder(settings.ordered, on_taken=lambda: None if self._stop_reason else self._fill())
         self._filling = False
-        self.proposer = Proposer(mutator=mutator, rng=rng, islands=self.islands, seeds=seeds, seen=self.seen,
+        self.proposer = Proposer(mutator=mutator, rng=rng, islands=self.islands, seeds=seeds, seen=self.seen.view(),
                                  items=self.items, max_evaluations=settings.max_evaluations,
                                  submit=self._submit, stop=self._stop)
-
-    @property
-    def island_meta(self) -> list[IslandHandle]:
-        """The island handles (``islands[i]`` reads the same; the former name)."""
-        return self.islands.handles
 
     @property
     def n_inflight(self) -> int:
@@ -209,7 +206,7 @@ class Engine:
             self._filling = False
 
     def _fill_slots(self) -> None:
-        self.proposer.fill_failures = 0
+        self.proposer.new_fill()
         tries, n = 0, len(self.islands)
         limit = self.max_inflight - self.survivors.reserve(self.max_inflight)
         # ordered: the pool queues what it cannot run yet (its load would make fills depend on timing)
@@ -221,7 +218,7 @@ class Engine:
             self._rr += 1
             tries = 0 if not isl.exhausted and self.proposer.propose(isl) else tries + 1
         if self.survivors.studies and not self._stop_reason:  # trials take free slots after mutations
-            for cand in self.survivors.trials(self.max_inflight, seen=self.seen, room=lambda: (
+            for cand in self.survivors.trials(self.max_inflight, seen=self.seen.view(), room=lambda: (
                     self.n_inflight < self.max_inflight and self.progress.proposed < self.s.max_evaluations)):
                 self._submit(cand)
 
@@ -233,9 +230,8 @@ class Engine:
         return True
 
     def _submit(self, cand: Candidate, item: int | None = None) -> bool:
-        if cand.id in self.seen:
+        if not self.seen.add(cand.id):
             return False
-        self.seen.add(cand.id)
         if item is None:
             self.items.start(cand.id)
         else:
@@ -266,47 +262,42 @@ class Engine:
             else:
                 self.proposer.wait(timeout)
         ready = self.rt.wait(refs, timeout)
-        errors = self.rt.remote_errors()
         for ref in ready:
             if ref in probes:
-                lost = self.gpu_faults.probe_answered(self.rt, probes[ref], ref, n_gpus=len(self.work.load))
+                lost = self.gpu_faults.probe_answered(self.rt, probes[ref], ref, n_gpus=self.work.n_gpus)
                 if lost is not None:
                     self.work.lost(lost.gpu)
                     self.store.log_event(self.run_id, "gpu_lost", {"gpu": lost.gpu, "error": lost.error})
                     if lost.stop:
                         raise SearchError(lost.stop) from lost.cause
-            elif ref in self.work.profile_refs:
-                _, job = self.work.took_profile(ref)
-                try:
-                    self.survivors.profiled(job, self.rt.get(ref))
-                except errors as e:  # ncu missing or broken: our failure, but not the search's
+                continue
+            match self.work.take(ref):  # a tagged record (evo.engine.dispatch.Completion)
+                case ProfileDone(job=job, stage=stage):
+                    self.survivors.profiled(job, stage)
+                case ProfileFailed(job=job, error=e):  # ncu missing or broken: our failure, but not the search's
                     self.survivors.profile_failed(job, e)
-            elif ref in self.work.compiles:
-                pending = self.work.took_compile(ref)
-                try:
-                    outcome = self.rt.get(ref)
-                except errors as e:
+                case CompileDone(pending=pending, outcome=outcome):
+                    self.breaker.ok("compile")
+                    self._compiled(pending, outcome)
+                case CompileFailed(pending=pending, error=e):
                     self._failed("compile", pending, e, recovery.compile_worker_died(pending, e))
-                    continue
-                self.breaker.ok("compile")
-                self._compiled(pending, outcome)
-            else:
-                g, pending = self.work.took(ref)
-                try:
-                    res = self.rt.get(ref)
-                except errors as e:
+                case GpuDone() as done:
+                    self._gpu_done(done)
+                case GpuFailed(gpu=g, pending=pending, error=e):
                     self._failed("GPU evaluation", pending, e,
-                                 self.gpu_faults.worker_died(self.rt, g, pending, e, self.work.refs))
-                    continue
-                self.breaker.ok("GPU evaluation")
-                self.gpu_faults.finished(pending)
-                self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
-                self.rates.gpu_done(res.started, res.finished)
-                ev = res.evaluation
-                self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
-                                                 fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
+                                 self.gpu_faults.worker_died(self.rt, g, pending, e, self.work.on_gpus()))
         self.proposer.collect()
         self._update_counters()
+
+    def _gpu_done(self, done: GpuDone) -> None:
+        pending, res, g = done.pending, done.result, done.gpu
+        self.breaker.ok("GPU evaluation")
+        self.gpu_faults.finished(pending)
+        self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
+        self.rates.gpu_done(res.started, res.finished)
+        ev = res.evaluation
+        self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
+                                         fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
 
     def _compiled(self, pending: Pending, outcome) -> None:
         stage = outcome.result
@@ -365,7 +356,7 @@ class Engine:
         self.survivors.told(cand.id, ev)
         if member.fitness is not None and pending.so_bytes:
             islands = self.islands.targets(cand) if cand.island < 0 else [cand.island]
-            self.work.profiles.extend(self.survivors.triggered(member, pending.so_bytes, islands))
+            self.work.add_profiles(self.survivors.triggered(member, pending.so_bytes, islands))
         if 0 <= cand.island < len(self.islands):
             self.islands[cand.island].genesis_pending = False
         if member.fitness is not None and self._better(cand, member.fitness):
@@ -408,8 +399,8 @@ class Engine:
     # ------------------------------------------------------------------ progress / end
 
     def _update_counters(self) -> None:
-        self.progress.compile_queue = len(self.work.compiles)
-        self.progress.gpu_queue = len(self.work.queue)
+        self.progress.compile_queue = self.work.compiling()
+        self.progress.gpu_queue = self.work.queued()
         self.progress.in_flight = self.n_inflight
 
     def _emit_progress(self, force: bool = False) -> None:

@@ -1,10 +1,10 @@
 """The record of config section ``[search]``: :class:`EngineSettings`.
 
-It lives apart from :mod:`evo.engine.engine` (which re-exports it, ``from evo.engine.engine import
-EngineSettings`` keeps working) because :mod:`evo.config` composes it into the config and
-must not import the engine to do so. Its config keys are the ``config_key`` fields (default
-and bounds declared once, see :mod:`evo.core.settings`); ``search.migration_count <=
-search.population_size`` is the one cross-key rule, checked by :mod:`evo.config`.
+It lives apart from :mod:`evo.engine.engine` (which exports it with the Engine that takes it)
+because :mod:`evo.config` composes it into the config and must not import the engine to do
+so. Its config keys are the ``config_key`` fields (default and bounds declared once, see
+:mod:`evo.core.settings`); ``search.migration_count <= search.population_size`` is the one
+cross-key rule, checked by :mod:`evo.config`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class EngineSettings:
 
     Set by code: ``confirm_champions`` (re-time a task's new best before it is reported),
     ``progress_every`` (evaluations between progress events), ``profile`` / ``tuning`` (the
-    run's :class:`evaluators.profile.ProfileSettings` / :class:`evo.tuning.tuning.TuningSettings`,
+    run's :class:`evaluators.profile.ProfileSettings` / :class:`evo.tuning.tuning_settings.TuningSettings`,
     None or ``enabled=False``: off), ``tuning_storage`` (the Optuna storage of the studies,
     ``evo.tuning.tuning.journal_path``; required with tuning).
     """

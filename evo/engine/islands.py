@@ -4,8 +4,9 @@
 The population itself lives in an island actor (:class:`populations.actor.IslandActor`,
 its state :class:`populations.island.IslandState`); the handle holds what the driver needs
 around it: which actor, its spec (to rebuild a dead actor), a prefetched parent choice, and
-the scheduling flags. The set routes every call through the runtime
-(:class:`evo.engine.seams.ClusterRuntime`): results to the islands of their task, parent
+the scheduling flags. The set makes the islands through the runtime
+(:class:`evo.engine.seams.ClusterRuntime`) and calls each through its typed proxy
+(:class:`evo.engine.seams.IslandProxy`): results to the islands of their task, parent
 selection with prefetching, ring migration, summaries, and the restore of an actor that
 died (:func:`evo.engine.recovery.island_died` decides, the set rebuilds it from the store with
 :func:`evo.engine.resume.island_members` and logs an ``island_restored`` event).
@@ -15,20 +16,24 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from evo.engine import recovery
 from evo.core.records import Candidate, Member
 from evo.engine.resume import island_members
+from evo.engine.seams import IslandProxy
 
 __all__ = ["IslandHandle", "IslandSet", "island_specs"]
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
 class IslandHandle:
     """One island as the driver tracks it.
 
-    ``actor``: the island actor (replaced when it died and was restored). ``spec``: the
+    ``actor``: the island's typed proxy (:class:`evo.engine.seams.IslandProxy`; replaced
+    when its actor died and was restored). ``spec``: the
     :class:`populations.island.IslandSpec` it was built from. ``parents_ref``: a reference
     to a ``parents`` request made after the island's last proposal (None: nothing
     prefetched; dropped whenever a member joins the island, so it never predates a result).
@@ -42,16 +47,11 @@ class IslandHandle:
     index: int
     task: str
     spec: Any
-    actor: Any = None
+    actor: IslandProxy | None = None
     parents_ref: Any = None
     genesis_pending: bool = False
     exhausted: bool = False
     restores: int = 0
-
-    def __getitem__(self, key: str) -> Any:
-        """Read a field by name (``islands[0]["actor"]``), as the engine's island records
-        were read when they were dicts."""
-        return getattr(self, key)
 
 
 def island_specs(tasks: list[str], *, per_task: int, capacity: int, selection_lambda: float, archive: bool,
@@ -108,14 +108,15 @@ class IslandSet:
         errs = tuple(e for e in self.rt.remote_errors() if "Actor" in e.__name__)
         return errs or self.rt.remote_errors()
 
-    def call(self, idx: int, method: str, *args):
-        """``rt.call`` on island ``idx``; a dead island actor is restored from the store and
-        the call repeated once on its replacement."""
+    def call(self, idx: int, method: Callable[[IslandProxy], T]) -> T:
+        """``method(proxy)`` on island ``idx``'s proxy (e.g. ``lambda i: i.summary()``); a
+        dead island actor is restored from the store and the call repeated once on its
+        replacement."""
         try:
-            return self.rt.call(self.handles[idx].actor, method, *args)
+            return method(self.handles[idx].actor)
         except self.actor_errors() as e:
             self.restore(idx, e)
-            return self.rt.call(self.handles[idx].actor, method, *args)
+            return method(self.handles[idx].actor)
 
     def restore(self, idx: int, err: BaseException) -> None:
         """Replace the dead actor of island ``idx`` by a new one holding its evaluated
@@ -128,7 +129,7 @@ class IslandSet:
         new = self.rt.make_islands([isl.spec])[0]
         members = island_members(self.store, self.run_id, isl.task, idx, self.descriptor)
         if members:
-            self.rt.call(new, "add_many", members)
+            new.add_many(members)
         isl.actor, isl.parents_ref = new, None
         self.store.log_event(self.run_id, "island_restored", {
             "island": idx, "task": isl.task, "members": len(members), "restores": isl.restores,
@@ -149,20 +150,20 @@ class IslandSet:
             except self.actor_errors() as e:
                 self.restore(isl.index, e)
         if not parents:  # nothing prefetched, or prefetched before the island had members
-            parents = self.call(isl.index, "parents", k)
-        isl.parents_ref = self.rt.ask(isl.actor, "parents", k)
+            parents = self.call(isl.index, lambda i: i.parents(k))
+        isl.parents_ref = isl.actor.ask_parents(k)
         return parents
 
     def record_child(self, isl: IslandHandle, parent_id: str) -> None:
         """Tell island ``isl`` that ``parent_id`` made a child (fire-and-forget)."""
-        self.rt.cast(isl.actor, "record_child", parent_id)
+        isl.actor.record_child(parent_id)
 
     def add(self, member: Member) -> None:
         """Send an evaluated member to its islands (a fire-and-forget call, ordered before
         this driver's next call to them)."""
         for idx in self.targets(member.candidate):
             isl = self.handles[idx]
-            self.rt.cast(isl.actor, "add", member)
+            isl.actor.add(member)
             isl.parents_ref = None  # a prefetched parent choice predates this member: drop it
             isl.exhausted = isl.exhausted and not member.correct  # a correct member may open new neighbours
 
@@ -173,8 +174,9 @@ class IslandSet:
             if len(idxs) < 2:
                 continue
             # Take every island's emigrants before any island receives: one hop per round.
-            outgoing = [self.call(i, "emigrants", count) for i in idxs]
-            moved = sum(self.call(idxs[(j + 1) % len(idxs)], "immigrate", em) for j, em in enumerate(outgoing) if em)
+            outgoing = [self.call(i, lambda isl: isl.emigrants(count)) for i in idxs]
+            moved = sum(self.call(idxs[(j + 1) % len(idxs)], lambda isl, em=em: isl.immigrate(em))
+                        for j, em in enumerate(outgoing) if em)
             yield task, moved
             for i in idxs:
                 self.handles[i].exhausted = False
@@ -182,8 +184,8 @@ class IslandSet:
     def summaries(self) -> list[dict]:
         """Each island's summary as a progress row."""
         try:
-            sums = self.rt.call_many([i.actor for i in self.handles], "summary")
+            sums = [self.rt.get(ref) for ref in [i.actor.ask_summary() for i in self.handles]]
         except self.actor_errors():
-            sums = [self.call(i.index, "summary") for i in self.handles]
+            sums = [self.call(i.index, lambda isl: isl.summary()) for i in self.handles]
         return [{"island": s.index, "task": s.task, "best": s.best_fitness, "fix_mode": s.fix_mode,
                  "size": s.size, "archive_cells": s.archive_cells} for s in sums]

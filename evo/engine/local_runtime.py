@@ -13,9 +13,9 @@ imports no Ray, and passes the same suite as the Ray runtime
   many as the Ray actor's ``max_concurrency`` for one that takes the pool. A fake GPU is a
   number: :func:`current_gpu` tells a stage which one runs it (the fakes record it where
   Ray's GPU ids would be). Nothing pins a real device: for fake stages only.
-- islands: plain :class:`~populations.actor.IslandActor` objects; a call runs at once in
-  the caller's thread (so calls to one island run in the order they were made) and its
-  reference is an already finished future.
+- islands: plain :class:`~populations.actor.IslandActor` objects behind their typed proxy,
+  :class:`LocalIsland`; a call runs at once in the caller's thread (so calls to one island
+  run in the order they were made) and its reference is an already finished future.
 
 References are :class:`concurrent.futures.Future`. Failures arrive as the Ray runtime's
 do, told apart by name (evo.engine.recovery): :class:`LocalTaskError` (the stage raised;
@@ -36,7 +36,7 @@ from evaluators.base import CompileSettings, HarnessSettings
 from evo.core.records import Candidate
 from evo.engine.seams import Stages
 
-__all__ = ["LocalRuntime", "LocalTaskError", "LocalActorError", "current_gpu"]
+__all__ = ["LocalRuntime", "LocalIsland", "LocalTaskError", "LocalActorError", "current_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -67,26 +67,74 @@ def _run(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         raise LocalTaskError(e) from e
 
 
-class _Actor:
-    """A handle: the object, where its calls run (None: in the caller's thread), alive or not."""
+def _dead(what: str) -> cf.Future:
+    fut: cf.Future = cf.Future()
+    fut.set_exception(LocalActorError(f"the actor {what} is dead"))
+    return fut
 
-    def __init__(self, obj: Any, pool: cf.ThreadPoolExecutor | None = None) -> None:
-        self.obj, self.pool, self.dead = obj, pool, False
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+def _at_once(fn: Callable, *args: Any) -> cf.Future:
+    """``fn(*args)`` run now, in the caller's thread, as an already finished future."""
+    fut: cf.Future = cf.Future()
+    try:
+        fut.set_result(_run(fn, *args))
+    except LocalTaskError as e:
+        fut.set_exception(e)
+    return fut
+
+
+class _Gpu:
+    """A fake GPU: its :class:`~evaluators.actor.GpuEvaluator`, the threads its calls run on,
+    alive or not."""
+
+    def __init__(self, evaluator: Any, pool: cf.ThreadPoolExecutor) -> None:
+        self.evaluator, self.pool, self.dead = evaluator, pool, False
+
+    def submit(self, method: Callable, *args: Any) -> cf.Future:
+        """``method`` (a method of :attr:`evaluator`) on this GPU's threads."""
         if self.dead:
-            fut: cf.Future = cf.Future()
-            fut.set_exception(LocalActorError(f"the actor {type(self.obj).__name__} is dead"))
-            return fut
-        fn = getattr(self.obj, method)
-        if self.pool is not None:
-            return self.pool.submit(_run, fn, *args, **kwargs)
-        fut = cf.Future()
-        try:
-            fut.set_result(_run(fn, *args, **kwargs))
-        except LocalTaskError as e:
-            fut.set_exception(e)
-        return fut
+            return _dead(type(self.evaluator).__name__)
+        return self.pool.submit(_run, method, *args)
+
+
+class LocalIsland:
+    """The :class:`evo.engine.seams.IslandProxy` of a plain
+    :class:`~populations.actor.IslandActor` (``island``): every call runs at once in the
+    caller's thread, so calls run in the order they were made; ``ask_*`` give finished
+    futures. After :meth:`LocalRuntime.kill` every call fails with :class:`LocalActorError`."""
+
+    def __init__(self, island: Any) -> None:
+        self.island, self.dead = island, False
+
+    def _call(self, method: Callable, *args: Any) -> cf.Future:
+        return _dead(type(self.island).__name__) if self.dead else _at_once(method, *args)
+
+    def add(self, member) -> None:
+        self._call(self.island.add, member)
+
+    def add_many(self, members) -> list[bool]:
+        return self._call(self.island.add_many, members).result()
+
+    def parents(self, k: int) -> list:
+        return self._call(self.island.parents, k).result()
+
+    def ask_parents(self, k: int) -> cf.Future:
+        return self._call(self.island.parents, k)
+
+    def record_child(self, parent_id: str) -> None:
+        self._call(self.island.record_child, parent_id)
+
+    def emigrants(self, n: int) -> list:
+        return self._call(self.island.emigrants, n).result()
+
+    def immigrate(self, members) -> int:
+        return self._call(self.island.immigrate, members).result()
+
+    def summary(self):
+        return self._call(self.island.summary).result()
+
+    def ask_summary(self) -> cf.Future:
+        return self._call(self.island.summary)
 
 
 @dataclass
@@ -119,7 +167,7 @@ class LocalRuntime:
             ev = GpuEvaluator(self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn)
             ev._worker = f"local:gpu{g}"
             self._pools.append(pool)
-            self.gpu_actors.append(_Actor(ev, pool))
+            self.gpu_actors.append(_Gpu(ev, pool))
         log.info("in-process runtime ready: %d fake GPU(s), %d compile threads", self.num_gpus, self.n_cpus)
         return self
 
@@ -140,10 +188,18 @@ class LocalRuntime:
         return self._compiles.submit(_run, self.stages.compile_fn, candidate, self.compile_settings)
 
     def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes) -> cf.Future:
-        return self.gpu_actors[gpu].submit("evaluate", candidate, so_bytes)
+        actor = self.gpu_actors[gpu]
+        return actor.submit(actor.evaluator.evaluate, candidate, so_bytes)
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> cf.Future:
-        return self.gpu_actors[gpu].submit("profile", candidate, so_bytes, shape_idx, settings)
+        actor = self.gpu_actors[gpu]
+        return actor.submit(actor.evaluator.profile, candidate, so_bytes, shape_idx, settings)
+
+    def probe_gpu(self, gpu: int) -> cf.Future | None:
+        if gpu >= len(self.gpu_actors):
+            return None
+        actor = self.gpu_actors[gpu]
+        return actor.submit(actor.evaluator.worker)
 
     @staticmethod
     def wait(refs: list, timeout: float) -> list:
@@ -160,38 +216,22 @@ class LocalRuntime:
     def remote_errors() -> tuple[type[BaseException], ...]:
         return (LocalActorError, LocalTaskError)
 
-    def make_islands(self, specs: list) -> list:
+    def make_islands(self, specs: list) -> list[LocalIsland]:
         from populations.actor import IslandActor
 
-        return [_Actor(IslandActor(s)) for s in specs]
+        return [LocalIsland(IslandActor(s)) for s in specs]
 
     @staticmethod
-    def call(actor: _Actor, method: str, *args: Any, **kwargs: Any) -> Any:
-        return actor.submit(method, *args, **kwargs).result()
-
-    @staticmethod
-    def ask(actor: _Actor, method: str, *args: Any, **kwargs: Any) -> cf.Future:
-        return actor.submit(method, *args, **kwargs)
-
-    @staticmethod
-    def cast(actor: _Actor, method: str, *args: Any, **kwargs: Any) -> None:
-        actor.submit(method, *args, **kwargs)
-
-    @staticmethod
-    def call_many(actors: list, method: str, *args: Any, **kwargs: Any) -> list:
-        futs = [a.submit(method, *args, **kwargs) for a in actors]
-        return [f.result() for f in futs]
-
-    @staticmethod
-    def kill(actor: _Actor) -> None:
-        """Kill ``actor`` for good (tests: Ray's ``ray.kill(actor, no_restart=True)``); its
-        later calls raise :class:`LocalActorError`."""
+    def kill(actor: "LocalIsland | _Gpu") -> None:
+        """Kill an island (a :class:`LocalIsland`) or a fake GPU (one of ``gpu_actors``) for
+        good (tests: Ray's ``ray.kill(actor, no_restart=True)``); its later calls raise
+        :class:`LocalActorError`."""
         actor.dead = True
 
     def shutdown(self) -> None:
         for a in self.gpu_actors:
             try:
-                a.obj.close()
+                a.evaluator.close()
             except Exception as e:  # noqa: BLE001
                 log.debug("GPU evaluator close: %s", e)
         for p in self._pools:

@@ -27,6 +27,8 @@ import random
 from concurrent import futures
 from typing import Callable, Container
 
+from evo.engine.seen import SeenView
+
 from evo.engine.islands import IslandHandle, IslandSet
 from evo.engine.ordering import ItemOrder
 from evo.core.records import Candidate, Member
@@ -39,9 +41,13 @@ log = logging.getLogger(__name__)
 
 class Proposer:
     """The run's proposals. ``seeds``: the tasks that have a seed kernel; ``seen``: the
-    engine's content ids of this run (read only)."""
+    engine's content ids of this run, lent read-only (:class:`evo.engine.seen.SeenView`).
 
-    def __init__(self, *, mutator, rng: random.Random, islands: IslandSet, seeds: Container[str], seen: set[str],
+    Its counters are its own and read-only outside it: :attr:`claimed`,
+    :attr:`failed_attempts`, :attr:`fill_failures` (the engine starts a new count of the
+    last with :meth:`new_fill`)."""
+
+    def __init__(self, *, mutator, rng: random.Random, islands: IslandSet, seeds: Container[str], seen: SeenView,
                  items: ItemOrder, max_evaluations: int, submit: Callable[[Candidate, int | None], bool],
                  stop: Callable[[str, bool], bool]) -> None:
         self.mutator, self.rng, self.islands, self.seeds, self.seen = mutator, rng, islands, seeds, seen
@@ -50,9 +56,29 @@ class Proposer:
         self.concurrency = mut.concurrency(mutator)
         self._pool: futures.ThreadPoolExecutor | None = None
         self._jobs: dict[futures.Future, tuple[IslandHandle, bool, int, int]] = {}
-        self.claimed = 0  # proposals begun that are neither a submitted candidate nor settled yet
-        self.failed_attempts = 0
-        self.fill_failures = 0
+        self._claimed = 0  # proposals begun that are neither a submitted candidate nor settled yet
+        self._failed_attempts = 0
+        self._fill_failures = 0
+
+    @property
+    def claimed(self) -> int:
+        """Proposals begun that are neither a submitted candidate nor settled yet (the engine
+        never proposes more than the evaluation budget minus these)."""
+        return self._claimed
+
+    @property
+    def failed_attempts(self) -> int:
+        """Proposals of this run that made no child (an exhaustive mutator's None aside)."""
+        return self._failed_attempts
+
+    @property
+    def fill_failures(self) -> int:
+        """Failed attempts since the last :meth:`new_fill`."""
+        return self._fill_failures
+
+    def new_fill(self) -> None:
+        """The engine starts filling its slots again: :attr:`fill_failures` counts from 0."""
+        self._fill_failures = 0
 
     def __len__(self) -> int:
         """Proposals running on the pool."""
@@ -97,7 +123,7 @@ class Proposer:
         if self._pool is None:
             return self._proposed(isl, not parents, gen, prop)
         isl.genesis_pending = isl.genesis_pending or not parents
-        self.claimed += 1
+        self._claimed += 1
         self._jobs[self._pool.submit(job)] = (isl, bool(parents), gen, self.items.start())
         return True
 
@@ -131,7 +157,7 @@ class Proposer:
     def _settle(self, item: int, action: Callable[[], None]) -> None:
         """A proposal that made no candidate: its claim ends and ``action`` runs on its turn."""
         def done() -> None:
-            self.claimed -= 1
+            self._claimed -= 1
             action()
         self.items.close(item, done)
 
@@ -149,8 +175,8 @@ class Proposer:
             if mut.is_exhaustive(self.mutator):
                 isl.exhausted = True  # None from an exhaustive mutator: nothing new here
             else:
-                self.failed_attempts += 1
-                self.fill_failures += 1
+                self._failed_attempts += 1
+                self._fill_failures += 1
                 if self.failed_attempts >= mut.failed_attempt_cap(self.mutator, self.max_evaluations):
                     self._stop(f"{self.failed_attempts} mutation attempts produced no child "
                                "(see llm_attempt events)", True)
@@ -160,7 +186,7 @@ class Proposer:
                                 island=isl.index, generation=gen, notes=prop.notes)
         if item is None or cand.id in self.seen:
             return self._record_child(isl, prop) and self._submit(cand, None)
-        self.claimed -= 1  # the claim becomes a proposed candidate
+        self._claimed -= 1  # the claim becomes a proposed candidate
         self.items.before(item, lambda: self._record_child(isl, prop) and None)  # ordered: on the item's turn
         return self._submit(cand, item)
 

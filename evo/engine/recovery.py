@@ -333,10 +333,10 @@ class GpuFaults:
 
     def probe(self, rt, g: int) -> None:
         """Ask GPU actor ``g`` a cheap question; it gets work again once it answers."""
-        actors = getattr(rt, "gpu_actors", None)
-        if not actors:  # a runtime without actor handles: nothing to probe
+        ref = rt.probe_gpu(g)
+        if ref is None:  # a runtime without an actor to ask: nothing to probe
             return
-        self.down[g] = rt.ask(actors[g], "worker")
+        self.down[g] = ref
 
     def probe_answered(self, rt, g: int, ref, *, n_gpus: int) -> GpuLost | None:
         """The probe of ``g`` (one of ``n_gpus``) came back: up again (None), probe again

@@ -13,7 +13,8 @@ and the topology lives in one place; what the engine may rely on is the
   by Ray if it dies; a threaded actor (``max_concurrency``: its correctness slots, one
   timing, one waiting), which schedules its GPU itself (evaluators.gpu_schedule). The engine
   keeps :attr:`Runtime.gpu_slots` requests on each.
-- islands: one :class:`~populations.actor.IslandActor` per island (``num_cpus=0``).
+- islands: one :class:`~populations.actor.IslandActor` per island (``num_cpus=0``), called
+  through its typed proxy, :class:`RayIsland`.
 
 ``Runtime.start`` starts a local Ray instance unless an address is given (``--address``,
 ``RAY_ADDRESS`` or ``ray.address`` in the config); only a runtime that started Ray shuts it
@@ -35,7 +36,7 @@ from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.core.records import Candidate
 from evo.engine.seams import CompileFn, Stages
 
-__all__ = ["Stages", "Runtime", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
+__all__ = ["Runtime", "RayIsland", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
 
 log = logging.getLogger(__name__)
 
@@ -286,29 +287,15 @@ class Runtime:
 
         return (RayActorError, RayTaskError, WorkerCrashedError)
 
-    def make_islands(self, specs: list) -> list:
-        """One IslandActor per ``populations.island.IslandSpec`` (CPU-free, restartable)."""
+    def probe_gpu(self, gpu: int):
+        return self.gpu_actors[gpu].worker.remote() if gpu < len(self.gpu_actors) else None
+
+    def make_islands(self, specs: list) -> list["RayIsland"]:
+        """One IslandActor per ``populations.island.IslandSpec`` (CPU-free, restartable), each
+        behind its :class:`RayIsland` proxy."""
         from populations.actor import make_island_actor
 
-        return [make_island_actor(s) for s in specs]
-
-    @staticmethod
-    def call(actor, method: str, *args, **kwargs):
-        return ray.get(getattr(actor, method).remote(*args, **kwargs))
-
-    @staticmethod
-    def ask(actor, method: str, *args, **kwargs):
-        """Start a call and return its reference (``get`` it later)."""
-        return getattr(actor, method).remote(*args, **kwargs)
-
-    @staticmethod
-    def cast(actor, method: str, *args, **kwargs) -> None:
-        """Fire and forget: calls from one caller to one actor still run in order."""
-        getattr(actor, method).remote(*args, **kwargs)
-
-    @staticmethod
-    def call_many(actors: list, method: str, *args, **kwargs) -> list:
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in actors])
+        return [RayIsland(make_island_actor(s)) for s in specs]
 
     def shutdown(self) -> None:
         for a in self.gpu_actors:
@@ -321,3 +308,39 @@ class Runtime:
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
             self.started_ray = False
+
+
+class RayIsland:
+    """The :class:`evo.engine.seams.IslandProxy` of an island actor on Ray: each method one
+    actor call (Ray runs one caller's calls to an actor in order). ``actor``: the Ray handle
+    (``ray.kill`` takes it)."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def add(self, member) -> None:
+        self.actor.add.remote(member)
+
+    def add_many(self, members) -> list[bool]:
+        return ray.get(self.actor.add_many.remote(members))
+
+    def parents(self, k: int) -> list:
+        return ray.get(self.actor.parents.remote(k))
+
+    def ask_parents(self, k: int):
+        return self.actor.parents.remote(k)
+
+    def record_child(self, parent_id: str) -> None:
+        self.actor.record_child.remote(parent_id)
+
+    def emigrants(self, n: int) -> list:
+        return ray.get(self.actor.emigrants.remote(n))
+
+    def immigrate(self, members) -> int:
+        return ray.get(self.actor.immigrate.remote(members))
+
+    def summary(self):
+        return ray.get(self.actor.summary.remote())
+
+    def ask_summary(self):
+        return self.actor.summary.remote()

@@ -10,7 +10,8 @@ every fake must pass:
   (ncu), and the fakes in ``tests/fakes/``; suites ``tests/conformance/
   test_stages_conformance.py`` and ``tests/gpu/test_stages_conformance_gpu.py``;
 - :class:`ClusterRuntime` (the work it submits, :class:`SubmittedWork`, and the islands it
-  hosts, :class:`IslandHost`): :class:`evo.engine.runtime.Runtime` (Ray) and
+  hosts, :class:`IslandHost`, each behind a typed :class:`IslandProxy`):
+  :class:`evo.engine.runtime.Runtime` (Ray) and
   :class:`evo.engine.local_runtime.LocalRuntime` (in-process: threads, fake GPUs, plain
   islands; the engine's tests); suite ``tests/conformance/test_runtime_conformance.py``;
 - :class:`StoreWriter`: :class:`evo.store.Store`; suite
@@ -34,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evo.core.records import Candidate, Evaluation, StageResult
+from evo.core.records import Candidate, Evaluation, Member, StageResult
 
-__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "Stages", "SubmittedWork", "IslandHost",
-           "ClusterRuntime", "StoreWriter"]
+__all__ = ["CompileResult", "CompileFn", "EvaluateFn", "ProfileFn", "Stages", "SubmittedWork", "IslandProxy",
+           "IslandHost", "ClusterRuntime", "StoreWriter"]
 
 
 # ---------------------------------------------------------------------- stage callables
@@ -131,7 +132,7 @@ class Stages:
 
     Lives here, beside the Protocols, so that a runtime without Ray
     (:mod:`evo.engine.local_runtime`) and the tests need not import :mod:`evo.engine.runtime`
-    (which imports Ray); that module re-exports it.
+    (which imports Ray).
 
     Tests inject fake stages (tests/fakes/: sleep + deterministic results) here; production
     uses :func:`evo.engine.runtime.real_stages`. Each passes tests/conformance/test_stages_conformance.py (the
@@ -154,25 +155,20 @@ class SubmittedWork(Protocol):
     Half of :class:`ClusterRuntime` (the other half: :class:`IslandHost`). Every member is
     called by the engine in the driver, from one thread.
 
-    *References.* ``submit_*`` (and :meth:`IslandHost.ask`) return an opaque, hashable
-    reference to a result that is not ready yet; the engine keeps them as dict keys, passes
-    them to :meth:`wait` and reads them with :meth:`get`. Nothing else may be assumed about
+    *References.* ``submit_*``, :meth:`probe_gpu` and the island proxies' ``ask_*`` return
+    an opaque, hashable reference to a result that is not ready yet; the engine keeps them
+    as dict keys, passes them to :meth:`wait` and reads them with :meth:`get`. Nothing else may be assumed about
     them (the Ray runtime: object references; the in-process one: futures).
 
     *Errors.* :meth:`remote_errors` names the exception types that mean "the remote side
     failed" (a worker process died, an actor is gone, or the remote function raised and
-    the error was shipped back). :meth:`get` (and :meth:`IslandHost.call`) raise those; the
-    engine decides what they mean (evo.engine.recovery). Errors the remote function raised
+    the error was shipped back). :meth:`get` (and :class:`IslandProxy`'s methods) raise
+    those; the engine decides what they mean (evo.engine.recovery). Errors the remote function raised
     arrive wrapped, with the original exception as ``cause`` (Ray's ``RayTaskError``) so
     that an :class:`~evaluators.base.InfrastructureError` can be found behind them. The
     types whose name contains ``Actor`` mean the actor itself is dead (an island actor is
     then rebuilt from the store).
     """
-
-    #: One handle per GPU actor, in GPU order (``len(gpu_actors) == n_gpus``). The engine
-    #: calls ``ask(gpu_actors[g], "worker")`` to probe a GPU whose actor died; it gets work
-    #: again once that answers. An empty sequence: nothing to probe.
-    gpu_actors: Sequence[Any]
 
     @property
     def n_gpus(self) -> int:
@@ -222,48 +218,86 @@ class SubmittedWork(Protocol):
         back to :meth:`submit_gpu` / :meth:`submit_profile` and tests it for truth."""
         ...
 
+    def probe_gpu(self, gpu: int) -> Any:
+        """Ask GPU actor ``gpu`` a cheap question (its worker's name); a reference to the
+        answer, or None when there is no actor to ask. The engine probes a GPU whose actor
+        died and gives it work again once the answer comes; :meth:`get` raises one of
+        :meth:`remote_errors` while it is still down. Must not block."""
+        ...
+
     def remote_errors(self) -> tuple[type[BaseException], ...]:
-        """The exception types :meth:`get` and :meth:`call` raise for remote failures (a
-        non-empty tuple; the same on every call)."""
+        """The exception types :meth:`get` and the island proxies raise for remote failures
+        (a non-empty tuple; the same on every call)."""
+        ...
+
+
+@runtime_checkable
+class IslandProxy(Protocol):
+    """One hosted island, called by typed methods (the driver's handle of a
+    :class:`populations.actor.IslandActor`; the Ray runtime's proxies an actor, the
+    in-process one the object itself).
+
+    Calls from the driver to one island run in the order they were made, whatever their kind:
+    a member sent with :meth:`add` is in the island before the next :meth:`parents` answers.
+    A method that waits for its answer raises one of :meth:`SubmittedWork.remote_errors` when
+    the island failed; a type whose name contains ``Actor`` means the island is dead (the
+    engine then rebuilds it from the store). ``ask_*`` return a reference for
+    :meth:`SubmittedWork.get` / :meth:`SubmittedWork.wait` and never block; :meth:`add` and
+    :meth:`record_child` are fire-and-forget (an error there is lost, and the next call that
+    waits reports a dead island).
+    """
+
+    def add(self, member: Member) -> None:
+        """Send an evaluated member to the island (fire and forget, ordered)."""
+        ...
+
+    def add_many(self, members: Sequence[Member]) -> list[bool]:
+        """Add every member (a restored island's members); which of them were new."""
+        ...
+
+    def parents(self, k: int) -> list[Member]:
+        """``k`` parents chosen by the island's selector ([] while it has no member)."""
+        ...
+
+    def ask_parents(self, k: int) -> Any:
+        """:meth:`parents`, started now: a reference to its answer."""
+        ...
+
+    def record_child(self, parent_id: str) -> None:
+        """Tell the island that ``parent_id`` made a child (fire and forget, ordered)."""
+        ...
+
+    def emigrants(self, n: int) -> list[Member]:
+        """Up to ``n`` members to send to the next island of the ring."""
+        ...
+
+    def immigrate(self, members: Sequence[Member]) -> int:
+        """Take members from another island; how many joined."""
+        ...
+
+    def summary(self) -> Any:
+        """The island's :class:`populations.island.IslandSummary`."""
+        ...
+
+    def ask_summary(self) -> Any:
+        """:meth:`summary`, started now: a reference to its answer (the engine asks every
+        island at once, then reads them)."""
         ...
 
 
 @runtime_checkable
 class IslandHost(Protocol):
-    """The islands the cluster hosts: one actor per island, called by name with
-    :class:`populations.actor.IslandActor`'s methods.
+    """The islands the cluster hosts: one :class:`IslandProxy` per island.
 
     Half of :class:`ClusterRuntime` (the other half: :class:`SubmittedWork`, whose
-    :meth:`~SubmittedWork.wait` and :meth:`~SubmittedWork.get` read what :meth:`ask`
-    returns, and whose :meth:`~SubmittedWork.remote_errors` :meth:`call` raises). The engine
-    also uses :meth:`ask` to probe a GPU actor (``ask(gpu_actors[g], "worker")``). Every member
-    is called by the engine in the driver, from one thread.
+    :meth:`~SubmittedWork.wait` and :meth:`~SubmittedWork.get` read what the proxies'
+    ``ask_*`` return, and whose :meth:`~SubmittedWork.remote_errors` the proxies raise). Called
+    by the engine in the driver, from one thread.
     """
 
-    def make_islands(self, specs: list) -> list:
-        """One island actor per :class:`populations.island.IslandSpec`, in order. Called once
-        per island at the start of a run and again for each island actor that died. The
-        actors answer :class:`populations.actor.IslandActor`'s methods."""
-        ...
-
-    def call(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``actor.method(*args)`` and wait for its answer; raises
-        :meth:`SubmittedWork.remote_errors`."""
-        ...
-
-    def ask(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Start ``actor.method(*args)``; a reference to its answer (for
-        :meth:`SubmittedWork.get` or :meth:`SubmittedWork.wait`). Must not block."""
-        ...
-
-    def cast(self, actor: Any, method: str, *args: Any, **kwargs: Any) -> None:
-        """Start ``actor.method(*args)`` and forget it. Calls from the driver to one actor
-        (``cast``, ``call``, ``ask``) run in the order they were made: a member cast with
-        ``add`` is in the island before the next ``call(actor, "parents")`` answers."""
-        ...
-
-    def call_many(self, actors: list, method: str, *args: Any, **kwargs: Any) -> list:
-        """:meth:`call` on every actor at once; the answers in the order of ``actors``."""
+    def make_islands(self, specs: list) -> list[IslandProxy]:
+        """One island per :class:`populations.island.IslandSpec`, in order. Called once per
+        island at the start of a run and again for each island that died."""
         ...
 
 

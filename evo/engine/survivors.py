@@ -19,7 +19,7 @@ clock, tested exhaustively. :class:`Survivors` holds the run's rankings and stud
 answers the engine with decisions (:class:`ProfileJob` to queue, trial candidates to submit)
 and writes its own records (profiles, tuning trials and their events) through the store
 writer (:class:`evo.engine.seams.StoreWriter`). Settings are duck-typed
-(``evaluators.profile.ProfileSettings`` and ``evo.tuning.tuning.TuningSettings`` fit), so the rules
+(``evaluators.profile.ProfileSettings`` and ``evo.tuning.tuning_settings.TuningSettings`` fit), so the rules
 import neither ncu nor Optuna code.
 
 Why delayed profiling: ncu costs seconds to tens of seconds per candidate (the kernel is

@@ -7,7 +7,8 @@ One writer, many readers:
 ``writer.py``     :class:`Store`, the single writer of a run (the search driver): every write
                   method, transactions, the run's writer lease, ending a failed run.
 ``reader.py``     :class:`StoreReader`, every query; any number of processes read at once.
-                  ``Store`` is a ``StoreReader`` plus the writes, so both read the same way.
+                  ``Store`` holds one over its own connection (``store.reader``) and answers
+                  every read through it, so both read the same way.
 ``lease.py``      one writer per run: an exclusive ``flock`` on ``<db>.leases/<run>.lock``.
 ``schema.py``     the ordered migrations that build the schema; version checks and migrating.
 ``rows.py``       records <-> rows (JSON columns, times, NaN), run ids.

@@ -7,8 +7,9 @@ creates and never migrates it. Every multi-query read runs inside one read trans
 (:meth:`StoreReader._snapshot`), so a reader sees a consistent snapshot: never a candidate
 without its source, never an evaluation summary without all of its stage rows. SQLite's
 "damaged page" errors become one :class:`~evo.store.errors.CorruptDatabaseError` line with
-the recovery command. The writer (:class:`evo.store.Store`) is this class plus the write
-methods, so it reads exactly the same way.
+the recovery command. The writer (:class:`evo.store.Store`) holds one of these over its own
+connection (:meth:`StoreReader._of_writer`) and answers every read through it, so it reads
+exactly the same way.
 """
 
 from __future__ import annotations
@@ -53,13 +54,26 @@ class StoreReader:
     def __init__(self, path: str | os.PathLike[str]):
         self._open(path, readonly=True)
 
-    def _open(self, path: str | os.PathLike[str], *, readonly: bool) -> None:
+    @classmethod
+    def _of_writer(cls, path: str | os.PathLike[str], *, readonly: bool, migrations: tuple[Migration, ...],
+                   leases: dict[str, "_lease.RunLease"]) -> "StoreReader":
+        """The reader a writer (:class:`evo.store.Store`) holds: it opens the writer's one
+        connection (writable unless ``readonly``; created and migrated to ``migrations``),
+        so reads inside the writer's transaction see its writes, and it sees the run leases
+        the writer holds (``leases``, the writer's own dict) as live."""
+        reader = cls.__new__(cls)
+        reader.migrations = migrations
+        reader._open(path, readonly=readonly, leases=leases)
+        return reader
+
+    def _open(self, path: str | os.PathLike[str], *, readonly: bool,
+              leases: dict[str, "_lease.RunLease"] | None = None) -> None:
         self.path = str(path)
         self.readonly = readonly
         self.code_version = check_migrations(self.migrations)
         self._lock = threading.RLock()
         self._closed = False
-        self._leases: dict[str, _lease.RunLease] = {}  # only a writer takes leases
+        self._leases: dict[str, _lease.RunLease] = {} if leases is None else leases  # a writer's, else none
         self._conn = connect(self.path, readonly=readonly)
         try:
             self.db = sqlite_utils.Database(self._conn)

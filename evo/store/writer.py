@@ -11,7 +11,8 @@ Concurrency model (the contract every caller relies on):
   transactions start with ``BEGIN IMMEDIATE`` so a second writing connection (another run's
   driver on the same file) waits on ``busy_timeout`` instead of failing half-way.
 * **Many readers** (:class:`~evo.store.reader.StoreReader`; ``Store(path, readonly=True)``
-  is the same view with write methods that raise :class:`ReadOnlyStoreError`).
+  reads the same way, through the reader it holds, with write methods that raise
+  :class:`ReadOnlyStoreError`).
 * **Durability.** ``synchronous=FULL``: a transaction that returned is on disk; a writer
   killed mid-transaction (SIGKILL, OOM) loses that transaction only, never a committed one.
 * **No phantom runs.** A run whose start or search raised is ended by
@@ -22,6 +23,7 @@ Concurrency model (the contract every caller relies on):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -38,14 +40,14 @@ from evo.store.rows import dumps as _dumps
 from evo.store.rows import float_or_none as _float_or_none
 from evo.store.rows import new_run_id
 from evo.store.rows import now as _now
-from evo.store.schema import RUN_STATUSES
+from evo.store.schema import MIGRATIONS, RUN_STATUSES, Migration
 
-__all__ = ["Store"]
+__all__ = ["Store", "READS"]
 
 log = logging.getLogger(__name__)
 
 
-class Store(StoreReader):
+class Store:
     """The lineage database's writer (see the module docstring for the concurrency model).
 
     ``Store(path)`` opens (creating if needed) and migrates the database for writing;
@@ -53,28 +55,81 @@ class Store(StoreReader):
     Usable as a context manager; :meth:`close` also releases the run leases it holds. All
     methods are thread-safe (one lock per store), but the design has one writing store per
     run, owned by the search driver.
+
+    It *holds* a reader (:attr:`reader`, a :class:`~evo.store.reader.StoreReader` over the
+    same connection) rather than being one: every public read of the reader
+    (:data:`READS`) is answered by it, so ``store.candidates(run)`` reads as before, and code
+    that only reads can be handed ``store.reader``. ``migrations`` (a subclass may extend
+    them; tests do) are the schema the store creates and reads.
     """
 
+    migrations: tuple[Migration, ...] = MIGRATIONS
+
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False):
-        self._open(path, readonly=readonly)
+        self._leases: dict[str, _lease.RunLease] = {}
+        #: the reader over this store's connection (it sees the leases this store holds)
+        self.reader = StoreReader._of_writer(path, readonly=readonly, migrations=self.migrations,
+                                             leases=self._leases)
 
     @classmethod
     def open_reader(cls, path: str | os.PathLike[str]) -> "Store":
         """Open an existing database read-only (never creates, never migrates)."""
         return cls(path, readonly=True)
 
+    # ---- the connection, the reader's -----------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self.reader.path
+
+    @property
+    def readonly(self) -> bool:
+        return self.reader.readonly
+
+    @property
+    def code_version(self) -> int:
+        return self.reader.code_version
+
+    @property
+    def db(self):
+        """The ``sqlite_utils.Database`` over the connection."""
+        return self.reader.db
+
+    @property
+    def schema_version(self) -> int:
+        return self.reader.schema_version
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        return self.reader._conn
+
+    @property
+    def _lock(self):
+        return self.reader._lock
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "ro" if self.readonly else "rw"
+        return f"{type(self).__name__}({self.path!r}, {mode}{', closed' if self.reader._closed else ''})"
+
     def close(self) -> None:
         """Close the connection (idempotent; an open transaction is rolled back), then
         release every run lease this store holds."""
         try:
-            super().close()
+            self.reader.close()
         finally:
-            leases, self._leases = self._leases, {}
-            for held in leases.values():
+            leases = list(self._leases.values())
+            self._leases.clear()  # the reader's view of them too (one dict)
+            for held in leases:
                 held.release()
 
     def _check_writable(self, what: str) -> None:
-        self._check_open()
+        self.reader._check_open()
         if self.readonly:
             raise ReadOnlyStoreError(
                 f"cannot {what}: lineage store {self.path} was opened read-only; only the "
@@ -162,11 +217,11 @@ class Store(StoreReader):
             if rid is None:
                 for _ in range(50):
                     rid = new_run_id()
-                    if not self._run_exists(rid):
+                    if not self.reader._run_exists(rid):
                         break
                 else:  # pragma: no cover - 65536 ids per minute
                     raise RunExistsError("could not draw an unused run id; pass run_id=")
-            elif self._run_exists(rid):
+            elif self.reader._run_exists(rid):
                 raise RunExistsError(
                     f"run {rid!r} already exists in {self.path}; pick another id or resume it"
                 )
@@ -195,7 +250,7 @@ class Store(StoreReader):
         if reason:
             payload["reason"] = str(reason)[:4000]
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             self._conn.execute("UPDATE runs SET status = ?, updated = ? WHERE id = ?", [status, _now(), run_id])
             self._event(run_id, "run_status", payload)
 
@@ -210,7 +265,7 @@ class Store(StoreReader):
         (a full or damaged disk) must not hide ``exc``, so it is logged instead.
         """
         held = self._leases.get(run_id)
-        if held is None or not held.held or self._closed or self.readonly:
+        if held is None or not held.held or self.reader._closed or self.readonly:
             return None
         interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
         status = "interrupted" if interrupted else "failed"
@@ -242,8 +297,8 @@ class Store(StoreReader):
             held = self._leases.get(run_id)
             if held is not None and held.held:
                 return held.holder
-            with self._snapshot():
-                self._require_run(run_id)
+            with self.reader._snapshot():
+                self.reader._require_run(run_id)
             got = _lease.RunLease.acquire(self.path, run_id)
             self._leases[run_id] = got
         prev = got.previous
@@ -293,7 +348,7 @@ class Store(StoreReader):
             raise ValueError("candidate has an empty id; build it with Candidate.create(...)")
         self._check_writable("add a candidate")
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             sha = source_sha(c.source)
             self._conn.execute(
                 "INSERT OR IGNORE INTO sources (sha, text, bytes) VALUES (?, ?, ?)",
@@ -328,7 +383,7 @@ class Store(StoreReader):
         """
         self._check_writable("add an evaluation")
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             if self._conn.execute("SELECT 1 FROM candidates WHERE id = ?", [ev.candidate_id]).fetchone() is None:
                 raise UnknownIdError(
                     f"cannot record an evaluation of unknown candidate {ev.candidate_id[:16]!r}: "
@@ -386,7 +441,7 @@ class Store(StoreReader):
         cols = ["run_id", "created", *fields]
         self._check_writable("record an LLM call")
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             cur = self._conn.execute(
                 f"INSERT INTO llm_calls ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                 [run_id, _now(), *fields.values()],
@@ -409,7 +464,7 @@ class Store(StoreReader):
         self._check_writable("record a tuning trial")
         now = _now()
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             self._conn.execute(
                 "INSERT INTO tuning_trials (run_id, parent_id, trial, params, value, status, candidate_id, "
                 "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -435,7 +490,7 @@ class Store(StoreReader):
         self._check_writable("set a champion")
         gain = confirmation.get("gain") or {}
         with self.transaction():
-            self._require_run(run_id)
+            self.reader._require_run(run_id)
             if self._conn.execute("SELECT 1 FROM candidates WHERE id = ?", [cid]).fetchone() is None:
                 raise UnknownIdError(f"cannot crown unknown candidate {cid[:16]!r}: add it first", query=cid)
             conf = _dumps(dict(confirmation))
@@ -468,5 +523,25 @@ class Store(StoreReader):
         self._check_writable("log an event")
         with self.transaction():
             if run_id is not None:
-                self._require_run(run_id)
+                self.reader._require_run(run_id)
             return self._event(run_id, kind, payload or {})
+
+
+#: The reader's public reads, each answered by :attr:`Store.reader` (a method of the same
+#: name, signature and docstring on :class:`Store`).
+READS: tuple[str, ...] = tuple(n for n, v in vars(StoreReader).items()
+                               if not n.startswith("_") and callable(v) and n != "close")
+
+
+def _read(name: str):
+    method = getattr(StoreReader, name)
+
+    @functools.wraps(method)
+    def read(self: Store, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.reader, name)(*args, **kwargs)
+
+    return read
+
+
+for _name in READS:
+    setattr(Store, _name, _read(_name))

@@ -66,10 +66,8 @@ from optuna.trial import TrialState
 
 from evo.core.records import Candidate, Evaluation, Operator, canonical_params
 from evo.core.tunables import TunableError, constraint_checker, parse_tunables, resolve_params, violated_constraints
-from evo.tuning.tuning_settings import TuningSettings  # the [tuning] record; defined apart so evo.config need not import Optuna
 
 __all__ = [
-    "TuningSettings",
     "TuningError",
     "TrialRecord",
     "TuneSummary",

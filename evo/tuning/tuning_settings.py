@@ -1,8 +1,8 @@
 """The record of config section ``[tuning]``: :class:`TuningSettings`.
 
-It lives apart from :mod:`evo.tuning.tuning` (which re-exports it) because :mod:`evo.config`
-composes it into the config and must not import Optuna to do so. Its config keys are the
-``config_key`` fields (default and bounds declared once, see :mod:`evo.core.settings`).
+It lives apart from :mod:`evo.tuning.tuning` because :mod:`evo.config` composes it into the
+config and must not import Optuna to do so. Its config keys are the ``config_key`` fields
+(default and bounds declared once, see :mod:`evo.core.settings`).
 """
 
 from __future__ import annotations

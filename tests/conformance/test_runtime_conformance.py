@@ -20,7 +20,7 @@ from evaluators.base import CompileSettings, HarnessSettings, InfrastructureErro
 from evo.engine.local_runtime import LocalRuntime
 from evo.engine.recovery import infra_cause
 from evo.core.records import Candidate, Evaluation, Member, StageResult, Status
-from evo.engine.seams import ClusterRuntime, CompileResult, IslandHost, Stages, SubmittedWork
+from evo.engine.seams import ClusterRuntime, CompileResult, IslandHost, IslandProxy, Stages, SubmittedWork
 from fakes import stages as fake
 
 try:
@@ -74,12 +74,12 @@ def rt(request):
     ray.shutdown()
 
 
-def _kill(rt, actor) -> None:
-    """Kill an actor for good, as each runtime's tests can."""
+def _kill(rt, island) -> None:
+    """Kill an island's actor for good, as each runtime's tests can."""
     if isinstance(rt, LocalRuntime):
-        rt.kill(actor)
+        rt.kill(island)
     else:
-        ray.kill(actor, no_restart=True)
+        ray.kill(island.actor, no_restart=True)
 
 
 def _built(rt, cand: Candidate) -> bytes:
@@ -92,8 +92,10 @@ def test_it_is_a_cluster_runtime_with_its_gpus_and_cpus(rt):
     assert isinstance(rt, ClusterRuntime) and isinstance(rt, SubmittedWork) and isinstance(rt, IslandHost)
     assert rt.n_gpus == len(rt.gpu_actors) == 2
     assert rt.n_cpus >= 1 and rt.n_cpus == rt.n_cpus
-    for a in rt.gpu_actors:  # the probe the engine sends to a GPU actor that died
-        assert isinstance(rt.get(rt.ask(a, "worker")), str)
+    # islands are called through their typed proxies, never by method name on the runtime
+    assert not [m for m in ("call", "ask", "cast", "call_many") if hasattr(rt, m)]
+    for g in range(rt.n_gpus):  # the probe the engine sends to a GPU actor that died
+        assert isinstance(rt.get(rt.probe_gpu(g)), str)
 
 
 def test_submit_compile_returns_a_reference_to_the_compile_result(rt):
@@ -171,27 +173,30 @@ def test_island_actors_answer_in_call_order(rt):
 
     specs = [IslandSpec(index=i, task="synthetic_a", capacity=4, seed=i) for i in range(2)]
     a, b = rt.make_islands(specs)
+    assert isinstance(a, IslandProxy) and isinstance(b, IslandProxy)
     member = Member(candidate=_cand(), fitness=1.2, status=Status.OK)
-    rt.cast(a, "add", member)  # fire and forget, yet before the next call to the same actor
-    assert rt.call(a, "summary").size == 1
-    ref = rt.ask(a, "parents", 1)
-    assert [p.id for p in rt.get(ref)] == [member.id]
-    assert [s.index for s in rt.call_many([b, a], "summary")] == [1, 0]
-    assert rt.call_many([b, a], "summary")[0].size == 0
+    a.add(member)  # fire and forget, yet before the next call to the same island
+    assert a.summary().size == 1
+    ref = a.ask_parents(1)
+    assert [p.id for p in rt.get(ref)] == [member.id] == [p.id for p in a.parents(1)]
+    assert [rt.get(r).index for r in (b.ask_summary(), a.ask_summary())] == [1, 0]
+    a.record_child(member.id)
+    assert b.immigrate(a.emigrants(1)) == 1 and b.summary().size == 1
+    assert b.add_many([member]) == [False], "already there"
 
 
 def test_a_dead_island_actor_raises_an_actor_error(rt):
     from populations.island import IslandSpec
 
-    (actor,) = rt.make_islands([IslandSpec(index=0, task="synthetic_a", capacity=4)])
-    assert rt.call(actor, "summary").size == 0
-    _kill(rt, actor)
+    (island,) = rt.make_islands([IslandSpec(index=0, task="synthetic_a", capacity=4)])
+    assert island.summary().size == 0
+    _kill(rt, island)
     # ray.kill is asynchronous: a call sent right after it may still be served by the
     # living actor (seen once in CI). The contract is that calls fail once it is dead.
     deadline = time.monotonic() + 30.0
     with pytest.raises(rt.remote_errors()) as e:
         while time.monotonic() < deadline:
-            rt.call(actor, "summary")
+            island.summary()
             time.sleep(0.05)
     assert "Actor" in type(e.value).__name__, "the engine tells a dead actor from a failed method by the name"
     assert any("Actor" in t.__name__ and isinstance(e.value, t) for t in rt.remote_errors())
