@@ -43,6 +43,7 @@ class Budget:
         self.max_usd = max_usd
         self._spent = float(spent)
         self._reserved = 0.0
+        self._waiting = 0
         self._cond = threading.Condition(threading.Lock())
 
     @property
@@ -55,6 +56,12 @@ class Budget:
         """USD held by requests in flight (their worst case)."""
         with self._cond:
             return self._reserved
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in :meth:`reserve` for reservations in flight to settle."""
+        with self._cond:
+            return self._waiting
 
     @property
     def remaining(self) -> float | None:
@@ -99,7 +106,11 @@ class Budget:
                 if self._spent + self._reserved + worst <= self.max_usd or self._reserved <= 0:
                     self._reserved += worst
                     return worst
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
 
     def settle(self, held: float, usd: float) -> None:
         """Release a reservation of ``held`` USD and charge what the request cost."""
