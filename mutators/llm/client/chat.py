@@ -1,13 +1,20 @@
-"""A chat-completions client for any OpenAI-compatible endpoint, with observable retries.
+"""A client for any OpenAI-compatible endpoint (chat completions, or OpenAI's Responses
+API), with observable retries.
 
 :class:`LLMClient` talks to OpenAI, vLLM, Ollama, a llama.cpp server or the local
 :mod:`mutators.llm.replay.fake_server` through the ``openai`` package (``base_url`` + ``model`` + a key
 read from the environment variable a :class:`ModelSpec` names). The ``openai`` client is built
 with ``max_retries=0``: retries happen here so that every attempt, wait and failure is visible
 in the returned :class:`LLMCall` and in the logs. What a request carries is
-:meth:`ModelSpec.request_fields` (``max_output_tokens`` as ``max_tokens`` or
-``max_completion_tokens``, sampling fields only when set, ``extra_body`` passthrough,
-streaming).
+:meth:`ModelSpec.request_fields` for chat completions (``max_output_tokens`` as ``max_tokens``
+or ``max_completion_tokens``, sampling fields only when set, ``extra_body`` passthrough,
+streaming) and :func:`mutators.llm.client.responses.responses_body` for the Responses API.
+
+Which API (:meth:`LLMClient.api_for`): the model's ``api``; for ``auto``, chat completions
+until the endpoint answers a chat request with "only supported in v1/responses" (404, or
+400): the same request then goes to the Responses API at once (not counted as a retry) and
+every later request of that model goes there. A model pinned to ``chat`` gets a
+``[fatal:wrong_api]`` call instead, naming the fix.
 
 Contract of :meth:`LLMClient.complete`:
 
@@ -18,27 +25,36 @@ Contract of :meth:`LLMClient.complete`:
   ``[fatal:<kind>]`` in ``error`` (:data:`mutators.llm.client.calls.FATAL_KINDS`; :func:`classify_http_error`), so
   the caller can stop that model (:mod:`mutators.llm.client.health`);
 - it raises only :class:`mutators.llm.client.budget.BudgetExhausted` (the shared
-  :class:`mutators.llm.client.budget.Budget` is spent; raised *before* anything is sent, so the
-  engine stops proposing) and :class:`mutators.llm.client.model_spec.LLMConfigError` (a
-  misconfigured model, e.g. its key variable is unset);
-- every returned call is also handed to the ``sink`` (the engine writes it to ``llm_calls``);
+  :class:`mutators.llm.client.budget.Budget` has no room for the request's worst case;
+  raised *before* anything is sent, so the engine stops proposing) and
+  :class:`mutators.llm.client.model_spec.LLMConfigError` (a misconfigured model, e.g. its
+  key variable is unset). Each attempt reserves its worst case (:meth:`worst_cost`) before
+  it is sent and settles it with its cost after; a retry the budget has no room for is not
+  sent (the call fails, saying so);
+- every returned call is also handed to the ``sink`` (the engine writes it to ``llm_calls``,
+  with its finish reason, reasoning and cached tokens, retries and request settings);
 - at most ``concurrency`` requests are on the wire at once (a bounded semaphore; a model's
   own ``concurrency`` caps it further), so the client can be shared by threads;
-- costs count every attempt the endpoint processed: the reported usage, or, for an attempt
-  that timed out (or was cut mid-stream) and for an answer without a usage report, an
-  estimate from the characters sent and received (:func:`estimate_tokens`);
-- the answer is ``message.content`` only; ``reasoning_content`` (vLLM, DeepSeek) is counted
-  for cost when no usage is reported and never returned as the answer.
+- costs count every attempt the endpoint processed: the reported usage (cached prompt
+  tokens at the model's cached-input price), or, for an attempt that timed out (or was cut
+  mid-stream) and for an answer without a usage report, an estimate from the characters
+  sent and received (:func:`estimate_tokens`);
+- the answer is ``message.content`` (Responses API: the ``output_text`` parts) only;
+  ``reasoning_content`` (vLLM, DeepSeek) and reasoning summaries are counted for cost when
+  no usage is reported and never returned as the answer.
 
-Retry policy: 429 (waits the ``Retry-After`` seconds when the header is given, capped at
-``retry_after_max_s``; a 429 for an exhausted quota is fatal), 5xx, 408, 409, connection
-errors, timeouts, broken streams and invalid JSON are retried up to ``max_attempts``
-attempts in total, with exponential backoff ``backoff_base_s * 2**(k-1)`` (capped at
-``backoff_max_s``) stretched by a jitter factor in ``[1, 1 + jitter)`` drawn from the
-injected ``random.Random``. Other 4xx answers (bad request, auth, unknown model) are not
-retried: sending the same request again cannot fix them.
+Retry policy: 429 (waits ``retry-after-ms`` / ``Retry-After`` when the server gives it,
+capped at ``retry_after_max_s``; a 429 for an exhausted quota is fatal), 5xx, 408, 409,
+connection errors, timeouts, broken streams and invalid JSON are retried up to
+``max_attempts`` attempts in total, with exponential backoff ``backoff_base_s * 2**(k-1)``
+(capped at ``backoff_max_s``) stretched by a jitter factor in ``[1, 1 + jitter)`` drawn from
+the injected ``random.Random``; the wait holds no reservation and no slot on the wire.
+Attempts the endpoint processed without answering (a timeout, a stream cut mid-way) of a
+reasoning model (``ModelSpec.reasoning_model``) are retried at most
+:data:`REASONING_COSTLY_RETRIES` time: each pays for the whole prompt and reasoning again.
+Other 4xx answers (bad request, auth, unknown model) are not retried: sending the same
+request again cannot fix them.
 """
-
 from __future__ import annotations
 
 import contextlib

@@ -19,10 +19,25 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
   ``"choices": []`` and the usage (every other chunk then has ``"usage": null``), then
   ``data: [DONE]``. ``stream_stall_s`` on an entry stalls the stream half way (a timeout
   mid-stream).
+- ``POST /v1/responses``: OpenAI's Responses API. ``instructions`` and ``input`` are read as
+  the messages (so cassette entries match them by the same prompt hash); the answer is a
+  ``response`` object whose ``output`` holds a ``reasoning`` item (the entry's reasoning as
+  a summary) and a ``message`` item with one ``output_text`` part; ``finish_reason``
+  ``length`` is ``status: incomplete`` with ``incomplete_details.reason:
+  max_output_tokens``; usage ``input_tokens`` (``input_tokens_details.cached_tokens``),
+  ``output_tokens`` (``output_tokens_details.reasoning_tokens``). Streamed: ``event:``/
+  ``data:`` pairs (``response.created``, ``response.output_text.delta``...,
+  ``response.completed`` or ``response.incomplete`` with the whole response).
+- ``responses_only`` models: a chat-completions request for one is a 404 with
+  api.openai.com's body ("This model is only supported in v1/responses and not in
+  v1/chat/completions.", param ``model``).
+- An entry's ``cached_tokens`` is reported as cached prompt tokens
+  (``prompt_tokens_details.cached_tokens``; Responses: ``input_tokens_details``).
 - Only paths under ``/v1`` are served; any other (a base_url without ``/v1``) is a 404 with
   the server's body (vLLM: ``{"detail": "Not Found"}``; OpenAI: ``Invalid URL (POST
   /chat/completions)``).
-- ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``.
+- ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``; in the
+  ``vllm`` dialect each entry carries ``max_model_len`` (``context_tokens``), as vLLM's does.
 
 Dialects (how strictly requests are checked, and which error bodies are sent):
 
@@ -32,7 +47,12 @@ Dialects (how strictly requests are checked, and which error bodies are sent):
   ``unsupported_parameter`` ("Use 'max_completion_tokens' instead."), a temperature other
   than 1 is 400 ``unsupported_value``, ``top_p`` is 400 ``unsupported_parameter``; for other
   models ``reasoning_effort`` is 400 ``unsupported_parameter``. ``stream_options`` without
-  ``stream`` is 400. Bodies are ``{"error": {"message", "type", "param", "code"}}``.
+  ``stream`` is 400. Bodies are ``{"error": {"message", "type", "param", "code"}}``. On the
+  Responses API: an unknown field (``max_tokens``, ``messages``...) is 400 ``Unknown
+  parameter: 'X'.`` (``unknown_parameter``); ``reasoning`` for a model that does not reason,
+  and ``temperature`` / ``top_p`` for one that does, are 400 ``unsupported_parameter``;
+  over the window it is 400 ``context_length_exceeded`` ("Your input exceeds the context
+  window of this model.").
 - ``vllm``: like ``vllm serve``: any sampling fields (``chat_template_kwargs``, ``top_k``...);
   error bodies ``{"object": "error", "message", "type", "param", "code"}``.
 
