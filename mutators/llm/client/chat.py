@@ -578,12 +578,14 @@ class LLMClient:
             if model.stream:
                 stream = client.responses.create(model=model.model, input=body["input"], stream=True,
                                                  extra_body=extra, timeout=timeout)  # type: ignore[arg-type]
+                nbytes = 0
                 try:
                     for event in stream:
                         typ = getattr(event, "type", "")
                         if typ == "response.output_text.delta":
                             parts.append(str(getattr(event, "delta", "") or ""))
-                            if sum(len(p) for p in parts) > self.max_response_bytes:
+                            nbytes += len(parts[-1].encode("utf-8"))
+                            if nbytes > self.max_response_bytes:
                                 break
                         elif typ in ("response.completed", "response.incomplete", "response.failed"):
                             resp = getattr(event, "response", None)
@@ -610,8 +612,9 @@ class LLMClient:
             self._charge_unanswered(exc, msgs, "".join(parts), "", usage)
             raise self._translate(exc, timeout, streamed=len(parts), base_url=model.base_url) from None
         if not isinstance(data, dict):
-            if parts:  # a stream that ended without its final event
+            if parts:  # a stream cut off here (over the size cap), or one that ended without its final event
                 self._estimate(msgs, "".join(parts), "", usage)
+                self._check_size("".join(parts))
                 raise _Retryable(f"stream ended after {len(parts)} chunks without response.completed", costly=True)
             raise _Retryable(f"response body is not a Responses API object: {str(data)[:120]!r}")
         ans = read_response(data)
