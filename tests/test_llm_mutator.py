@@ -236,9 +236,10 @@ def test_duplicate_child_is_rejected(rig_factory):
 
 
 def test_budget_exhaustion_stops_calls(rig_factory):
-    budget = Budget(max_usd=0.001)
-    rig = rig_factory([{"response": PATCH, "tokens_in": 1000, "tokens_out": 0, "repeat": True}], budget=budget)
-    # $1/Mtok in: each call costs $0.001
+    budget = Budget(max_usd=0.05)
+    rig = rig_factory([{"response": PATCH, "tokens_in": 1000, "tokens_out": 8000, "repeat": True}], budget=budget)
+    # $1/Mtok in, $4/Mtok out: a call costs $0.033; its worst case (the prompt counted high plus
+    # 8192 output tokens, ~$0.036) fits the budget once, not after one call was paid
     assert rig.propose([FIXED]) is not None
     with pytest.raises(BudgetExhausted):
         rig.propose([FIXED])

@@ -135,6 +135,8 @@ def fake_llm(
     context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="Answer 400 over this window."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Answer 401 unless this bearer token is sent."),
     models: str = typer.Option("", "--models", help="Comma-separated model ids served (others: 404)."),
+    responses_only: str = typer.Option("", "--responses-only",
+                                       help="Comma-separated model ids served only by /v1/responses."),
 ) -> None:
     """Serve a cassette as a local OpenAI-compatible endpoint (demos and tests; no model).
 
@@ -150,7 +152,7 @@ def fake_llm(
     if dialect not in DIALECTS:
         _fail(f"--dialect {dialect}: unknown; known: {', '.join(DIALECTS)}")
     argv = ["--cassette", str(cassette), "--port", str(port), "--host", host, "--dialect", dialect,
-            "--models", models]
+            "--models", models, "--responses-only", responses_only]
     argv += ["--context-tokens", str(context_tokens)] if context_tokens is not None else []
     argv += ["--api-key", api_key] if api_key is not None else []
     raise typer.Exit(serve(argv))

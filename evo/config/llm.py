@@ -15,7 +15,11 @@ class LLMModelConfig(Section):
     """One ``[[llm.models]]`` entry: an OpenAI-compatible endpoint and model.
 
     The API key is read from the environment variable named by ``key_env`` (never from the
-    file); local endpoints (127.0.0.1/localhost) may leave it unset.
+    file); local endpoints (127.0.0.1/localhost) may leave it unset. ``max_output_tokens``
+    and ``timeout_s`` left unset take the defaults of the model's kind (a reasoning model's
+    are larger; ``reasoning_model`` unset means detected from ``model`` and
+    ``reasoning_effort``); ``api`` picks chat completions, the Responses API, or ``auto``
+    (docs/llm.md).
     """
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -25,7 +29,8 @@ class LLMModelConfig(Section):
     weight: float = Field(1.0, ge=0)
     price_in_per_mtok: float = Field(0.0, ge=0)
     price_out_per_mtok: float = Field(0.0, ge=0)
-    max_output_tokens: int = Field(8192, ge=1)
+    price_cached_input_per_mtok: float | None = Field(None, ge=0)
+    max_output_tokens: int | None = Field(None, ge=1)
     token_param: Literal["auto", "max_tokens", "max_completion_tokens"] = "auto"
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -35,13 +40,22 @@ class LLMModelConfig(Section):
     stream: bool = False
     timeout_s: float | None = Field(None, gt=0)
     concurrency: int | None = Field(None, ge=1, le=256)
+    api: Literal["auto", "chat", "responses"] = "auto"
+    reasoning_model: bool | None = None
 
 
 def _check_llm_model(i: int, m: LLMModelConfig) -> str | None:
     """The first cross-key problem of ``[[llm.models]]`` entry ``i`` (None if fit)."""
-    from mutators.llm.client.model_spec import RESERVED_BODY_KEYS, is_openai_reasoning_model  # lazy: imports openai
+    from mutators.llm.client.model_spec import (  # lazy: imports openai
+        RESERVED_BODY_KEYS,
+        default_max_output_tokens,
+        is_openai_reasoning_model,
+        is_reasoning_model,
+    )
 
     key = f"llm.models[{i}]"
+    thinks = m.reasoning_model if m.reasoning_model is not None else is_reasoning_model(m.model, m.reasoning_effort)
+    max_out = m.max_output_tokens if m.max_output_tokens is not None else default_max_output_tokens(thinks)
     reasoning = m.token_param != "max_tokens" and is_openai_reasoning_model(m.model)
     if reasoning and m.temperature is not None and m.temperature != 1:
         return (f"{key}.temperature = {m.temperature}: model \"{m.model}\" is an OpenAI reasoning model, which "
@@ -55,9 +69,10 @@ def _check_llm_model(i: int, m: LLMModelConfig) -> str | None:
         return (f"{key}.extra_body.{clash[0]}: set by a typed key, not extra_body (allowed in extra_body: any key "
                 f"except {', '.join(RESERVED_BODY_KEYS)}; use max_output_tokens, token_param, temperature, top_p, "
                 "reasoning_effort, stream)")
-    if m.context_tokens is not None and m.context_tokens <= m.max_output_tokens:
+    if m.context_tokens is not None and m.context_tokens <= max_out:
+        unset = "" if m.max_output_tokens is not None else f" (the default of {'a reasoning' if thinks else 'a'} model)"
         return (f"{key}.context_tokens = {m.context_tokens}: must be larger than max_output_tokens = "
-                f"{m.max_output_tokens} (the window holds the prompt and the answer)")
+                f"{max_out}{unset} (the window holds the prompt and the answer)")
     return None
 
 

@@ -4,8 +4,12 @@
 request settings (:meth:`mutators.llm.client.chat.LLMClient.probe`: one attempt, no budget, nothing
 stored) and returns one :class:`ModelProbe` per model: ``ok``, or the endpoint's error in one
 line (a 401 for a wrong key, a 404 for an unknown model id, a 400 for a parameter the model
-does not take) or the configuration's (a key variable that is not set). A replayed run
-(``llm.replay_run``) calls no endpoint, so nothing is probed.
+does not take) or the configuration's (a key variable that is not set). A model served
+only by the Responses API is probed there when its ``api`` is ``auto``. For a model that
+answered and has no ``context_tokens``, the probe also reads the window from the server's
+model list (:mod:`mutators.llm.client.served`: vLLM's ``max_model_len``), which
+:func:`prompt_sizes` then fits the prompts to. A replayed run (``llm.replay_run``) calls no
+endpoint, so nothing is probed.
 
 :func:`prompt_sizes` renders, per task, the prompts a run starts with (the seed as parent:
 optimize and repair; a task without a seed: genesis) through the LLM mutator's own
@@ -51,13 +55,16 @@ def missing_keys(cfg) -> list[str]:
 
 @dataclass(frozen=True)
 class ModelProbe:
-    """One model's probe: ``error`` is None when the endpoint answered."""
+    """One model's probe: ``error`` is None when the endpoint answered; ``window`` is the
+    context window the server's model list reports for a model whose ``context_tokens`` is
+    unset (vLLM's ``max_model_len``; None when not asked or not said)."""
 
     model: str
     model_id: str
     base_url: str
     error: str | None
     seconds: float
+    window: int | None = None
 
     @property
     def transient(self) -> bool:
@@ -76,7 +83,10 @@ class ModelProbe:
         """The dry run's line for this model."""
         where = f"model {self.model} ({self.model_id} at {self.base_url})"
         if self.error is None:
-            return f"{where}: ok ({self.seconds:.2f} s)"
+            from mutators.llm.client.served import WINDOW_SOURCE
+
+            seen = f"; window {self.window:,} tokens ({WINDOW_SOURCE})" if self.window else ""
+            return f"{where}: ok ({self.seconds:.2f} s{seen})"
         if (self.error or "").startswith("connection "):
             return (f"{where}: FAILED: {self.error} (is the server up and listening at base_url? a real run would "
                     "retry, then stop the model)")
@@ -152,6 +162,7 @@ def _client(cfg, models):
 def probe_models(cfg) -> list[ModelProbe]:
     """Probe every configured model once (see module docstring); [] for a replayed run."""
     from mutators.llm.client.model_spec import LLMConfigError
+    from mutators.llm.client.served import with_server_windows
 
     if cfg.llm.replay_run:
         return []
@@ -162,26 +173,34 @@ def probe_models(cfg) -> list[ModelProbe]:
         for m in models:
             try:
                 call = client.probe(m)
+                (sized,) = with_server_windows([m]) if call.error is None else (m,)
             except LLMConfigError as e:
                 out.append(ModelProbe(m.name, m.model, m.base_url, str(e), 0.0))
                 continue
-            out.append(ModelProbe(m.name, m.model, m.base_url, call.error, call.latency_s))
+            window = sized.context_tokens if sized is not m else None
+            out.append(ModelProbe(m.name, m.model, m.base_url, call.error, call.latency_s, window))
             log.info("probe of model %s: %s", m.name, call.error or "ok")
     finally:
         client.close()
     return out
 
 
-def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str]) -> list[PromptSize]:
+def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str],
+                 windows: dict[str, int] | None = None) -> list[PromptSize]:
     """Per task of ``tasks``, its largest starting prompt against every model's window
-    (``seeds``: the tasks' seed source and params; a task without one starts at genesis)."""
+    (``seeds``: the tasks' seed source and params; a task without one starts at genesis;
+    ``windows``: windows the probe read from the servers, by model name, for models whose
+    ``context_tokens`` is unset)."""
+    import dataclasses
+
     from evo.engine.llm_context import task_info
     from evo.core.records import Candidate, Member, Status
     from mutators.base import MutationContext
     from mutators.llm.mutator import LLMMutator
     from mutators.llm.prompt.context import SimpleContextProvider
 
-    models = _model_specs(cfg)
+    models = [dataclasses.replace(m, context_tokens=windows[m.name]) if m.context_tokens is None and
+              (windows or {}).get(m.name) else m for m in _model_specs(cfg)]
     gpu = None if cfg.run.gpu == "auto" else cfg.run.gpu
     provider = SimpleContextProvider({t: task_info(t, gpu) for t in tasks})
     client = _client(cfg, models)

@@ -52,9 +52,17 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from mutators.llm.client.health import ModelHealth
     from mutators.llm.mutator import LLMMutator
 
+    from mutators.llm.client.model_spec import LLMConfigError
+    from mutators.llm.client.served import with_server_windows
+
     L = cfg.llm
     # [[llm.models]] keys map one to one onto ModelSpec fields (tests/test_llm_config.py).
     models = [ModelSpec(**m.model_dump()) for m in L.models]
+    if not L.replay_run:  # a window left unset is read from the server's model list (vLLM's max_model_len)
+        try:
+            models = with_server_windows(models)
+        except LLMConfigError as e:
+            raise SearchError(str(e)) from None
 
     def store_call(call) -> None:
         store.add_llm_call(run_id, **call.to_row())
@@ -235,7 +243,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
 
         probes = probe_models(cfg) if probe else []
         ok &= all(p.ok for p in probes)
-        prompts = prompt_sizes(cfg, seeds, names)
+        prompts = prompt_sizes(cfg, seeds, names, windows={p.model: p.window for p in probes if p.window})
         ok &= all(p.fits_any for p in prompts)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "

@@ -36,6 +36,15 @@ LLM_FIELDS = (
     "prompt_hash",
     "candidate_id",
     "cached",
+    # migration 3
+    "finish_reason",
+    "reasoning_tokens",
+    "cached_tokens",
+    "retries",
+    "api",
+    "max_output_tokens",
+    "reasoning_effort",
+    "timeout_s",
 )
 
 

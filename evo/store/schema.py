@@ -234,9 +234,24 @@ def _m0002_champion_gain(db: sqlite_utils.Database) -> None:
         db["champions"].add_column(name, kind)
 
 
+#: Columns of an LLM call's outcome and request settings (``mutators.llm.client.calls.LLMCall``).
+LLM_CALL_SETTINGS_COLUMNS: dict[str, type] = {
+    "finish_reason": str, "reasoning_tokens": int, "cached_tokens": int, "retries": int, "api": str,
+    "max_output_tokens": int, "reasoning_effort": str, "timeout_s": float,
+}
+
+
+def _m0003_llm_call_settings(db: sqlite_utils.Database) -> None:
+    """LLM calls keep their finish reason, reasoning and cached tokens, retries and the
+    request settings as sent (NULL: a call recorded before)."""
+    for name, kind in LLM_CALL_SETTINGS_COLUMNS.items():
+        db["llm_calls"].add_column(name, kind)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial_schema", _m0001_initial),
     Migration(2, "champion_gain", _m0002_champion_gain),
+    Migration(3, "llm_call_settings", _m0003_llm_call_settings),
 )
 
 

@@ -432,7 +432,9 @@ class Store:
 
     def add_llm_call(self, run_id: str, **fields: Any) -> int:
         """Record one LLM call; returns its row id. Fields: prompt, response, model, kind,
-        tokens_in, tokens_out, cost, latency_s, error, prompt_hash, candidate_id, cached."""
+        tokens_in, tokens_out, cost, latency_s, error, prompt_hash, candidate_id, cached, and
+        the outcome and request settings finish_reason, reasoning_tokens, cached_tokens,
+        retries, api, max_output_tokens, reasoning_effort, timeout_s (unset: NULL)."""
         unknown = sorted(set(fields) - set(_LLM_FIELDS))
         if unknown:
             raise TypeError(f"unknown llm_call field(s) {unknown}; valid: {', '.join(_LLM_FIELDS)}")

@@ -1,2 +1,3 @@
 """The endpoint side: a model's spec, calls as data, the shared budget, what HTTP errors
-mean, the chat-completions client and model health."""
+mean, the client (chat completions and the Responses API), what a server says about its
+models, and model health."""

@@ -20,10 +20,11 @@ __all__ = ["LLMCall", "CallSink", "ChatClient", "FATAL_KINDS", "norm_messages", 
            "prompt_hash", "estimate_tokens", "CHARS_PER_TOKEN"]
 
 #: Failure kinds that no retry and no other prompt can heal: the model is stopped for the run.
-FATAL_KINDS = ("auth", "forbidden", "model_not_found", "unsupported_parameter", "quota")
+FATAL_KINDS = ("auth", "forbidden", "model_not_found", "unsupported_parameter", "quota", "wrong_api")
 _FATAL_TAG_RE = re.compile(r"\[fatal:(\w+)\]")
 _WINDOW_TAG_RE = re.compile(r"\[too_large\] window (\d+) tokens")
 _PROMPT_TAG_RE = re.compile(r"\[too_large\][^;]*?; prompt (\d+) tokens")
+_RATE_LIMIT_RE = re.compile(r"HTTP 429 rate limited")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,11 @@ class LLMCall:
     all attempts, including attempts that timed out or came without a usage report: those
     are estimated (~4 characters a token of what was sent and streamed) and
     ``usage_estimated`` is set. ``reasoning_tokens`` is the part of ``tokens_out`` spent on
-    reasoning when known. ``cached`` marks calls answered by a replay client.
+    reasoning when known, ``cached_tokens`` the part of ``tokens_in`` the endpoint reported
+    as cached (priced at the model's cached-input price). ``cached`` marks calls answered by
+    a replay client. ``attempts`` counts requests sent (``retries`` = ``attempts - 1``).
+    The request settings as sent are kept: ``api`` (``chat`` or ``responses``, the one that
+    answered), ``max_output_tokens``, ``reasoning_effort`` and the per-attempt ``timeout_s``.
     ``attempt_key`` is the caller's name for the attempt (the LLM mutator's proposal
     identity, see :class:`mutators.llm.attempts.AttemptRecord`); it is not a column of
     ``llm_calls``: the ``llm_attempt`` event of the attempt links the key to the call's
@@ -65,10 +70,25 @@ class LLMCall:
     reasoning_tokens: int = 0
     usage_estimated: bool = False
     attempt_key: str = ""
+    cached_tokens: int = 0
+    api: str = "chat"
+    max_output_tokens: int | None = None
+    reasoning_effort: str | None = None
+    timeout_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def retries(self) -> int:
+        """Requests sent after the first."""
+        return max(0, self.attempts - 1)
+
+    @property
+    def rate_limited(self) -> bool:
+        """The call failed on rate limits (HTTP 429 after its retries; not a quota 429, which is fatal)."""
+        return _RATE_LIMIT_RE.search(self.error or "") is not None
 
     @property
     def fatal(self) -> str | None:
@@ -108,6 +128,14 @@ class LLMCall:
             "prompt_hash": self.prompt_hash,
             "candidate_id": candidate_id,
             "cached": self.cached,
+            "finish_reason": self.finish_reason,
+            "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens,
+            "retries": self.retries,
+            "api": self.api,
+            "max_output_tokens": self.max_output_tokens,
+            "reasoning_effort": self.reasoning_effort,
+            "timeout_s": self.timeout_s,
         }
 
 

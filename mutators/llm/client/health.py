@@ -15,7 +15,11 @@ transient failures open its circuit breaker.
   or, when no other model is usable, the caller waits ``cooldown_s * 2**(trips - 1)``
   seconds (:meth:`wait_s`). Then it is *half-open*: the next call decides (a success closes
   the breaker and forgets the trips; a failure opens it again at once). After ``trips``
-  openings without a success in between the model is stopped like a fatal failure.
+  openings without a success in between the model is stopped like a fatal failure --
+  except when the failure that would stop it is a rate limit (``LLMCall.rate_limited``: a
+  429 after the client's retries): a busy endpoint heals, so the breaker opens again with
+  the longest pause (that of trip ``trips``) instead, as often as it takes. A 429 never stops a model
+  (a 429 for an exhausted *quota* is fatal, like a rejected key).
   Counting choices rather than seconds keeps which model is chosen reproducible in a
   replay, where calls take no time.
 - A call that succeeded (whatever became of its answer) closes the breaker. A prompt the
@@ -186,7 +190,9 @@ class ModelHealth:
                     self._half_open.discard(name)
                     self._trips[name] += 1
                     self._in_a_row[name] = 0
-                    if self._trips[name] >= self.trips:
+                    if call.rate_limited:  # the endpoint is busy, not broken: sit out, never stop
+                        self._trips[name] = min(self._trips[name], self.trips)
+                    if self._trips[name] >= self.trips and not call.rate_limited:
                         stop = (f"model {name!r} stopped by its circuit breaker: {self.trips} openings without a "
                                 f"successful call (each after {self.failures} failed calls in a row, or one failed "
                                 f"retry); last error: {err[:300]} (check that the endpoint is up and answers)")

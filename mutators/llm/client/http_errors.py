@@ -11,22 +11,28 @@ import json
 import re
 from typing import Any
 
-__all__ = ["classify_http_error", "FATAL_FIXES", "retry_after_seconds", "context_overflow", "TOO_LARGE_TAG"]
+__all__ = ["classify_http_error", "FATAL_FIXES", "retry_after_seconds", "context_overflow", "TOO_LARGE_TAG",
+           "responses_only"]
 
 #: The tag in ``LLMCall.error`` of a prompt over the endpoint's window (not fatal: the model stays usable).
 TOO_LARGE_TAG = "[too_large]"
 
 
 def retry_after_seconds(headers: Any) -> float | None:
-    if headers is None:
+    """A 429's wait in seconds: ``retry-after-ms`` (OpenAI's, milliseconds), else
+    ``Retry-After`` (seconds); None when neither is given as a number (an HTTP date falls
+    back to our own backoff)."""
+    if headers is None or not hasattr(headers, "get"):
         return None
-    value = headers.get("retry-after") if hasattr(headers, "get") else None
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except (TypeError, ValueError):
-        return None  # HTTP-date form: fall back to our own backoff
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 def _error_fields(body: str) -> tuple[str, str, str, str]:
@@ -60,6 +66,16 @@ _QUOTA_RES = re.compile(r"insufficient_quota|exceeded your current quota|billing
 _WINDOW_RE = re.compile(r"maximum context length is (\d+) tokens", re.IGNORECASE)
 _PROMPT_RES = (re.compile(r"\((\d+) in the messages", re.IGNORECASE),
                re.compile(r"messages resulted in (\d+) tokens", re.IGNORECASE))
+
+
+_RESPONSES_ONLY_RE = re.compile(r"only supported in v1/responses", re.IGNORECASE)
+
+
+def responses_only(status: int, body: str) -> bool:
+    """The answer says the model is served only by the Responses API (api.openai.com's
+    404, or 400 behind some proxies: "This model is only supported in v1/responses and not
+    in v1/chat/completions.")."""
+    return status in (400, 404) and bool(_RESPONSES_ONLY_RE.search(_error_fields(body)[0]))
 
 
 def context_overflow(status: int, body: str) -> tuple[int | None, int | None] | None:
@@ -124,4 +140,6 @@ FATAL_FIXES = {
     "unsupported_parameter": "the model rejects a request setting: check token_param, temperature, top_p, "
                              "reasoning_effort and extra_body of this model",
     "quota": "the account has no quota left: add credit or switch the model off (weight = 0)",
+    "wrong_api": 'the endpoint serves this model only through the Responses API: set api = "responses" (or "auto", '
+                 "which switches by itself)",
 }

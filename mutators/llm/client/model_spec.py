@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["ModelSpec", "LLMConfigError", "is_openai_reasoning_model", "TOKEN_PARAMS", "REASONING_EFFORTS",
-           "RESERVED_BODY_KEYS", "LOCAL_DUMMY_KEY"]
+__all__ = ["ModelSpec", "LLMConfigError", "is_openai_reasoning_model", "is_reasoning_model", "TOKEN_PARAMS",
+           "REASONING_EFFORTS", "RESERVED_BODY_KEYS", "LOCAL_DUMMY_KEY", "APIS", "DEFAULT_MAX_OUTPUT_TOKENS",
+           "REASONING_MAX_OUTPUT_TOKENS", "REASONING_TIMEOUT_S", "default_max_output_tokens"]
 
 #: The key sent to a local endpoint (127.0.0.1 / localhost) whose ``key_env`` is unset.
 LOCAL_DUMMY_KEY = "sk-local-no-key"
@@ -32,18 +33,49 @@ class LLMConfigError(ValueError):
 #: ``max_tokens`` and only the default temperature / top_p.
 _REASONING_RE = re.compile(r"^(?:[\w.-]+/)?(?:o[134]|gpt-5)(?:[.-][\w.:-]*)?$", re.IGNORECASE)
 
+#: Open-weight and other reasoning ("thinking") models by name: their answers start with a long
+#: chain of thought that counts against the output budget.
+_OPEN_REASONING_RE = re.compile(r"deepseek-r1|deepseek-reasoner|qwq|gpt-oss|thinking|reasoning|magistral",
+                                re.IGNORECASE)
+
+#: Values of ``api``: which endpoint a request goes to (``auto``: chat completions until the
+#: server says the model is served only by the Responses API).
+APIS = ("auto", "chat", "responses")
+#: ``max_output_tokens`` when unset, for other models and for reasoning models (whose
+#: reasoning counts against it: OpenAI advises leaving at least 25,000 tokens for it).
+DEFAULT_MAX_OUTPUT_TOKENS = 8192
+REASONING_MAX_OUTPUT_TOKENS = 32768
+#: Per-attempt timeout of a reasoning model whose ``timeout_s`` is unset (a high-effort
+#: answer takes minutes).
+REASONING_TIMEOUT_S = 600.0
+
 #: Values of ``token_param``: where ``max_output_tokens`` goes in the request.
 TOKEN_PARAMS = ("auto", "max_tokens", "max_completion_tokens")
 #: Values of ``reasoning_effort`` that OpenAI-compatible endpoints document.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 #: Request fields the typed settings own; ``extra_body`` may not set them.
 RESERVED_BODY_KEYS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                      "reasoning_effort", "stream", "stream_options")
+                      "reasoning_effort", "stream", "stream_options", "input", "instructions", "max_output_tokens",
+                      "reasoning")
 
 
 def is_openai_reasoning_model(model_id: str) -> bool:
     """True for OpenAI reasoning model ids (``o1``, ``o3-mini``, ``o4-mini``, ``gpt-5``, ``gpt-5.1-mini``...)."""
     return bool(_REASONING_RE.match(model_id.strip()))
+
+
+def is_reasoning_model(model_id: str, reasoning_effort: str | None = None) -> bool:
+    """True for a model that reasons before it answers: ``reasoning_effort`` set (other than
+    ``none``), an OpenAI reasoning id, or a known open reasoning family (DeepSeek-R1, QwQ,
+    gpt-oss, ``*thinking*`` / ``*reasoning*`` ids, Magistral)."""
+    if reasoning_effort is not None and reasoning_effort != "none":
+        return True
+    return is_openai_reasoning_model(model_id) or bool(_OPEN_REASONING_RE.search(model_id))
+
+
+def default_max_output_tokens(reasoning: bool) -> int:
+    """``max_output_tokens`` of a model that does not set it."""
+    return REASONING_MAX_OUTPUT_TOKENS if reasoning else DEFAULT_MAX_OUTPUT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -53,8 +85,21 @@ class ModelSpec:
     ``name`` is the label recorded on candidates (``llm:<name>``) and in ``llm_calls``;
     ``model`` is the id the endpoint knows (``gpt-4.1``, ``Qwen/Qwen2.5-Coder-32B``...);
     ``key_env`` names the environment variable holding the API key (never the key itself).
-    Prices are USD per million tokens; ``weight`` is the bandit's prior preference (0 turns
-    the model off).
+    Prices are USD per million tokens (``price_cached_input_per_mtok``, the price of prompt
+    tokens the endpoint reports as cached, defaults to ``price_in_per_mtok``); ``weight`` is
+    the bandit's prior preference (0 turns the model off).
+
+    ``api`` picks the endpoint: ``chat`` (``/chat/completions``), ``responses`` (OpenAI's
+    ``/responses``) or ``auto`` (chat completions until the server answers that the model is
+    served only by the Responses API; the client then switches, see
+    :class:`mutators.llm.client.chat.LLMClient`).
+
+    ``reasoning_model`` (``None``: detected, :func:`is_reasoning_model`) gives the defaults
+    that fit a model whose reasoning counts against its output budget: ``max_output_tokens``
+    :data:`REASONING_MAX_OUTPUT_TOKENS` instead of :data:`DEFAULT_MAX_OUTPUT_TOKENS`,
+    ``timeout_s`` :data:`REASONING_TIMEOUT_S` instead of the client's, and a timed-out
+    attempt retried at most once (the client's rule). After construction both fields and
+    ``reasoning_model`` hold the resolved values.
 
     Request settings (see :meth:`request_fields` for exactly what is sent):
 
@@ -80,7 +125,8 @@ class ModelSpec:
     weight: float = 1.0
     price_in_per_mtok: float = 0.0
     price_out_per_mtok: float = 0.0
-    max_output_tokens: int = 4096
+    price_cached_input_per_mtok: float | None = None
+    max_output_tokens: int = None  # type: ignore[assignment]  # None: resolved in __post_init__
     token_param: str = "auto"
     temperature: float | None = None
     top_p: float | None = None
@@ -90,18 +136,30 @@ class ModelSpec:
     stream: bool = False
     timeout_s: float | None = None
     concurrency: int | None = None
+    api: str = "auto"
+    reasoning_model: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise LLMConfigError("ModelSpec.name is empty; give every model a short label")
         where = f"model {self.name!r}"
+        if self.reasoning_model is None:
+            object.__setattr__(self, "reasoning_model", is_reasoning_model(self.model, self.reasoning_effort))
+        if self.max_output_tokens is None:
+            object.__setattr__(self, "max_output_tokens", default_max_output_tokens(bool(self.reasoning_model)))
+        if self.timeout_s is None and self.reasoning_model:
+            object.__setattr__(self, "timeout_s", REASONING_TIMEOUT_S)
+        if self.price_cached_input_per_mtok is None:
+            object.__setattr__(self, "price_cached_input_per_mtok", self.price_in_per_mtok)
+        if self.api not in APIS:
+            raise LLMConfigError(f"{where}: api={self.api!r}; allowed: {', '.join(APIS)}")
         parsed = urlparse(self.base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise LLMConfigError(
                 f"{where}: base_url={self.base_url!r} is not an http(s) URL "
                 "(e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1)"
             )
-        for fname in ("weight", "price_in_per_mtok", "price_out_per_mtok"):
+        for fname in ("weight", "price_in_per_mtok", "price_out_per_mtok", "price_cached_input_per_mtok"):
             if getattr(self, fname) < 0:
                 raise LLMConfigError(f"{where}: {fname}={getattr(self, fname)} must be >= 0")
         if self.max_output_tokens < 1:
@@ -166,6 +224,22 @@ class ModelSpec:
         body.update(copy.deepcopy(self.extra_body))
         return body
 
+    def responses_fields(self) -> dict[str, Any]:
+        """The JSON body fields of a Responses API request besides ``input`` and
+        ``instructions``: ``max_output_tokens``, ``reasoning.effort`` and the sampling fields
+        when set, ``stream`` when streaming, then ``extra_body``."""
+        body: dict[str, Any] = {"model": self.model, "max_output_tokens": self.max_output_tokens}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.reasoning_effort is not None:
+            body["reasoning"] = {"effort": self.reasoning_effort}
+        if self.stream:
+            body["stream"] = True
+        body.update(copy.deepcopy(self.extra_body))
+        return body
+
     def api_key(self) -> str:
         """The key from ``os.environ[key_env]``; a dummy key for local endpoints without one."""
         key = os.environ.get(self.key_env) if self.key_env else None
@@ -179,9 +253,12 @@ class ModelSpec:
             "to the variable that holds it"
         )
 
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """USD for this many prompt and completion tokens."""
-        return (tokens_in * self.price_in_per_mtok + tokens_out * self.price_out_per_mtok) / 1e6
+    def cost(self, tokens_in: int, tokens_out: int, cached_in: int = 0) -> float:
+        """USD for this many prompt and completion tokens, ``cached_in`` of the prompt tokens
+        at the cached-input price."""
+        cached = max(0, min(int(cached_in), int(tokens_in)))
+        return ((tokens_in - cached) * self.price_in_per_mtok + cached * float(self.price_cached_input_per_mtok or 0)
+                + tokens_out * self.price_out_per_mtok) / 1e6
 
     @property
     def free(self) -> bool:

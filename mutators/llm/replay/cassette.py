@@ -18,7 +18,8 @@ Two uses:
        "reasoning": "...",            # sent as message.reasoning_content (or streamed first)
        "usage": true,                 # false: the answer carries no usage report
        "error_code": "...",           # the error body's code for a non-200 status
-       "stream_stall_s": 0}           # a streamed answer stalls this long half way
+       "stream_stall_s": 0,           # a streamed answer stalls this long half way
+       "cached_tokens": 0}            # prompt tokens reported as cached (usage details)
 
   Entries are used up in file order. A request is answered by the first unused entry whose
   ``prompt_hash`` equals its hash, else whose ``match`` occurs in its last user message,
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 _FIELDS = {
     "prompt_hash", "match", "response", "status", "retry_after", "delay_s", "raw",
     "finish_reason", "tokens_in", "tokens_out", "repeat", "model", "note",
-    "reasoning", "usage", "error_code", "stream_stall_s",
+    "reasoning", "usage", "error_code", "stream_stall_s", "cached_tokens",
 }
 
 
@@ -99,6 +100,7 @@ class CassetteEntry:
     usage: bool = True
     error_code: str | None = None
     stream_stall_s: float = 0.0
+    cached_tokens: int = 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "entry") -> "CassetteEntry":
@@ -227,6 +229,8 @@ class ReplayClient:
 
     ``rows`` are dicts with at least ``prompt_hash`` and ``response`` (the store's
     ``llm_calls`` rows fit; ``tokens_in``, ``tokens_out``, ``cost``, ``latency_s``, ``error``
+    and the outcome and request settings (``finish_reason``, ``reasoning_tokens``,
+    ``cached_tokens``, ``api``, ``max_output_tokens``, ``reasoning_effort``, ``timeout_s``)
     are used when present; ``attempt_key`` when given, see :meth:`from_run`). A request
     whose ``key`` names a recorded attempt gets that attempt's answer; any other gets the
     next unused answer to its prompt hash (several answers to one hash in recorded order).
@@ -318,7 +322,8 @@ class ReplayClient:
                     "parents or templates), or the recording was cut short"
                 )
         tin, tout = int(r.get("tokens_in") or 0), int(r.get("tokens_out") or 0)
-        cost = float(r["cost"]) if r.get("cost") is not None else model.cost(tin, tout)
+        cached_in = int(r.get("cached_tokens") or 0)
+        cost = float(r["cost"]) if r.get("cost") is not None else model.cost(tin, tout, cached_in)
         self.budget.charge(cost)
         err = r.get("error") or None
         call = LLMCall(
@@ -336,6 +341,12 @@ class ReplayClient:
             kind=kind,
             cached=True,
             attempt_key=key,
+            reasoning_tokens=int(r.get("reasoning_tokens") or 0),
+            cached_tokens=cached_in,
+            api=str(r.get("api") or "chat"),
+            max_output_tokens=r.get("max_output_tokens"),
+            reasoning_effort=r.get("reasoning_effort"),
+            timeout_s=r.get("timeout_s"),
         )
         if self.sink is not None:
             self.sink(call)

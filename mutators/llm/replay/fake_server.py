@@ -19,10 +19,25 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
   ``"choices": []`` and the usage (every other chunk then has ``"usage": null``), then
   ``data: [DONE]``. ``stream_stall_s`` on an entry stalls the stream half way (a timeout
   mid-stream).
+- ``POST /v1/responses``: OpenAI's Responses API. ``instructions`` and ``input`` are read as
+  the messages (so cassette entries match them by the same prompt hash); the answer is a
+  ``response`` object whose ``output`` holds a ``reasoning`` item (the entry's reasoning as
+  a summary) and a ``message`` item with one ``output_text`` part; ``finish_reason``
+  ``length`` is ``status: incomplete`` with ``incomplete_details.reason:
+  max_output_tokens``; usage ``input_tokens`` (``input_tokens_details.cached_tokens``),
+  ``output_tokens`` (``output_tokens_details.reasoning_tokens``). Streamed: ``event:``/
+  ``data:`` pairs (``response.created``, ``response.output_text.delta``...,
+  ``response.completed`` or ``response.incomplete`` with the whole response).
+- ``responses_only`` models: a chat-completions request for one is a 404 with
+  api.openai.com's body ("This model is only supported in v1/responses and not in
+  v1/chat/completions.", param ``model``).
+- An entry's ``cached_tokens`` is reported as cached prompt tokens
+  (``prompt_tokens_details.cached_tokens``; Responses: ``input_tokens_details``).
 - Only paths under ``/v1`` are served; any other (a base_url without ``/v1``) is a 404 with
   the server's body (vLLM: ``{"detail": "Not Found"}``; OpenAI: ``Invalid URL (POST
   /chat/completions)``).
-- ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``.
+- ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``; in the
+  ``vllm`` dialect each entry carries ``max_model_len`` (``context_tokens``), as vLLM's does.
 
 Dialects (how strictly requests are checked, and which error bodies are sent):
 
@@ -32,7 +47,12 @@ Dialects (how strictly requests are checked, and which error bodies are sent):
   ``unsupported_parameter`` ("Use 'max_completion_tokens' instead."), a temperature other
   than 1 is 400 ``unsupported_value``, ``top_p`` is 400 ``unsupported_parameter``; for other
   models ``reasoning_effort`` is 400 ``unsupported_parameter``. ``stream_options`` without
-  ``stream`` is 400. Bodies are ``{"error": {"message", "type", "param", "code"}}``.
+  ``stream`` is 400. Bodies are ``{"error": {"message", "type", "param", "code"}}``. On the
+  Responses API: an unknown field (``max_tokens``, ``messages``...) is 400 ``Unknown
+  parameter: 'X'.`` (``unknown_parameter``); ``reasoning`` for a model that does not reason,
+  and ``temperature`` / ``top_p`` for one that does, are 400 ``unsupported_parameter``;
+  over the window it is 400 ``context_length_exceeded`` ("Your input exceeds the context
+  window of this model.").
 - ``vllm``: like ``vllm serve``: any sampling fields (``chat_template_kwargs``, ``top_k``...);
   error bodies ``{"object": "error", "message", "type", "param", "code"}``.
 
@@ -79,6 +99,14 @@ OPENAI_REQUEST_FIELDS = frozenset({
     "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "seed",
     "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
     "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+})
+
+#: The request fields api.openai.com's Responses API accepts (others: 400 Unknown parameter).
+OPENAI_RESPONSES_FIELDS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "reasoning", "temperature", "top_p", "stream",
+    "stream_options", "store", "metadata", "previous_response_id", "include", "parallel_tool_calls", "tool_choice",
+    "tools", "text", "truncation", "user", "service_tier", "background", "prompt", "prompt_cache_key",
+    "safety_identifier", "max_tool_calls", "top_logprobs", "conversation",
 })
 
 _CHUNK_CHARS = 24  # characters of content per streamed chunk
@@ -134,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         if self.path.rstrip("/") == "/v1/models":
             names = fake.models or sorted({e.model for e in fake.cassette.entries if e.model}) or ["fake"]
-            self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "fake"} for n in names]})
+            self._json(200, {"object": "list", "data": [fake.model_entry(n) for n in names]})
         else:
             self._json(404, fake.no_route("GET", self.path))
 
@@ -142,24 +170,27 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        path = self.path.rstrip("/")
+        if path not in ("/v1/chat/completions", "/v1/responses"):
             self._json(404, fake.no_route("POST", self.path))
             return
+        api = "responses" if path == "/v1/responses" else "chat"
         try:
             req = json.loads(body or b"{}")
-            messages = req["messages"]
+            messages = req["messages"] if api == "chat" else responses_messages(req)
             model = str(req.get("model", ""))
         except (ValueError, KeyError, TypeError) as exc:
             self._json(400, fake.error_body(400, f"bad request body: {exc}", "invalid_request_error"))
             return
         try:
-            fake.check_request(req, self.headers.get("Authorization", ""))
+            fake.check_request(req, self.headers.get("Authorization", ""), api=api, messages=messages)
         except _Rejection as rej:
-            fake._log_request(model, messages, None, req, dict(self.headers), rej.status)
+            fake._log_request(model, messages, None, req, dict(self.headers), rej.status, path)
             self._json(rej.status, rej.body)
             return
         entry = fake.cassette.next_for(messages, model)
-        fake._log_request(model, messages, entry, req, dict(self.headers), None if entry is None else entry.status)
+        fake._log_request(model, messages, entry, req, dict(self.headers), None if entry is None else entry.status,
+                          path)
         if entry is None:
             self._json(500, fake.error_body(500, f"cassette {fake.cassette.source} exhausted", "server_error"))
             return
@@ -175,6 +206,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if entry.status != 200:
             self._json(entry.status, fake.scripted_error(entry, model), headers)
+            return
+        if api == "responses":
+            if req.get("stream"):
+                self._stream_response(entry, model, messages)
+            else:
+                self._json(200, _response(entry, model, messages), headers)
             return
         if req.get("stream"):
             self._stream(entry, model, messages, req)
@@ -225,14 +262,99 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _stream_response(self, entry: CassetteEntry, model: str, messages: Sequence[dict]) -> None:
+        """A streamed Responses API answer: ``event: <type>`` / ``data: {...}`` pairs,
+        ``response.created``, the text in ``response.output_text.delta`` events, then
+        ``response.completed`` (or ``response.incomplete``) carrying the whole response."""
+        fake = self.server.fake
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        final = _response(entry, model, messages)
+        seq = iter(range(1 << 30))
 
-def _usage(entry: CassetteEntry, messages: Sequence[dict]) -> dict[str, int]:
+        def event(typ: str, **fields: Any) -> None:
+            obj = {"type": typ, "sequence_number": next(seq), **fields}
+            self._chunk(f"event: {typ}\ndata: ".encode() + json.dumps(obj).encode("utf-8") + b"\n\n")
+
+        event("response.created", response={**final, "status": "in_progress", "output": [], "usage": None})
+        pieces = [entry.response[i:i + _CHUNK_CHARS] for i in range(0, len(entry.response), _CHUNK_CHARS)]
+        item = final["output"][-1]["id"]
+        half = len(pieces) // 2
+        for k, text in enumerate(pieces):
+            if k == half and entry.stream_stall_s > 0:
+                fake._stopping.wait(entry.stream_stall_s)
+                if fake._stopping.is_set():
+                    return
+            event("response.output_text.delta", item_id=item, output_index=len(final["output"]) - 1,
+                  content_index=0, delta=text, logprobs=[])
+        event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _usage(entry: CassetteEntry, messages: Sequence[dict]) -> dict[str, Any]:
     tin = entry.tokens_in if entry.tokens_in is not None else max(1, prompt_tokens(messages))
     tout = entry.tokens_out if entry.tokens_out is not None else max(0, (len(entry.response) + len(entry.reasoning)) // 4)
-    u = {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout}
+    u: dict[str, Any] = {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout}
     if entry.reasoning:
-        u["completion_tokens_details"] = {"reasoning_tokens": len(entry.reasoning) // 4}  # type: ignore[assignment]
+        u["completion_tokens_details"] = {"reasoning_tokens": len(entry.reasoning) // 4}
+    if entry.cached_tokens:
+        u["prompt_tokens_details"] = {"cached_tokens": entry.cached_tokens}
     return u
+
+
+def responses_messages(req: dict[str, Any]) -> list[dict[str, str]]:
+    """A Responses API request's ``instructions`` and ``input`` as chat messages (a string
+    input is one user message; message items keep their role; text parts are joined), so
+    that the cassette answers it by the same prompt hash as the chat request."""
+    out: list[dict[str, str]] = []
+    if req.get("instructions"):
+        out.append({"role": "system", "content": str(req["instructions"])})
+    inp = req.get("input")
+    if isinstance(inp, str):
+        return out + [{"role": "user", "content": inp}]
+    if not isinstance(inp, list):
+        raise TypeError(f"input must be a string or a list of items, got {type(inp).__name__}")
+    for item in inp:
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        out.append({"role": str(item.get("role", "user")), "content": str(content or "")})
+    return out
+
+
+def _response(entry: CassetteEntry, model: str, messages: Sequence[dict]) -> dict[str, Any]:
+    """A Responses API answer: a reasoning item (when the entry has reasoning), the message
+    item with one ``output_text`` part, ``status`` ``incomplete`` with reason
+    ``max_output_tokens`` for a ``finish_reason`` of ``length``, and the Responses usage."""
+    u = _usage(entry, messages)
+    cut = entry.finish_reason == "length"
+    output: list[dict[str, Any]] = []
+    if entry.reasoning:
+        output.append({"id": f"rs_{uuid.uuid4().hex[:12]}", "type": "reasoning",
+                       "summary": [{"type": "summary_text", "text": entry.reasoning}]})
+    output.append({"id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant",
+                   "status": "incomplete" if cut else "completed",
+                   "content": [{"type": "output_text", "text": entry.response, "annotations": []}]})
+    out: dict[str, Any] = {
+        "id": f"resp_fake{uuid.uuid4().hex[:12]}", "object": "response", "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "model": model, "output": output, "error": None,
+    }
+    if entry.usage:
+        out["usage"] = {
+            "input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": entry.cached_tokens},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens", 0)},
+            "total_tokens": u["total_tokens"],
+        }
+    return out
 
 
 def _completion(entry: CassetteEntry, model: str, messages: Sequence[dict]) -> dict[str, Any]:
@@ -260,7 +382,7 @@ class FakeLLMServer:
 
     def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0, *,
                  dialect: str = "lenient", api_key: str | None = None, models: Sequence[str] | None = None,
-                 context_tokens: int | None = None) -> None:
+                 context_tokens: int | None = None, responses_only: Sequence[str] = ()) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"dialect={dialect!r}; known: {', '.join(DIALECTS)}")
         if context_tokens is not None and context_tokens < 1:
@@ -271,6 +393,7 @@ class FakeLLMServer:
         self.api_key = api_key
         self.models = list(models) if models else []
         self.context_tokens = context_tokens
+        self.responses_only = frozenset(responses_only)
         self._port = port
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -322,8 +445,18 @@ class FakeLLMServer:
             return f"The model `{model}` does not exist."
         return f"The model `{model}` does not exist or you do not have access to it."
 
-    def check_request(self, req: dict[str, Any], authorization: str) -> None:
-        """Raise :class:`_Rejection` for a request the real server would refuse."""
+    def model_entry(self, name: str) -> dict[str, Any]:
+        """One entry of ``GET /v1/models``; vLLM's carries ``max_model_len`` (the window),
+        ``root`` and ``parent``."""
+        entry: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "fake"}
+        if self.dialect == "vllm":
+            entry.update(owned_by="vllm", root=name, parent=None, max_model_len=self.context_tokens, permission=[])
+        return entry
+
+    def check_request(self, req: dict[str, Any], authorization: str, *, api: str = "chat",
+                      messages: Sequence[Any] | None = None) -> None:
+        """Raise :class:`_Rejection` for a request the real server would refuse (``api``:
+        ``chat`` for /v1/chat/completions, ``responses`` for /v1/responses)."""
         if self.api_key is not None and authorization != f"Bearer {self.api_key}":
             if self.dialect == "vllm":
                 raise _Rejection(401, {"error": "Unauthorized"})
@@ -336,6 +469,16 @@ class FakeLLMServer:
         if self.models and model not in self.models:
             raise _Rejection(404, self.error_body(404, self._no_model(model), "invalid_request_error",
                                                   code="model_not_found"))
+        if api == "chat" and model in self.responses_only:  # api.openai.com's answer, word for word
+            raise _Rejection(404, self.error_body(
+                404, "This model is only supported in v1/responses and not in v1/chat/completions.",
+                "invalid_request_error", "model", None))
+        if api == "responses":
+            if self.dialect == "openai":
+                self._check_openai_responses(req, model)
+            if self.context_tokens is not None:
+                self._check_context_responses(req, messages or [])
+            return
         if self.dialect == "openai":
             self._check_openai(req, model)
         if self.context_tokens is not None:
@@ -366,6 +509,37 @@ class FakeLLMServer:
             raise bad("Unsupported parameter: 'reasoning_effort' is not supported with this model.",
                       "reasoning_effort", "unsupported_parameter")
 
+    def _check_openai_responses(self, req: dict[str, Any], model: str) -> None:
+        def bad(message: str, param: str | None, code: str | None) -> _Rejection:
+            return _Rejection(400, self.error_body(400, message, "invalid_request_error", param, code))
+
+        unknown = sorted(set(req) - OPENAI_RESPONSES_FIELDS)
+        if unknown:
+            raise bad(f"Unknown parameter: '{unknown[0]}'.", unknown[0], "unknown_parameter")
+        if "input" not in req:
+            raise bad("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+        if is_openai_reasoning_model(model):
+            for p in ("temperature", "top_p"):
+                if p in req:
+                    raise bad(f"Unsupported parameter: '{p}' is not supported with this model.", p,
+                              "unsupported_parameter")
+        elif "reasoning" in req:
+            raise bad("Unsupported parameter: 'reasoning.effort' is not supported with this model.",
+                      "reasoning.effort", "unsupported_parameter")
+
+    def _check_context_responses(self, req: dict[str, Any], messages: Sequence[Any]) -> None:
+        n = self.context_tokens
+        assert n is not None
+        c = req.get("max_output_tokens")
+        c = int(c) if isinstance(c, (int, float)) else 0
+        if prompt_tokens(messages) + c <= n:
+            return
+        if self.dialect == "vllm":
+            self._check_context({"messages": messages, "max_tokens": c})
+        raise _Rejection(400, self.error_body(
+            400, "Your input exceeds the context window of this model. Please adjust your input and try again.",
+            "invalid_request_error", "input", "context_length_exceeded"))
+
     def _check_context(self, req: dict[str, Any]) -> None:
         n = self.context_tokens
         assert n is not None
@@ -391,9 +565,10 @@ class FakeLLMServer:
     # ---- bookkeeping -------------------------------------------------------------------------
 
     def _log_request(self, model: str, messages: Any, entry: CassetteEntry | None, body: dict[str, Any],
-                     headers: dict[str, str], status: int | None) -> None:
+                     headers: dict[str, str], status: int | None, path: str = "/v1/chat/completions") -> None:
         with self._lock:
             self.requests.append({
+                "path": path,
                 "model": model,
                 "messages": messages,
                 "status": status,
@@ -445,7 +620,7 @@ class FakeLLMServer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``evo fake-llm --cassette FILE [--port N] [--host H] [--dialect D] [--context-tokens N]
-    [--api-key K] [--models A,B]``: serve until Ctrl-C."""
+    [--api-key K] [--models A,B] [--responses-only A,B]``: serve until Ctrl-C."""
     ap = argparse.ArgumentParser(prog="evo fake-llm", description="Serve a JSONL cassette as an OpenAI-compatible endpoint.")
     ap.add_argument("--cassette", required=True, help="JSONL file of scripted answers (see docs/llm.md)")
     ap.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
@@ -455,10 +630,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--context-tokens", type=int, default=None, help="answer 400 for prompts over this window")
     ap.add_argument("--api-key", default=None, help="answer 401 unless this bearer token is sent")
     ap.add_argument("--models", default="", help="comma-separated model ids served (others: 404)")
+    ap.add_argument("--responses-only", default="",
+                    help="comma-separated model ids served only by /v1/responses (chat completions: 404)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     srv = FakeLLMServer(args.cassette, host=args.host, port=args.port, dialect=args.dialect,
                         context_tokens=args.context_tokens, api_key=args.api_key,
-                        models=[m for m in args.models.split(",") if m]).start()
+                        models=[m for m in args.models.split(",") if m],
+                        responses_only=[m for m in args.responses_only.split(",") if m]).start()
     # CLI entry point: the URL goes to stdout so scripts can read it.
     print(f"fake LLM endpoint: {srv.base_url}  ({args.dialect}; cassette {args.cassette}, "
           f"{len(srv.cassette.entries)} entries; Ctrl-C stops)", flush=True)
