@@ -127,7 +127,7 @@ PY
       fi
       if [[ " $parts " == *" demo "* ]]; then
         timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
-          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" \
+          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" --keep-db "$out" \
           > "$out/judge_demo.txt" 2>&1
         echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
       fi

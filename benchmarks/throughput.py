@@ -31,6 +31,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 import tomllib
@@ -39,6 +40,10 @@ from statistics import mean
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo.toml"
+
+
+#: Where each part's database is copied (``--keep-db``), or None.
+KEEP_DB: Path | None = None
 
 
 def _with(text: str, sets: list[str]) -> str:
@@ -143,6 +148,9 @@ def part(name: str, config: Path, limit_s: float, workers: int) -> dict:
         wall, stopped, rc = _search(config, db, limit_s)
         status = _status(db)
         rec = _records(db)
+        if KEEP_DB is not None:   # the run's records, for a timeline read afterwards
+            KEEP_DB.mkdir(parents=True, exist_ok=True)
+            shutil.copy(db, KEEP_DB / db.name)
     prog = status.get("progress") or {}
     n = int(status.get("evaluations") or 0)
     limit, compile_cap, gpu_cap = _limit(rec, n, workers)
@@ -173,11 +181,14 @@ def main() -> int:
     ap.add_argument("--gemm-task", default="gemm_bf16")
     ap.add_argument("--limit-s", type=float, default=530.0, help="wall-clock bound of each search (s)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--keep-db", type=Path, metavar="DIR", help="copy each part's database into DIR")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="change one key of the demo config for both parts, e.g. "
                          "--set evaluator.warm_children=2 --set evaluator.check_concurrency=2 "
                          "(the table's title lists them)")
     args = ap.parse_args()
+    global KEEP_DB
+    KEEP_DB = args.keep_db
     workers = max(1, (os.cpu_count() or 2) - 1)   # Ray's CPUs minus the driver's, as the engine counts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
