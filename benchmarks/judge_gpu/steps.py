@@ -1,0 +1,99 @@
+"""What each step of the judge's correctness and timing loops costs on a GPU (GPU machine only).
+
+For each task's largest shape: the judge's own steps (fresh inputs, the kept copies, the
+float64 ground truth, the tolerance check at two chunk sizes, the inputs-unchanged check, the
+determinism check, the poison scan of a timed call), each timed with a device synchronise
+around it, median of ``--reps``. The candidate is stood in by the eager reference (written
+into the output buffer), so no runner is involved: this measures the judge alone.
+
+    python3 benchmarks/judge_gpu/steps.py [--tasks kb19_relu kb23_softmax] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=["kb19_relu", "kb23_softmax"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--shape", type=int, default=None, help="shape index (default: the largest)")
+    ap.add_argument("--cpu", action="store_true", help="host buffers, no GPU (checks the script itself)")
+    args = ap.parse_args()
+    import torch
+
+    from evaluators.child.correctness import ground_truth, output_dtype, poison_, same_bits
+    from evaluators.judge.exchange import IpcExchange
+    from evaluators.judge.slots import free_slots, make_slots, probe_specs
+    from evaluators.judge.timing import _sanity
+    from evaluators.judge.trials import fill_inputs
+    from evo.tasks.registry import get_task
+    from evo.tasks.tolerance import check, check_deterministic
+
+    if args.cpu:
+        import tempfile
+
+        from evaluators.judge.exchange import HostExchange
+
+        ex = HostExchange(Path(tempfile.mkdtemp()))
+        torch.cuda.synchronize = lambda: None
+    else:
+        ex = IpcExchange()
+    print(f"{'cpu' if args.cpu else torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print("| task | shape | step | median ms |\n|---|---|---|---|")
+    for name in args.tasks:
+        task = get_task(name)
+        si = args.shape if args.shape is not None else max(range(len(task.shapes)),
+                                                            key=lambda i: sum(task.shapes[i].values()))
+        shape = dict(task.shapes[si])
+        ins, outs = probe_specs(task, shape, ex.device)
+        slots = make_slots(ex, ins, outs)
+        dist = task.distributions[0]
+        dt = getattr(torch, task.dtype)
+
+        def timed(step, fn):
+            xs = []
+            for _ in range(args.reps):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                r = fn()
+                torch.cuda.synchronize()
+                xs.append((time.perf_counter() - t0) * 1e3)
+            print(f"| {name} | {shape} | {step} | {statistics.median(xs):.1f} |", flush=True)
+            return r
+
+        with torch.no_grad():
+            timed("fill inputs (no copy kept)", lambda: fill_inputs(task, slots, shape, 1, dist, keep=False))
+            saved = timed("fill inputs + kept copy", lambda: fill_inputs(task, slots, shape, 1, dist, keep=True))
+            truth = timed("float64 ground truth", lambda: ground_truth(task, saved))
+            eager = task.reference(*slots.ins)
+            eager = tuple(eager) if isinstance(eager, (tuple, list)) else (eager,)
+            timed("poison outputs", lambda: [poison_(o) for o in slots.outs])
+            for o, e in zip(slots.outs, eager):
+                o.copy_(e)
+            for chunk in (1 << 23, 1 << 26):
+                timed(f"tolerance check, chunk 2^{chunk.bit_length() - 1}",
+                      lambda chunk=chunk: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), chunk=chunk)
+                                           for o, r in zip(slots.outs, truth)])
+            timed("inputs unchanged (same_bits)", lambda: [same_bits(x, s) for x, s in zip(slots.ins, saved)])
+            first = timed("copy of the outputs", lambda: [o.clone() for o in slots.outs])
+            timed("determinism (bitwise equal)",
+                  lambda: [check_deterministic(a, b, task.tolerance) for a, b in zip(first, slots.outs)])
+            timed("timed-call sanity (poison scan + sample)", lambda: _sanity(task, slots.outs, eager, seed=3))
+            timed("eager reference", lambda: task.reference(*slots.ins))
+        del saved, truth, eager, first
+        free_slots(ex, slots)
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
