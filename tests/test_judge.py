@@ -154,6 +154,50 @@ def test_a_kernel_that_writes_nothing_is_incorrect(tmp_path):
     assert "non-finite" in rep.stage("correctness").reason
 
 
+def test_the_judges_fused_tolerance_check_reaches_correctness_and_timing(tmp_path):
+    """On a GPU the judge checks with the fused (torch.compile) tolerance check; here with a
+    backend that needs no compiler: the honest kernel passes both stages, the lazy one fails."""
+    from evo.tasks import tolerance as T
+
+    judge, _ = _judge(tmp_path, [])
+    judge._fused = "aot_eager"
+    assert _statuses(judge.evaluate(_job(), _settings())) == [("correctness", "ok"), ("timing", "ok")]
+    lazy, _ = _judge(tmp_path, [], skip_from=0)
+    lazy._fused = "aot_eager"
+    rep = lazy.evaluate(_job(), _settings())
+    assert rep.stage("correctness").status is Status.INCORRECT and "non-finite" in rep.stage("correctness").reason
+    assert ("out", "aot_eager") in T._FUSED and not T._FUSED_BROKEN
+
+
+class _OomOps(FakeOps):
+    """The judge's own device work runs out of memory the first ``times`` reference calls."""
+
+    def __init__(self, clock, times: int) -> None:
+        super().__init__(clock)
+        self.left = times
+
+    def time_ms(self, fn):
+        if self.left > 0:
+            self.left -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB")
+        return super().time_ms(fn)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_the_judges_own_out_of_memory_is_retried_once_then_ours_never_the_candidates(tmp_path, times):
+    made: list = []
+    judge, clock = _judge(tmp_path, made)
+    judge._ops = _OomOps(clock, times)
+    if times == 1:   # caches dropped, evaluated again: the candidate's verdict stands
+        rep = judge.evaluate(_job(), _settings())
+        assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
+        assert len(made) == 2
+    else:            # twice: our failure, named, and no verdict at all
+        with pytest.raises(HarnessError) as ei:
+            judge.evaluate(_job(), _settings())
+        assert ei.value.kind == "memory" and "twice" in str(ei.value)
+
+
 def test_a_kernel_that_modifies_its_input_is_incorrect(tmp_path):
     def mutate(ins, outs, scalars):
         outs[0].copy_(torch.relu(ins[0]))

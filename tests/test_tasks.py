@@ -425,6 +425,45 @@ def test_check_deterministic_in_chunks_finds_the_worst_difference_in_any_chunk()
     assert check_deterministic(z, torch.tensor([-0.0, 0.0]), tol, chunk=1) == (True, "ok", 0.0)
 
 
+def test_the_fused_tolerance_check_decides_and_reports_exactly_as_the_eager_one(monkeypatch):
+    """The judge fuses each pass with torch.compile on a GPU (inductor there; ``aot_eager``
+    here traces the same graph, whole and with dynamic sizes, without a device compiler):
+    verdict, reasons and every metric equal the eager passes', on passing outputs and on
+    each kind of failure, with chunks that split the tensor unevenly."""
+    from evo.tasks import tolerance as T
+
+    monkeypatch.setattr(T, "_FUSED_BROKEN", False)
+    monkeypatch.setattr(T, "_FUSED_CHUNK", 7)        # several fused chunks, the last one short
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(3, 41, generator=g, dtype=torch.float64)
+    r[0, 0] = float("inf")
+    good = r.float()
+    outs = {"ok": good}
+    for name, (i, j, v) in {"violation": (1, 7, 0.5), "nan": (2, 3, float("nan")),
+                            "inf": (0, 5, float("inf"))}.items():
+        o = good.clone()
+        o[i, j] = v if name != "violation" else o[i, j] + v
+        outs[name] = o
+    for name, o in outs.items():
+        eager = T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, chunk=7)
+        fused = T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, chunk=7, fused="aot_eager")
+        assert fused == eager, name
+        assert eager[0] is (name == "ok"), name
+    assert not T._FUSED_BROKEN
+
+
+def test_a_fused_backend_that_fails_falls_back_to_the_same_eager_rule(monkeypatch, caplog):
+    from evo.tasks import tolerance as T
+
+    monkeypatch.setattr(T, "_FUSED_BROKEN", False)
+    r = torch.randn(5, 9, dtype=torch.float64)
+    o = r.float()
+    o[2, 2] += 1.0
+    eager = T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32)
+    assert T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, fused="no_such_backend") == eager
+    assert T._FUSED_BROKEN and "checking eagerly" in caplog.text
+
+
 # ------------------------------------------------------------------------------- user tasks
 USER_TASK_SRC = '''
 import torch

@@ -175,13 +175,15 @@ def ground_truth(task: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tenso
     return _as_tuple(task.reference(*_upcast(inputs, getattr(torch, task.reference_dtype))))
 
 
-def first_wrong_output(task: Any, outputs: Sequence[torch.Tensor], truth: Sequence[torch.Tensor]) -> str | None:
+def first_wrong_output(task: Any, outputs: Sequence[torch.Tensor], truth: Sequence[torch.Tensor],
+                       fused: str | None = None) -> str | None:
     """``None`` when every output passes the task's tolerance against ``truth``, else
-    "output k: why; worst element" for the first that does not."""
+    "output k: why; worst element" for the first that does not. ``fused``: the
+    :func:`~evo.tasks.tolerance.check` backend (a long-lived judge on a GPU)."""
     check, _ = _tolerance_fns()
     task_dtype = getattr(torch, task.dtype)
     for k, (o, r) in enumerate(zip(outputs, truth)):
-        ok, why, _m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype))
+        ok, why, _m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype), fused=fused)
         if not ok:
             return f"output {k}: {why}; {worst_element(o, r)}"
     return None

@@ -243,7 +243,7 @@ def _sanity(task: Any, outs: Sequence[Any], refs: Sequence[Any], *, sample: int 
 def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int], references: Sequence[Any],
                reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                progress: Callable[[dict[str, Any]], None] = lambda p: None,
-               phases: Phases | None = None) -> tuple[Any, StageResult | None, dict]:
+               phases: Phases | None = None, fused: str | None = None) -> tuple[Any, StageResult | None, dict]:
     """Warm-up and ``reps`` judge-driven timed calls of one shape.
 
     Returns ``(samples, failure, extra)``: the :class:`~evaluators.child.timing.ShapeSamples`
@@ -303,7 +303,7 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
                                              f"{where}: the kernel modified input {k}"), {}
             wrong = _sanity(task, slots.outs, eager_out, seed=trial_seed(seed, 3000 + r, 0))
             if wrong is None and r == 0:
-                wrong = first_wrong_output(task, slots.outs, ground_truth(task, saved))
+                wrong = first_wrong_output(task, slots.outs, ground_truth(task, saved), fused=fused)
         if wrong:
             return None, StageResult(
                 "timing", Status.INCORRECT,
@@ -321,7 +321,7 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
                 references: Sequence[Any], reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                 sol_ms: Callable[[dict[str, int]], float | None], basis: str = "eager",
                 progress: Callable[[dict[str, Any]], None] = lambda p: None,
-                phases: Phases | None = None) -> StageResult:
+                phases: Phases | None = None, fused: str | None = None) -> StageResult:
     """The timing stage over the benchmark shapes: ``ok`` with fitness, or the first
     ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails. ``phases``
     receives the judge's seconds per step of the loop."""
@@ -333,14 +333,14 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
                                        warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress,
-                                       phases=phases)
+                                       phases=phases, fused=fused)
         if failure is not None and failure.status is Status.INVALID:
             # A host busy for the whole loop can still push every round trip up: one more
             # loop, and the timing stands only if it agrees (a liar fails both).
             first = failure
             s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
                                            reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
-                                           progress=progress, phases=phases)
+                                           progress=progress, phases=phases, fused=fused)
             extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,

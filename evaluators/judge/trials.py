@@ -117,9 +117,11 @@ def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, 
 
 def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, trials: int, seed: int,
                     shape_indices: Sequence[int] | None = None, sync: Callable[[], None] = lambda: None,
-                    progress: Callable[[dict[str, Any]], None] = lambda p: None) -> StageResult:
+                    progress: Callable[[dict[str, Any]], None] = lambda p: None,
+                    fused: str | None = None) -> StageResult:
     """The correctness stage: ``ok`` or ``incorrect`` (first failing check, named for a repair
-    prompt). Raises :class:`CallFailed` when a call fails (the caller records its status)."""
+    prompt). Raises :class:`CallFailed` when a call fails (the caller records its status).
+    ``fused``: the tolerance check's ``torch.compile`` backend (:func:`evo.tasks.tolerance.check`)."""
     import torch
 
     from evaluators.child.correctness import (_jsonable, _tolerance_fns, ground_truth, output_dtype, poison_,
@@ -168,7 +170,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
 
                     ok, why, m = rule(_upcast(saved, getattr(torch, task.reference_dtype)), o, r)
                 else:
-                    ok, why, m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype))
+                    ok, why, m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype), fused=fused)
                 m = _jsonable(m or {})
                 if isinstance(m.get("rel_l2"), float) and math.isfinite(m["rel_l2"]):
                     worst_l2 = max(worst_l2, m["rel_l2"])

@@ -83,6 +83,67 @@ BF16_GEMM = Tolerance(atol=1e-2, rtol=1.6e-2, rel_l2=1e-2, atol_relative=True)
 _DEFAULT_CHUNK = 1 << 23
 
 
+#: Elements per call of the fused passes (they keep no temporaries of the chunk's size).
+_FUSED_CHUNK = 1 << 28
+#: Set once a fused backend failed in this process: the eager passes from then on.
+_FUSED_BROKEN = False
+_FUSED: dict[tuple[str, str], Any] = {}
+
+
+def _ref_stats(rc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the reference: (sum of squares of its finite entries, their count)."""
+    rc = rc.to(torch.float64)
+    fin = torch.isfinite(rc)
+    return torch.where(fin, rc * rc, 0.0).sum(), fin.sum()
+
+
+def _out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor,
+               rtol: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One chunk of output against reference, in float64: (bad non-finite count, first such
+    index in the chunk or -1, sum of squared errors, max abs error, elementwise violations,
+    worst error/allowed ratio, its index in the chunk)."""
+    rc = rc.to(torch.float64)
+    oc = oc.to(torch.float64)
+    rfin = torch.isfinite(rc)
+    ofin = torch.isfinite(oc)
+    same_special = (torch.isnan(rc) & torch.isnan(oc)) | (rc == oc)
+    bad_nf = (rfin & ~ofin) | (~rfin & ~same_special)
+    cnt = bad_nf.sum()
+    first = torch.where(cnt > 0, bad_nf.to(torch.int8).argmax(), -1)
+    both = rfin & ofin
+    d = torch.where(both, (oc - rc).abs(), 0.0)
+    allowed = atol + rtol * rc.abs()
+    viol = (both & (d > allowed)).sum()
+    ratio = torch.where(both & (d > 0), d / allowed, 0.0)  # d > 0, allowed 0 -> inf
+    return cnt, first, (d * d).sum(), d.max(), viol, ratio.max(), ratio.argmax()
+
+
+def _call(which: str, backend: str | None, *args: torch.Tensor) -> Any:
+    """The ``which`` pass (``"ref"`` or ``"out"``) on one chunk, fused by ``backend`` or eager.
+    A fused backend that fails (no compiler, an unsupported device) is logged once and
+    replaced by the eager pass for the rest of the process; out of memory is not a compile
+    failure and propagates."""
+    global _FUSED_BROKEN
+    eager = _ref_stats if which == "ref" else _out_stats
+    if backend is None or _FUSED_BROKEN:
+        return eager(*args)
+    try:
+        key = (which, backend)
+        if key not in _FUSED:
+            _FUSED[key] = torch.compile(eager, backend=backend, dynamic=True, fullgraph=True)
+        return _FUSED[key](*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any compiler failure: the eager pass is the same rule
+        import logging
+
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        logging.getLogger(__name__).warning("fused tolerance check unavailable (%s: %s); checking eagerly",
+                                            type(e).__name__, first)
+        _FUSED_BROKEN = True
+        return eager(*args)
+
+
 def _dtype(d: torch.dtype | str | None) -> torch.dtype | None:
     if d is None or isinstance(d, torch.dtype):
         return d
@@ -110,6 +171,7 @@ def check(
     *,
     dtype: torch.dtype | str | None = None,
     chunk: int = _DEFAULT_CHUNK,
+    fused: str | None = None,
 ) -> tuple[bool, str, dict[str, Any]]:
     """Compare ``out`` with ``ref`` under ``tol``.
 
@@ -120,6 +182,11 @@ def check(
       dtype: the declared output dtype (``Task.dtype``); None skips the dtype check beyond
         "is floating point". ``ref`` may legitimately have a wider dtype.
       chunk: elements per float64 working chunk.
+      fused: a ``torch.compile`` backend (``"inductor"``) that fuses each pass into a few
+        kernels, for a long-lived caller (the judge) checking GB-sized outputs: the eager
+        passes move ~25 float64 temporaries per element through memory, the fused ones read
+        each input once. The first call per dtype pays the compile; a backend that fails
+        falls back to the eager passes for the rest of the process. None: eager.
 
     Returns ``(ok, reason, metrics)``. ``reason`` is ``"ok"`` or every failed criterion,
     ``"; "``-separated, naming the worst element (index, output, reference values).
@@ -157,21 +224,24 @@ def check(
     dev = ref.device
     f64 = torch.float64
     chunk = max(int(chunk), 1)
+    if fused is not None and not _FUSED_BROKEN:
+        chunk = max(chunk, _FUSED_CHUNK)
 
     # Pass 1: the output scale (RMS over the reference's finite entries).
     ref_sumsq = torch.zeros((), dtype=f64, device=dev)
     ref_finite = torch.zeros((), dtype=torch.int64, device=dev)
     for s in range(0, n, chunk):
-        rc = r[s : s + chunk].to(f64)
-        fin = torch.isfinite(rc)
-        ref_sumsq += torch.where(fin, rc * rc, 0.0).sum()
-        ref_finite += fin.sum()
+        sq, fin = _call("ref", fused, r[s : s + chunk])
+        ref_sumsq += sq
+        ref_finite += fin
     ref_sumsq_f = float(ref_sumsq.item())
     n_ref_finite = int(ref_finite.item())
     rms = math.sqrt(ref_sumsq_f / n_ref_finite) if n_ref_finite else 0.0
     atol_eff = tol.atol * rms if tol.atol_relative else tol.atol
 
     # Pass 2: non-finite mismatches, elementwise bound, error norms, worst element.
+    atol_t = torch.tensor(atol_eff, dtype=f64, device=dev)   # tensors, not constants: one
+    rtol_t = torch.tensor(tol.rtol, dtype=f64, device=dev)   # compiled kernel for every task
     diff_sumsq = torch.zeros((), dtype=f64, device=dev)
     max_abs = torch.zeros((), dtype=f64, device=dev)
     n_bad_nf = torch.zeros((), dtype=torch.int64, device=dev)
@@ -179,24 +249,13 @@ def check(
     first_nf: list[torch.Tensor] = []  # per chunk: flat index of first bad non-finite or -1
     worst: list[tuple[torch.Tensor, torch.Tensor]] = []  # per chunk: (ratio, flat index)
     for s in range(0, n, chunk):
-        rc = r[s : s + chunk].to(f64)
-        oc = o[s : s + chunk].to(f64)
-        rfin = torch.isfinite(rc)
-        ofin = torch.isfinite(oc)
-        same_special = (torch.isnan(rc) & torch.isnan(oc)) | (rc == oc)
-        bad_nf = (rfin & ~ofin) | (~rfin & ~same_special)
-        cnt = bad_nf.sum()
+        cnt, first, sq, mx, viol, ratio, at = _call("out", fused, o[s : s + chunk], r[s : s + chunk], atol_t, rtol_t)
         n_bad_nf += cnt
-        first_nf.append(torch.where(cnt > 0, bad_nf.to(torch.int8).argmax() + s, -1))
-        both = rfin & ofin
-        d = torch.where(both, (oc - rc).abs(), 0.0)
-        diff_sumsq += (d * d).sum()
-        max_abs = torch.maximum(max_abs, d.max())
-        allowed = atol_eff + tol.rtol * rc.abs()
-        n_viol += (both & (d > allowed)).sum()
-        ratio = torch.where(both & (d > 0), d / allowed, 0.0)  # d > 0, allowed 0 -> inf
-        i = ratio.argmax()
-        worst.append((ratio[i], i + s))
+        first_nf.append(torch.where(first >= 0, first + s, -1))
+        diff_sumsq += sq
+        max_abs = torch.maximum(max_abs, mx)
+        n_viol += viol
+        worst.append((ratio, at + s))
 
     metrics["ref_rms"] = rms
     metrics["atol_eff"] = atol_eff
