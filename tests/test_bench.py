@@ -173,3 +173,14 @@ def test_gap_marks_a_target_beyond_the_speed_of_light():
     lines = results_table([row("silu_bf16", 1.6051, 1.5124, 1.3422), row("gemm_silu_mul_bf16", 3.3223, 2.9319, 1.9468)], tg)
     assert "| -15% (beyond speed of light: needs 1.284 ms, bound 1.342 ms) |" in lines[2]
     assert lines[3].endswith("| 1.20 | -6% | ok |")
+
+
+def test_bench_family_is_repeatable_and_tasks_come_once():
+    """`evo bench --family kernelbench-l1 --family modern` measures both families (a second
+    --family once silently replaced the first), a --task named again by a family once."""
+    from evo.cli.kernels import bench_task_names
+    from evo.tasks import task_names
+
+    both = bench_task_names(["gemm_bf16"], ["kernelbench-l1", "modern"])
+    assert both[0] == "gemm_bf16" and len(both) == len(set(both))
+    assert set(both) == set(task_names("kernelbench-l1")) | set(task_names("modern"))

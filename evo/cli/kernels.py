@@ -235,9 +235,18 @@ def tune(
                   f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
 
 
+def bench_task_names(tasks: list[str], families: list[str]) -> list[str]:
+    """The tasks ``evo bench`` measures: each ``--task``, then every task of each ``--family``,
+    in that order, each once. Raises KeyError naming an unknown task or family."""
+    import evo.tasks as T
+
+    names = [T.get_task(t).name for t in tasks] + [n for f in families for n in T.task_names(f)]
+    return list(dict.fromkeys(names))
+
+
 def bench(
     task: list[str] = typer.Option([], "--task", help="Benchmark this task's seed (repeatable)."),
-    family: Optional[str] = typer.Option(None, "--family", help="Benchmark the seeds of a whole family."),
+    family: list[str] = typer.Option([], "--family", help="Benchmark the seeds of a whole family (repeatable)."),
     run: Optional[str] = typer.Option(None, "--run", help="Benchmark this run's champions instead of seeds (id or prefix)."),
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", help="Markdown table to write."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
@@ -276,7 +285,7 @@ def bench(
     except TargetsError as e:
         _fail(str(e))
     try:
-        names = [T.get_task(t).name for t in task] + (T.task_names(family) if family else [])
+        names = bench_task_names(task, family)
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     if run:
