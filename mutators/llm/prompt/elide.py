@@ -24,7 +24,8 @@ macro of a header or the compiler (``__CUDA_ARCH__``): branches on them are kept
 Safe for patches: the real source is never changed; SEARCH blocks are matched against it,
 and the prompt tells the model that marker lines stand for code it must not edit or quote.
 Regions holding a line that a repair's error points at (``keep_lines``) are never cut, and
-runs shorter than :data:`MIN_RUN` lines stay (a marker would save nothing). Marker lines
+runs shorter than :data:`MIN_RUN` lines or than twice their marker stay (a marker would save
+little). Marker lines
 keep the real line numbers, so numbered excerpts of the full source still match.
 """
 
@@ -322,11 +323,12 @@ def _elide(source: str, abi_header: str, keep: frozenset[int]) -> ElidedSource:
         while j + 1 < len(lines) and (j + 2) in dead:
             j += 1
         run = lines[i:j + 1]
-        if j - i + 1 < MIN_RUN or any(k in keep for k in range(n, j + 2)):
+        indent = re.match(r"[ \t]*", next((ln for ln in run if ln.strip()), "")).group(0)
+        marker = indent + MARKER.format(first=n, last=j + 1)
+        if j - i + 1 < MIN_RUN or sum(len(ln) + 1 for ln in run) < 2 * len(marker) or \
+                any(k in keep for k in range(n, j + 2)):
             out.extend(run)
         else:
-            indent = re.match(r"[ \t]*", next((ln for ln in run if ln.strip()), "")).group(0)
-            marker = indent + MARKER.format(first=n, last=j + 1)
             out.append(marker)
             regions.append((n, j + 1))
             saved += sum(len(ln) + 1 for ln in run) - len(marker) - 1

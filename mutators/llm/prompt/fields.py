@@ -10,7 +10,7 @@ from typing import Any, Callable
 from evo.core.records import Member
 from mutators.base import MutationContext
 from mutators.llm.prompt.diagnostics import digest
-from mutators.llm.prompt.elide import elide_unreachable
+from mutators.llm.prompt.elide import ElidedSource, elide_unreachable
 from mutators.llm.prompt.context import PromptContextProvider
 from mutators.llm.prompt.text import (effective_source, elided_text, error_lines, failing_lines, fmt_fitness,
                                       fmt_profile, inspiration_text, timings_text, tunables_text)
@@ -63,6 +63,8 @@ def prompt_fields(kind: str, parent: Member | None, context: MutationContext, *,
     facts = facts_fn(parent.id) if callable(facts_fn) else None
     err = failure(parent)[2] if kind == "repair" else ""
     shown = elide_unreachable(view, abi_header=info.abi_text, keep_lines=error_lines(view, err))
+    if shown.chars_saved <= len(elided_text(shown)):
+        shown = ElidedSource(view)  # the note would cost more than the elision saves
     f["parent_source"] = shown.text.rstrip("\n")
     f["elided"] = elided_text(shown) or None
     f["tunables"] = tunables_text(view) or None
