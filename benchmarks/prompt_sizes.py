@@ -72,6 +72,9 @@ DOCS_LLM = ROOT / "docs" / "llm.md"
 DEBUG_PRINT = '  fprintf(stderr, "evo_launch: n_in = %d\\n", n_in);'
 
 
+_TABLE_RE = re.compile(r"(<!-- prompt-sizes -->\n)(?:.*?\n)?(<!-- end prompt-sizes -->)", re.DOTALL)
+
+
 def tokenizer() -> tuple[str, Callable[[str], int]]:
     """(name, count) of the best token counter available here (module docstring)."""
     try:
@@ -232,6 +235,12 @@ def table(rs: list[Row], name: str, count: Callable[[str], int]) -> str:
     return "\n".join(lines)
 
 
+def committed_table(doc: str) -> str:
+    """The table between docs/llm.md's prompt-sizes markers ("" when there is none)."""
+    m = _TABLE_RE.search(doc)
+    return m.group(0) if m else ""
+
+
 def table_chars(text: str) -> dict[str, tuple[int, int]]:
     """``{"family (task)": (before, + card)}`` characters of a table made by :func:`table`."""
     out = {}
@@ -261,9 +270,6 @@ def prompt_files(tasks: tuple[str, ...] = EXAMPLE_TASKS) -> dict[str, str]:
     return files
 
 
-_TABLE_RE = re.compile(r"(<!-- prompt-sizes -->\n).*?(\n<!-- end prompt-sizes -->)", re.DOTALL)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite docs/prompts/ and the table in docs/llm.md")
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = DOCS_LLM.read_text(encoding="utf-8")
         if not _TABLE_RE.search(doc):
             raise SystemExit("docs/llm.md has no <!-- prompt-sizes --> ... <!-- end prompt-sizes --> block")
-        DOCS_LLM.write_text(_TABLE_RE.sub(lambda m: m.group(1) + text + m.group(2), doc), encoding="utf-8")
+        DOCS_LLM.write_text(_TABLE_RE.sub(lambda m: m.group(1) + text + "\n" + m.group(2), doc), encoding="utf-8")
     return 0
 
 
