@@ -28,6 +28,7 @@ CuTeGen paper).
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import logging
 import re
@@ -35,10 +36,11 @@ import types
 from importlib import resources
 from typing import Any, Callable
 
+from mutators.llm.prompt.card import CardFacts, example_kernel, render_card
 from mutators.llm.prompt.context import ParentFacts, ShapeTiming, TaskInfo
 
 __all__ = ["StoreContextProvider", "task_info", "reference_text", "tensors_text", "short_kernel_name",
-           "ptxas_text"]
+           "ptxas_text", "card_facts", "reference_card", "genesis_example", "EXAMPLE_SEEDS"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,44 @@ _CONST_TYPES = (int, float, str, bool, tuple)
 
 def _abi_text() -> str:
     return resources.files("evaluators.child").joinpath("evo_abi.h").read_text()
+
+
+def card_facts() -> CardFacts:
+    """The facts of the CuTe reference card, read where they live: the CUTLASS version of
+    the headers a build uses (:func:`evaluators.compile.toolchain.cutlass_version`), the
+    policy's include allowlist and rules (:mod:`evaluators.policy`), the ABI header."""
+    from evaluators.compile.toolchain import CutlassNotFound, cutlass_version
+    from evaluators.policy import ALLOWED_INCLUDE_PATTERNS, POLICY_RULES
+
+    try:
+        version = cutlass_version()
+    except CutlassNotFound:
+        version = "(version unknown: the nvidia-cutlass wheel is not installed where prompts are rendered)"
+    return CardFacts(version, tuple(ALLOWED_INCLUDE_PATTERNS), tuple((r.name, r.reason) for r in POLICY_RULES),
+                     _abi_text())
+
+
+@functools.lru_cache(maxsize=1)
+def reference_card() -> str:
+    """The CuTe reference card of this installation (:func:`mutators.llm.prompt.card.render_card`)."""
+    return render_card(card_facts())
+
+
+#: The seeds a genesis prompt shows as its example, first choice first: a task whose own seed
+#: comes from the first one's template gets the second (an example is not the answer).
+EXAMPLE_SEEDS = ("kb04_matvec", "kb19_relu")
+
+
+def genesis_example(task: Any) -> str:
+    """The example kernel of ``task``'s genesis prompt (:data:`EXAMPLE_SEEDS`)."""
+    from evo.tasks.seeds import UnknownSeedError, seed_source, seed_spec
+
+    try:
+        own = seed_spec(task.seed or task.name).template
+    except UnknownSeedError:
+        own = None
+    name = next(n for n in EXAMPLE_SEEDS if seed_spec(n).template != own)
+    return example_kernel(seed_source(name), _abi_text())
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -195,7 +235,7 @@ def task_info(task_name: str, gpu_name: str | None = None) -> TaskInfo:
         tensors = ""
     return TaskInfo(reference_src=reference_text(task.reference), abi_text=_abi_text(), shapes_text=shapes,
                     dtype=task.dtype, tolerance_text=tol_text, sol_text=sol, description=task.description or "",
-                    tensors_text=tensors)
+                    tensors_text=tensors, card=reference_card(), example_kernel=genesis_example(task))
 
 
 def short_kernel_name(name: str) -> str:

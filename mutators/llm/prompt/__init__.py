@@ -1,2 +1,4 @@
 """Prompts: what a prompt may know (context), its text pieces and fields, the templates
-(``prompts/*.md``) and compile diagnostics for repair prompts."""
+(``prompts/*.md``), the CuTe reference card (card), the parent's source with the code its task
+never compiles elided (elide, over ppscan and ppcond) and compile diagnostics for repair
+prompts."""

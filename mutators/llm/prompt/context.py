@@ -21,7 +21,10 @@ class TaskInfo:
     ``reference_src`` includes the module constants and helpers the reference uses;
     ``description`` is the task's own description (layouts, structure: "A stored [K, M]");
     ``tensors_text`` lists each input and output with its dims and dtype; ``sol_text``
-    describes the speed-of-light bound. Optional texts are "" when unknown.
+    describes the speed-of-light bound; ``card`` is the CuTe reference card
+    (:func:`mutators.llm.prompt.card.render_card`) and ``example_kernel`` the small example
+    a genesis prompt shows (:func:`mutators.llm.prompt.card.example_kernel`). Optional texts
+    are "" when unknown.
     """
 
     reference_src: str
@@ -32,6 +35,8 @@ class TaskInfo:
     sol_text: str = ""
     description: str = ""
     tensors_text: str = ""
+    card: str = ""
+    example_kernel: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from typing import Any, Callable
 from evo.core.records import Member
 from mutators.base import MutationContext
 from mutators.llm.prompt.diagnostics import digest
+from mutators.llm.prompt.elide import ElidedSource, elide_unreachable
 from mutators.llm.prompt.context import PromptContextProvider
-from mutators.llm.prompt.text import (effective_source, failing_lines, fmt_fitness, fmt_profile, inspiration_text,
-                                  timings_text, tunables_text)
+from mutators.llm.prompt.text import (effective_source, elided_text, error_lines, failing_lines, fmt_fitness,
+                                      fmt_profile, inspiration_text, timings_text, tunables_text)
 
 __all__ = ["prompt_fields", "Step"]
 
@@ -41,20 +42,8 @@ def prompt_fields(kind: str, parent: Member | None, context: MutationContext, *,
         "description": info.description or None,
         "tensors_text": info.tensors_text or None,
         "sol_text": info.sol_text or None,
+        "card": info.card.strip() or None,
     }
-    steps: list[Step] = []
-    if kind == "genesis":
-        f["abi_text"] = info.abi_text.rstrip()
-        f["feedback"] = feedback
-        return f, steps
-    assert parent is not None
-    view = effective_source(parent.candidate.source, parent.candidate.params_dict)
-    facts_fn = getattr(provider, "parent_facts", None)
-    facts = facts_fn(parent.id) if callable(facts_fn) else None
-    f["parent_source"] = view.rstrip("\n")
-    f["tunables"] = tunables_text(view) or None
-    f["attempts"] = attempts_text(5) or None
-    f["feedback"] = feedback
 
     def drop(name: str) -> Callable[[dict[str, Any]], bool]:
         def fn(d: dict[str, Any]) -> bool:
@@ -62,6 +51,25 @@ def prompt_fields(kind: str, parent: Member | None, context: MutationContext, *,
             d[name] = None
             return had
         return fn
+
+    if kind == "genesis":
+        f["abi_text"] = info.abi_text.rstrip()
+        f["example"] = info.example_kernel.rstrip() or None
+        f["feedback"] = feedback
+        return f, [("the example kernel", drop("example")), ("the CuTe reference card", drop("card"))]
+    assert parent is not None
+    view = effective_source(parent.candidate.source, parent.candidate.params_dict)
+    facts_fn = getattr(provider, "parent_facts", None)
+    facts = facts_fn(parent.id) if callable(facts_fn) else None
+    err = failure(parent)[2] if kind == "repair" else ""
+    shown = elide_unreachable(view, abi_header=info.abi_text, keep_lines=error_lines(view, err))
+    if shown.chars_saved <= len(elided_text(shown)):
+        shown = ElidedSource(view)  # the note would cost more than the elision saves
+    f["parent_source"] = shown.text.rstrip("\n")
+    f["elided"] = elided_text(shown) or None
+    f["tunables"] = tunables_text(view) or None
+    f["attempts"] = attempts_text(5) or None
+    f["feedback"] = feedback
 
     def attempts_last(k: int) -> Callable[[dict[str, Any]], bool]:
         def fn(d: dict[str, Any]) -> bool:
@@ -88,8 +96,8 @@ def prompt_fields(kind: str, parent: Member | None, context: MutationContext, *,
         steps = [("older repair attempts", attempts_last(2)), ("the error text beyond 1500 characters",
                                                                shorter_error(1500)),
                  ("the tunables list", drop("tunables")), ("the earlier repair attempts", drop("attempts")),
-                 ("the error text beyond 600 characters", shorter_error(600)), ("the task description",
-                                                                                drop("description"))]
+                 ("the error text beyond 600 characters", shorter_error(600)),
+                 ("the CuTe reference card", drop("card")), ("the task description", drop("description"))]
         return f, steps
     history = provider.history(parent.id)
     f["parent_fitness"] = fmt_fitness(parent.fitness)
@@ -126,5 +134,6 @@ def prompt_fields(kind: str, parent: Member | None, context: MutationContext, *,
     steps += [("the profile", drop("profile")), ("older attempts", attempts_last(2)),
               ("the lineage's earlier fitness history", shorter_history), ("the ptxas resource usage", drop("ptxas")),
               ("the measured times", drop("timings")), ("the earlier attempts", drop("attempts")),
-              ("the tunables list", drop("tunables")), ("the task description", drop("description"))]
+              ("the tunables list", drop("tunables")), ("the CuTe reference card", drop("card")),
+              ("the task description", drop("description"))]
     return f, steps

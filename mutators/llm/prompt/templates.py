@@ -11,7 +11,9 @@ is ``$$``) plus one tiny construct for optional sections::
 An optional section is kept only when its field is given and non-empty (not ``None``, not
 blank); the fields used inside it are then required. Every field used outside optional
 sections is required: a missing one raises :class:`PromptError` naming it and the kind.
-``system.md`` is the system message of every kind (the evaluation-contract rules).
+``system.md`` is the system message of every kind (the evaluation-contract rules and, when
+the field ``card`` is given, the CuTe reference card: :mod:`mutators.llm.prompt.card`; a
+stable first message, so endpoints that cache prompt prefixes reuse it across calls).
 
 The first line of each user message is ``[kind:<kind>] task <task>``, a stable marker that
 cassettes match on (``"match": "[kind:repair]"``).
@@ -65,13 +67,15 @@ def _identifiers(text: str) -> set[str]:
 
 
 def template_fields(kind: str) -> tuple[set[str], set[str]]:
-    """``(required, optional)`` field names of ``kind``'s template."""
-    text = _template(kind)
+    """``(required, optional)`` field names of ``kind``'s prompt (its template and the
+    system message's)."""
+    required: set[str] = set()
     optional: set[str] = set()
-    for m in _IF_RE.finditer(text):
-        optional.add(m.group(1))
-        optional |= _identifiers(m.group(2))
-    required = _identifiers(_IF_RE.sub("", text))
+    for text in (_template(kind), _read("system")):
+        for m in _IF_RE.finditer(text):
+            optional.add(m.group(1))
+            optional |= _identifiers(m.group(2))
+        required |= _identifiers(_IF_RE.sub("", text))
     return required, optional - required
 
 
@@ -92,10 +96,7 @@ def estimate_prompt_tokens(messages: list[dict[str, str]], chars_per_token: floa
     return sum(int(len(m.get("content", "")) / chars_per_token) + 8 for m in messages)
 
 
-def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:
-    """``[system, user]`` messages for ``kind`` with ``fields`` substituted (values via ``str``)."""
-    text = _template(kind)
-
+def _render(text: str, kind: str, fields: dict[str, Any]) -> str:
     def keep(m: re.Match[str]) -> str:
         return m.group(2) if _present(fields.get(m.group(1))) else ""
 
@@ -105,6 +106,13 @@ def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:
     if missing:
         raise PromptError(f"prompt {kind!r} needs field(s) {', '.join(missing)}; got {', '.join(sorted(fields)) or 'none'}")
     values = {k: str(v) for k, v in fields.items() if v is not None}
-    user = string.Template(body).substitute(values)
-    system = string.Template(_read("system")).substitute({})
-    return [{"role": "system", "content": system.strip() + "\n"}, {"role": "user", "content": user.strip() + "\n"}]
+    return string.Template(body).substitute(values).strip() + "\n"
+
+
+def render_prompt(kind: str, **fields: Any) -> list[dict[str, str]]:
+    """``[system, user]`` messages for ``kind`` with ``fields`` substituted (values via ``str``);
+    ``system.md``'s optional sections (the CuTe reference card: field ``card``) take their
+    fields from the same ``fields``."""
+    user = _render(_template(kind), kind, fields)
+    system = _render(_read("system"), kind, fields)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]

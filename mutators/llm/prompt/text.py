@@ -13,8 +13,9 @@ from typing import Any
 from evo.core.tunables import TunableError, parse_tunables
 from mutators.llm.prompt.diagnostics import kernel_lines, numbered_excerpt
 from mutators.llm.prompt.context import ParentFacts
+from mutators.llm.prompt.elide import ElidedSource
 
-__all__ = ["RenderedPrompt", "trim_error", "failing_lines", "effective_source", "fmt_fitness", "fmt_profile",
+__all__ = ["RenderedPrompt", "trim_error", "failing_lines", "error_lines", "elided_text", "effective_source", "fmt_fitness", "fmt_profile",
            "tunables_text", "timings_text", "kernel_body", "inspiration_text"]
 
 
@@ -52,6 +53,27 @@ def failing_lines(source: str, error_text: str, context: int = 2, max_locations:
     """
     lines = kernel_lines(error_text, source, max_locations=max_locations)
     return numbered_excerpt(source, lines, context) if lines else ""
+
+
+def error_lines(source: str, error_text: str, context: int = 2) -> frozenset[int]:
+    """Every candidate line an error text points at, with ``context`` lines either side
+    (what a repair prompt must show, never elide)."""
+    if not error_text:
+        return frozenset()
+    found = kernel_lines(error_text, source, max_locations=10_000)
+    return frozenset(k for ln in found for k in range(ln - context, ln + context + 1))
+
+
+def elided_text(shown: ElidedSource) -> str:
+    """What the prompt says about the elided regions of the parent ("" when none)."""
+    if not shown.regions:
+        return ""
+    ranges = ", ".join(f"{a}-{b}" for a, b in shown.regions)
+    return (f"Lines {ranges} of this file are not shown ({shown.lines_elided} lines): code no child of this task "
+            "compiles, the branches for the template's other ops and configurations, switched off by the task's "
+            "fixed macros (`EVO_*` and the `// @evo:task-config` defines). Each `// [elided: ...]` line stands for "
+            "one region. The code is still in the file: do not edit it, and copy SEARCH lines only from the lines "
+            "shown, never across a marker line (SEARCH is matched against the whole file).")
 
 
 _TUNABLE_LINE_RE = re.compile(r"^(?P<pre>\s*//\s*@tunable\s+(?P<name>[A-Za-z_]\w*)\s*=\s*)(?P<val>-?\w+)(?P<post>\s+in\s*\{.*)$")
