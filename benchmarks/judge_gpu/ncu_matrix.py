@@ -39,6 +39,24 @@ def main() -> int:
 
     ncu = find_ncu()
     print("ncu:", ncu, subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    # ncu and the runner alone, no sandbox, no judge: HELLO (CUDA context) then QUIT, and ncu
+    # over a torch one-liner: does ncu profile anything on this machine, does the runner live under it
+    from evaluators.protocol import PROTOCOL_VERSION
+    from evaluators.runner import runner_binary
+
+    runner = str(runner_binary("cuda"))
+    raw = [
+        ("raw: ncu over the runner, HELLO/QUIT", [ncu, "--target-processes", "all", runner],
+         f"HELLO {PROTOCOL_VERSION}\nQUIT\n"),
+        ("raw: ncu over a torch relu", [ncu, "--target-processes", "all", "--launch-count", "1", sys.executable, "-c",
+                                        "import torch; torch.relu(torch.randn(1 << 20, device='cuda')); "
+                                        "torch.cuda.synchronize()"], ""),
+    ]
+    for name, argv, stdin in raw:
+        t0 = time.monotonic()
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+        text = (p.stdout + " / " + p.stderr).replace("\n", " / ")
+        print(f"{name} | exit {p.returncode} | {text[-600:]} | {time.monotonic() - t0:.1f} s", flush=True)
     src, params = seed_for("kb19_relu")
     cand = Candidate.create("kb19_relu", src, params)
     out = compile_candidate(cand, CompileSettings())
