@@ -385,3 +385,32 @@ def test_a_reference_that_cannot_compile_is_our_failure_when_fitness_is_against_
         assert rep.stage("timing").status is Status.OK and "inductor says no" in rep.env["reference_compile_error"]
     finally:
         mp.undo()
+
+
+def test_the_judge_evicts_other_tasks_buffers_until_its_own_work_fits(tmp_path, monkeypatch):
+    """Before a candidate's checks the judge frees other tasks' cached buffers (oldest first)
+    until the device holds this shape's float64 work beside a runner, and keeps its own."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    import evaluators.judge.judge as J
+
+    gib = 1 << 30
+    state = {"free": 10 * gib}
+    freed: list = []
+    each = 20 * gib
+
+    def fake_free(ex, sl):
+        freed.append(sl.name)
+        state["free"] += each
+
+    monkeypatch.setattr(J, "free_slots", fake_free)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (state["free"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    judge = Judge(backend="host", workdir=tmp_path)
+    judge._slots = OrderedDict((k, SimpleNamespace(name=k[0])) for k in
+                               [("old", 0), ("mine", 0), ("older_use", 1), ("new", 0)])
+    # this shape: 2 x 1 G elements -> 3 x 8 B x 2 G = 48 GiB of float64 work, plus a runner's 1 GiB
+    big = SimpleNamespace(ins=(torch.empty(1).expand(1 << 30),), outs=(torch.empty(1).expand(1 << 30),))
+    judge._free_for_work(SimpleNamespace(name="mine"), {0: big})
+    assert freed == ["old", "older_use"] and ("mine", 0) in judge._slots and ("new", 0) in judge._slots

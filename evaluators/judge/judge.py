@@ -57,6 +57,9 @@ RUNNER_RESERVE_BYTES = 1 << 30
 CACHE_FRACTION = 0.25
 #: Cached buffers at most (a runner maps buffer ids below 256; a shape needs a few).
 MAX_CACHED_BUFFERS = 192
+#: The judge's working memory for a shape, in float64 copies of its inputs and outputs (the
+#: upcast inputs, the ground truth and the reference's own temporaries, the kept copies).
+WORK_FACTOR = 3
 
 
 class Judge:
@@ -162,6 +165,21 @@ class Judge:
                 return
             _key, old = self._slots.popitem(last=False)
             free_slots(self._exchange, old)
+            torch.cuda.empty_cache()
+
+    def _free_for_work(self, task: Any, slots: dict[int, ShapeSlots]) -> None:
+        """Evict other tasks' cached buffers (least recently used first) until the device has
+        room for this evaluation's own temporaries beside a runner: the float64 ground truth
+        of the largest shape and what computing it takes, estimated at :data:`WORK_FACTOR`
+        times its inputs and outputs in float64 (an fp32 swish over 6.4 GB needs ~45 GB)."""
+        import torch
+
+        work = max((WORK_FACTOR * 8 * sum(t.numel() for t in (*sl.ins, *sl.outs)) for sl in slots.values()),
+                   default=0)
+        for key in [k for k in self._slots if k[0] != task.name]:
+            if torch.cuda.mem_get_info()[0] >= work + RUNNER_RESERVE_BYTES:
+                return
+            free_slots(self._exchange, self._slots.pop(key))
             torch.cuda.empty_cache()
 
     def _references(self, task: Any, settings: HarnessSettings, slots: dict[int, ShapeSlots],
@@ -290,6 +308,8 @@ class Judge:
                     slots[si] = self._slots_for(task, si, ex, cached=cuda)
                     if not cuda:
                         own.append(slots[si])
+                if cuda:
+                    self._free_for_work(task, slots)
             with phases("references"):
                 references = self._references(task, settings, slots, bench, env) if mode.times else []
             runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox, phases=phases)
