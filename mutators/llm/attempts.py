@@ -25,6 +25,8 @@ class AttemptRecord:
     ``llm_calls`` row the client's sink stored. ``attempt_key`` (``<kind>:<parent or chain
     id>:<n>``, n counting the attempts from that parent) names the attempt independently of
     the prompt's text, so a replay can be keyed by proposal identity rather than by prompt.
+    ``reason`` is the :data:`mutators.llm.answer.reasons.REASONS` code of a failed attempt
+    ("" for one that made a child).
     """
 
     kind: str
@@ -41,6 +43,7 @@ class AttemptRecord:
     notes: tuple[str, ...] = ()
     repair_round: int = 0
     attempt_key: str = ""
+    reason: str = ""
 
 
 AttemptSink = Callable[[AttemptRecord], None]

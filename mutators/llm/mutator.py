@@ -428,7 +428,7 @@ class LLMMutator:
                        f"{', '.join(rendered.omitted) or 'nothing'}, budget {rendered.budget} (context_tokens "
                        f"{model.context_tokens} - max_output_tokens {model.max_output_tokens}); not sent")
             self._fail(kind, pid, model, None, [problem], (), chain=chain, request=request, note_outcome="not_sent",
-                       n=n)
+                       n=n, reason="prompt_too_large")
             return lambda: None
         messages = self._not_twice(chain, rendered.messages, model, n)
         return lambda: self._finish(kind, parent, context, model, messages, chain=chain, request=request, n=n,
@@ -453,27 +453,30 @@ class LLMMutator:
                        f"{w if w is not None else '(not said)'} tokens; later prompts for it are sized to that "
                        f"window ({call.error})")
             self._fail(kind, pid, model, call, [problem], (), chain=chain, request=request, note_outcome="not_sent",
-                       n=n)
+                       n=n, reason="window_exceeded")
             return None
         if call.error is not None:
             self._fail(kind, pid, model, call, [f"call failed: {call.error}"], (), chain=chain, request=request,
-                       note_outcome="call_failed", n=n)
+                       note_outcome="call_failed", n=n, reason="call_failed")
             return None
         text = call.response or ""
         if len(text.encode("utf-8")) > self.max_response_bytes:
             self._fail(kind, pid, model, call, [f"answer too large: {len(text.encode('utf-8'))} bytes > "
                                                 f"{self.max_response_bytes}"], (), chain=chain, request=request,
-                       feedback="Your previous answer was far too long. Answer with small SEARCH/REPLACE blocks.", n=n)
+                       feedback="Your previous answer was far too long. Answer with small SEARCH/REPLACE blocks.", n=n,
+                       reason="answer_too_large")
             return None
         view = effective_source(parent.candidate.source, parent.candidate.params_dict) if parent is not None else None
         interp = interpret(text, kind=kind, parent_source=view, finish_reason=call.finish_reason,
                            whole_file_lines=self.whole_file_lines, whole_file_fraction=self.whole_file_fraction)
         problems = list(interp.problems)
+        reason = interp.reason
         if interp.form == "empty" and (call.reasoning_tokens or call.finish_reason == "length") and \
                 not any("unclosed" in p for p in problems):
             problems = [f"empty answer: the model spent its output tokens ({call.tokens_out}, {call.reasoning_tokens} "
                         f"of them reasoning) before writing an answer (finish_reason {call.finish_reason}); raise "
                         "max_output_tokens or lower reasoning_effort"]
+            reason = "empty"
         feedback = interp.feedback
         child = interp.child if not problems else None
         params: dict[str, str] = {}
@@ -483,18 +486,20 @@ class LLMMutator:
                 params = resolve_params(child, {})
             except TunableError as e:
                 problems.append(f"the child's @tunable lines are malformed: {e}")
+                reason = "tunable"
                 feedback = f"Your previous answer broke a `// @tunable` line: {e}. Keep them well formed."
             else:
                 cid = candidate_id(child, canonical_params(params), context.task)
                 if cid in context.seen:
                     problems.append(f"duplicate: this child ({cid[:12]}) was already proposed in this run")
+                    reason = "duplicate"
                     feedback = (f"Your previous answer produced kernel {cid[:12]}, which this run already tried; its "
                                 f"outcome: {self._outcome_text(AttemptNote(0, '', kind, 'child', '', cid), None)}. "
                                 "Propose a different change.")
         if problems or child is None or cid is None:
             self._fail(kind, pid, model, call, problems or ["no child produced"], interp.unmatched, chain=chain,
                        request=request, feedback=feedback or "Your previous answer could not be used.", interp=interp,
-                       n=n)
+                       n=n, reason=reason or "invalid")
             return None
         with self._lock:
             self._pending[cid] = (model.name, self._baseline(kind, parent), call.cost)
@@ -589,7 +594,7 @@ class LLMMutator:
     def _fail(self, kind: str, pid: str | None, model: ModelSpec, call: LLMCall | None, problems: list[str],
               unmatched: tuple[UnmatchedBlock, ...], *, chain: str, request: RepairRequest | None = None,
               note_outcome: str = "rejected", feedback: str = "", interp: Interpretation | None = None,
-              n: int = 0) -> None:
+              n: int = 0, reason: str = "invalid") -> None:
         with self._lock:
             self.failures += 1
         cost = call.cost if call is not None else 0.0
@@ -609,7 +614,7 @@ class LLMMutator:
                             form=interp.form if interp is not None else "",
                             notes=interp.notes if interp is not None else (),
                             repair_round=request.round if request is not None else 0,
-                            attempt_key=f"{kind}:{chain}:{n}")
+                            attempt_key=f"{kind}:{chain}:{n}", reason=reason)
         self.last_failure = rec
         log.info("LLM %s attempt by %s for %s rejected: %s", kind, model.name, (pid or "-")[:12], summary)
         if self.attempt_sink is not None:
