@@ -51,7 +51,7 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     from mutators.llm.client.chat import LLMClient
     from mutators.llm.client.model_spec import ModelSpec
     from mutators.llm.client.health import ModelHealth
-    from mutators.llm.mutator import LLMMutator
+    from mutators.llm.mutator import LLMMutator, LLMMutatorSettings
 
     from mutators.llm.client.model_spec import LLMConfigError
     from mutators.llm.client.served import with_server_windows
@@ -83,12 +83,10 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
                          trips=L.breaker_trips, on_stop=recorder.model_stopped)
     provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
                                     gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
-    mut = LLMMutator(client, models, provider, health=health,
-                     attempt_sink=recorder.attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
-                     repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
-                     concurrency=L.concurrency)
-    mut.max_failed_attempts = L.max_failed_attempts
-    return mut
+    settings = LLMMutatorSettings(max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
+                                  repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
+                                  concurrency=L.concurrency, max_failed_attempts=L.max_failed_attempts)
+    return LLMMutator(client, models, provider, settings, health=health, attempt_sink=recorder.attempt)
 
 
 def _task_names(cfg) -> list[str]:
