@@ -80,13 +80,15 @@ def show(
     db: Optional[str] = DbOpt,
     as_json: bool = JsonOpt,
     source: bool = typer.Option(True, "--source/--no-source", help="Print the kernel source."),
+    full: bool = typer.Option(False, "--full", help="Print the whole prompt and answer (default: each trimmed to "
+                                                    "its first and last lines)."),
 ) -> None:
     """Show one kernel: source, params, stage verdicts, metrics, profile, the prompt and
-    response that made it, and for a champion its confirmed gain over the seed.
+    answer that made it, and for a champion its confirmed gain over the seed.
 
-    Example: evo show 3fa9c2e1b7d0
+    Example: evo show 3fa9c2e1b7d0 --full
     """
-    _on_candidate(db, id, lambda store, cid: print_show(store, cid, as_json=as_json, source=source))
+    _on_candidate(db, id, lambda store, cid: print_show(store, cid, as_json=as_json, source=source, full=full))
 
 
 def lineage(
@@ -162,9 +164,10 @@ def print_lineage(store: Any, cid: str, *, diff: bool = False, as_json: bool = F
     (console or _console()).print(render_lineage(nodes, diff=diff))
 
 
-def print_show(store: Any, cid: str, *, as_json: bool = False, source: bool = True,
+def print_show(store: Any, cid: str, *, as_json: bool = False, source: bool = True, full: bool = False,
                run_id: Optional[str] = None, console: Optional[Console] = None) -> None:
-    """What ``evo show ID [--json] [--no-source]`` prints, for a resolved full id ``cid``."""
+    """What ``evo show ID [--json] [--no-source] [--full]`` prints, for a resolved full id
+    ``cid`` (JSON always holds the whole prompt and answer)."""
     from evo.results.lineage import candidate_details
     from evo.results.views import render_show
 
@@ -174,7 +177,7 @@ def print_show(store: Any, cid: str, *, as_json: bool = False, source: bool = Tr
             d.pop("source")
         _emit_json(d)
         return
-    (console or _console()).print(render_show(d, source=source))
+    (console or _console()).print(render_show(d, source=source, full=full))
 
 
 def status(
@@ -183,8 +186,9 @@ def status(
     as_json: bool = JsonOpt,
 ) -> None:
     """Where a run stands, live or finished: evaluations, failures by stage, best per task
-    (with the champion's confirmed gain over the seed), LLM spend, evaluation rate and GPU
-    busy fraction.
+    (with the champion's confirmed gain over the seed), per LLM model the calls, children,
+    repairs, answers rejected before compiling by reason, spend and stopped models, the
+    budget left, evaluation rate and GPU busy fraction.
 
     Example: evo status r-20261130-1342-ab12 --json
     """

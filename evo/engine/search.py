@@ -29,8 +29,10 @@ MUTATOR_KINDS = ("knobs", "llm")
 
 
 def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None = None):
-    """Build the configured mutator. The LLM mutator records every call in ``llm_calls`` and
-    every attempt as an ``llm_attempt`` event of the run (the store is the driver's)."""
+    """Build the configured mutator. The LLM mutator records every call in ``llm_calls``,
+    every attempt as an ``llm_attempt`` event of the run and links each call whose answer
+    became a child to it (:class:`evo.engine.llm_records.LLMRecorder`; the store is the
+    driver's)."""
     kind = cfg.mutator.kind
     if kind == "knobs":
         from mutators.knobs import KnobsMutator
@@ -42,15 +44,14 @@ def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None
 
 
 def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
-    from dataclasses import asdict
-
     from evo.engine.llm_context import StoreContextProvider
+    from evo.engine.llm_records import ATTEMPT_EVENT, LLMRecorder
     from mutators.llm.replay.cassette import CassetteRecorder, ReplayClient
     from mutators.llm.client.budget import Budget
     from mutators.llm.client.chat import LLMClient
     from mutators.llm.client.model_spec import ModelSpec
     from mutators.llm.client.health import ModelHealth
-    from mutators.llm.mutator import LLMMutator
+    from mutators.llm.mutator import LLMMutator, LLMMutatorSettings
 
     from mutators.llm.client.model_spec import LLMConfigError
     from mutators.llm.client.served import with_server_windows
@@ -64,15 +65,13 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
         except LLMConfigError as e:
             raise SearchError(str(e)) from None
 
-    def store_call(call) -> None:
-        store.add_llm_call(run_id, **call.to_row())
-
-    sink = CassetteRecorder(str(L.cassette), then=store_call) if L.cassette else store_call
+    recorder = LLMRecorder(store, run_id)
+    sink = CassetteRecorder(str(L.cassette), then=recorder.call) if L.cassette else recorder.call
     # On resume the money already spent by this run counts against the budget.
     spent = float(store.llm_totals(run_id).get("cost") or 0.0)
     budget = Budget(L.budget_usd, spent=spent)
     if L.replay_run:
-        attempts = [e["payload"] for e in store.events(L.replay_run, "llm_attempt")]
+        attempts = [e["payload"] for e in store.events(L.replay_run, ATTEMPT_EVENT)]
         client = ReplayClient.from_run(store.llm_calls(L.replay_run), attempts, budget=budget, sink=sink)
     else:
         client = LLMClient(models, timeout_s=L.timeout_s, max_attempts=L.max_retries + 1,
@@ -80,24 +79,14 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
                            max_response_bytes=L.max_response_kb * 1024, budget=budget, sink=sink,
                            rng=random.Random(rng.randrange(2**31)))
 
-    def record_attempt(rec) -> None:
-        d = asdict(rec)
-        d["unmatched"] = [asdict(u) for u in rec.unmatched]
-        store.log_event(run_id, "llm_attempt", d)
-
-    def record_stop(model_name: str, line: str) -> None:
-        store.log_event(run_id, "llm_model_stopped", {"model": model_name, "reason": line})
-
     health = ModelHealth(models, failures=L.breaker_failures, cooldown_s=L.breaker_cooldown_s,
-                         trips=L.breaker_trips, on_stop=record_stop)
+                         trips=L.breaker_trips, on_stop=recorder.model_stopped)
     provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
                                     gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
-    mut = LLMMutator(client, models, provider, health=health,
-                     attempt_sink=record_attempt, max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
-                     repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
-                     concurrency=L.concurrency)
-    mut.max_failed_attempts = L.max_failed_attempts
-    return mut
+    settings = LLMMutatorSettings(max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
+                                  repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
+                                  concurrency=L.concurrency, max_failed_attempts=L.max_failed_attempts)
+    return LLMMutator(client, models, provider, settings, health=health, attempt_sink=recorder.attempt)
 
 
 def _task_names(cfg) -> list[str]:

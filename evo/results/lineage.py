@@ -234,10 +234,8 @@ def lineage_tree(store: "Store", cid: str, *, run_id: str | None = None, context
 def _runs_of(store: "Store", cid: str) -> list[str]:
     """Ids of the runs that contain ``cid``, oldest link first.
 
-    This and the LLM-call lookup in :func:`candidate_details` are read-only queries on
-    ``store.db`` (tables ``run_candidates`` and ``llm_calls``, schema in docs/store.md): the
-    store has no per-candidate index of either, and loading every call of a run (prompts
-    included) to keep one would be wasteful."""
+    A read-only query on ``store.db`` (table ``run_candidates``, schema in docs/store.md):
+    the store has no per-candidate method for it."""
     rows = store.db.execute(
         "SELECT run_id FROM run_candidates WHERE candidate_id = ? ORDER BY rowid", [cid]
     ).fetchall()
@@ -254,8 +252,9 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
     ``fitness_eager``, ``fitness_compile`` and ``compile_mode`` (None where the timing did not
     record them, e.g. the compiled reference was not timed), ``status``, ``stages`` (with ``metrics`` and
     ``artifacts``), ``env`` and ``gpu`` of that evaluation, ``profiles`` (every stored
-    profile), ``llm_calls`` (the calls whose proposal became this candidate: model, kind,
-    prompt, response, tokens, cost, latency, error), ``children`` (ids) and ``champion_of``
+    profile), ``llm_calls`` (the calls whose answer became this candidate, linked by the
+    engine as the child was made: every ``llm_calls`` column, the prompt as its messages'
+    JSON; empty for a kernel no model wrote, or one stored before calls were linked), ``children`` (ids) and ``champion_of``
     ([{run_id, task, fitness, confirmation, gain, verdict}]: ``gain`` and ``verdict`` as
     :meth:`evo.store.StoreReader.champions` returns them, None without a measured gain).
     """
@@ -271,17 +270,8 @@ def candidate_details(store: "Store", cid: str, *, run_id: str | None = None) ->
             if ev is not None:
                 shown_run = rid
                 break
-    calls: list[dict[str, Any]] = []
     champion_of: list[dict[str, Any]] = []
-    cur = store.db.execute(
-        "SELECT id, run_id, created, model, kind, prompt, response, tokens_in, tokens_out, cost, "
-        "latency_s, error, cached FROM llm_calls WHERE candidate_id = ? ORDER BY id", [cid]
-    )
-    names = [d[0] for d in cur.description]
-    for row in cur.fetchall():
-        call = dict(zip(names, row))
-        call["cached"] = bool(call["cached"])
-        calls.append(call)
+    calls = store.llm_calls_of(cid)
     for rid in runs:
         for ch in store.champions(rid):
             if ch["candidate_id"] == cid:

@@ -13,7 +13,8 @@ Where the numbers come from:
   with the fitness basis and the speedups against the eager and the compiled reference
   (:meth:`Store.reference_fitness`), and the champion confirmation's gain over the seed with
   its interval and verdict (:meth:`Store.champions`);
-* spend: :meth:`Store.llm_totals` (the sum of the ``cost`` column of ``llm_calls``);
+* spend: :meth:`Store.llm_totals` (the sum of the ``cost`` column of ``llm_calls``), and per
+  model :func:`evo.results.llm_status.llm_status` (calls, attempts and stopped models);
 * rates (evaluations per minute, slot occupancy, GPU activity, queues): the payload of the run's latest
   ``progress`` (or ``finish``) event, which the engine logs every few evaluations.
 
@@ -30,6 +31,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from evo.core.records import Evaluation, Status
+from evo.results.llm_status import llm_status
 from evo.results.tables import gain_fields, reference_fields
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,7 +138,10 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
     ``gain`` and ``verdict`` from the task's champion row, :func:`evo.results.tables.gain_fields`:
     the confirmed speedup of the task's best over its seed, None without a confirmation that
     measured one; a best not significantly faster leaves the seed champion, so
-    ``champion_id`` is the seed's), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost),
+    ``champion_id`` is the seed's), ``spend`` (n_calls, n_errors, tokens_in, tokens_out, cost), ``llm``
+    (:func:`evo.results.llm_status.llm_status`: per model calls, children, repairs, answers
+    rejected before compiling by reason, spend, budget left, stopped models and why; None
+    for a run without LLM activity),
     ``progress`` (the latest progress event's numbers plus ``at`` and ``age_s``; empty
     without one), ``events`` ({kind: count}), ``stop_reason`` (from the ``finish`` event).
     """
@@ -216,6 +221,7 @@ def run_status(store: "Store", run_id: str, *, now: datetime | None = None) -> d
         "funnel": failure_funnel(evals),
         "best": best,
         "spend": store.llm_totals(rid),
+        "llm": llm_status(store, rid, run.get("config") or {}, events),
         "progress": progress,
         "events": dict(sorted(kinds.items())),
         "stop_reason": finish["payload"].get("reason") if finish else None,

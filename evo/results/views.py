@@ -123,6 +123,9 @@ def render_status(data: dict[str, Any]) -> RenderableType:
             for task, b in confirmed.items():
                 t.add_row(task, str(b["champion_id"])[:12], *(escape(c) for c in gain_cells(b["gain"], b["verdict"])))
             parts.append(t)
+    llm = data.get("llm")
+    if llm:
+        parts.append(_llm_table(llm))
     if data["by_task"]:
         t = _table("per task", [("task", "id"), ("evaluations", "num"), ("correct", "num"), ("pending", "num")])
         for task, r in data["by_task"].items():
@@ -136,6 +139,33 @@ def render_status(data: dict[str, Any]) -> RenderableType:
             t.add_row(r["stage"], str(r["entered"]), str(r["passed"]), failed)
         parts.append(t)
     return Group(*parts)
+
+
+def _counts(d: dict[str, int]) -> str:
+    """``{reason: n}`` as one ``reason n`` line each, the most frequent first."""
+    return "\n".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+
+
+def _llm_table(llm: dict[str, Any]) -> RenderableType:
+    """Per model: what :func:`evo.results.llm_status.llm_status` counted, the budget in the
+    caption, then one line per stopped model with why."""
+    if llm.get("budget_usd") is not None:
+        caption = f"budget ${llm['budget_usd']:.2f}: ${llm['spent']:.4f} spent, ${llm['budget_left']:.4f} left"
+    else:
+        caption = f"${llm['spent']:.4f} spent (no budget recorded)"
+    t = _table("LLM models", [("model", "id"), ("calls", "num"), ("children", "num"), ("repairs", "word"),
+                              ("rejected", "word"), ("no answer", "word"), ("spend", "num")],
+               caption=caption + "; rejected: answers refused before compiling, by reason")
+    stopped: list[RenderableType] = []
+    for m in llm["models"]:
+        name = escape(m["model"]) + (" [red](stopped)[/]" if m["stopped"] else "")
+        t.add_row(name, str(m["calls"]) + (f" +{m['retries']} resent" if m["retries"] else ""), str(m["children"]),
+                  f"{m['repairs']} of {m['repair_attempts']}", escape(_counts(m["rejected"])),
+                  escape(_counts(m["no_answer"])), f"${m['cost']:.4f}")
+        if m["stopped"]:
+            line = m["stopped"] if m["model"] in m["stopped"] else f"model {m['model']!r} stopped: {m['stopped']}"
+            stopped.append(Text(line, style="red"))
+    return Group(t, *stopped)
 
 
 def _champion_cell(b: dict[str, Any]) -> str:
@@ -244,9 +274,59 @@ def _metrics_summary(stage: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in list(flat.items())[:8])
 
 
-def render_show(d: dict[str, Any], *, source: bool = True) -> RenderableType:
+#: Lines of each prompt message and of the answer ``evo show`` prints without ``--full``: head, tail.
+PROMPT_LINES = (12, 8)
+ANSWER_LINES = (40, 20)
+
+
+def trim_lines(text: str, head: int, tail: int) -> str:
+    """``text`` with its middle lines replaced by one line saying how many were left out,
+    when it has more than ``head + tail + 1`` lines."""
+    lines = text.splitlines()
+    if len(lines) <= head + tail + 1:
+        return text
+    cut = len(lines) - head - tail
+    return "\n".join([*lines[:head], f"[... {cut} lines left out; evo show --full prints them ...]",
+                      *lines[len(lines) - tail:]])
+
+
+def _messages(prompt: str) -> list[dict[str, str]]:
+    """The stored prompt (canonical messages JSON) as messages; text that is not one is one user message."""
+    try:
+        msgs = json.loads(prompt)
+    except (TypeError, ValueError):
+        msgs = None
+    if isinstance(msgs, list) and all(isinstance(m, dict) and "content" in m for m in msgs):
+        return [{"role": str(m.get("role", "?")), "content": str(m["content"])} for m in msgs]
+    return [{"role": "user", "content": prompt or ""}]
+
+
+def _call_panels(c: dict[str, Any], *, full: bool) -> list[RenderableType]:
+    """One LLM call as ``evo show`` prints it: a header line, each prompt message and the
+    answer in panels, trimmed to :data:`PROMPT_LINES` / :data:`ANSWER_LINES` unless ``full``."""
+    bits = [f"{c.get('tokens_in')} in / {c.get('tokens_out')} out tokens"
+            + (f" ({c['reasoning_tokens']} reasoning)" if c.get("reasoning_tokens") else ""),
+            f"${c.get('cost') or 0:.4f}", f"{_fmt(c.get('latency_s'), 1)} s"]
+    if c.get("finish_reason"):
+        bits.append(f"finish {c['finish_reason']}")
+    if c.get("cached"):
+        bits.append("replayed")
+    head = f"LLM call {c['id']} in run {c.get('run_id')}: {c.get('model')} ({c.get('kind')}), {', '.join(bits)}"
+    out: list[RenderableType] = [Text(head, style="bold")]
+    for m in _messages(c.get("prompt") or ""):
+        text = m["content"] if full else trim_lines(m["content"], *PROMPT_LINES)
+        out.append(Panel(Text(text), title=escape(f"prompt: {m['role']}"), title_align="left"))
+    answer = c.get("response") or ""
+    out.append(Panel(Text(answer if full else trim_lines(answer, *ANSWER_LINES)), title="answer", title_align="left"))
+    if c.get("error"):
+        out.append(Text(f"error: {c['error']}", style="red"))
+    return out
+
+
+def render_show(d: dict[str, Any], *, source: bool = True, full: bool = False) -> RenderableType:
     """The view of :func:`evo.results.lineage.candidate_details`: identity, params, verdicts with
-    metrics, profiles, the LLM prompt/response that made it, and the source."""
+    metrics, profiles, the LLM prompt and answer that made it (each message trimmed to its
+    first and last lines unless ``full``), and the source."""
     parts: list[RenderableType] = []
     head = Table(show_header=False, title=f"candidate {d['id']}")
     head.add_column("key", style="bold")
@@ -299,13 +379,10 @@ def render_show(d: dict[str, Any], *, source: bool = True) -> RenderableType:
             t.add_row(escape(str(k)), escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v)))
         parts.append(t)
     for c in d["llm_calls"]:
-        title = (f"LLM call {c['id']}: {c.get('model')} ({c.get('kind')}), {c.get('tokens_in')} in / "
-                 f"{c.get('tokens_out')} out tokens, ${c.get('cost') or 0:.4f}, {_fmt(c.get('latency_s'), 1)} s"
-                 + (" (cached)" if c.get("cached") else ""))
-        parts.append(Panel(Text(c.get("prompt") or ""), title=escape(title) + " - prompt"))
-        parts.append(Panel(Text(c.get("response") or ""), title="response"))
-        if c.get("error"):
-            parts.append(Text(f"error: {c['error']}", style="red"))
+        parts += _call_panels(c, full=full)
+    if not d["llm_calls"] and str(d.get("operator", "")).startswith("llm:"):
+        parts.append(Text("the prompt and answer that made this kernel are not linked to it (a run recorded "
+                          "before calls were linked to their candidates)", style="dim"))
     if source:
         parts.append(Panel(Syntax(d["source"], "cpp", theme="ansi_dark", line_numbers=True), title="source"))
     return Group(*parts)

@@ -523,8 +523,17 @@ class StoreReader:
 
     def llm_calls(self, run_id: str) -> list[dict[str, Any]]:
         """The run's LLM calls, oldest first, as dicts with id, run_id, created and the fields."""
+        return self._llm_call_rows("run_id", run_id)
+
+    def llm_calls_of(self, candidate_id: str) -> list[dict[str, Any]]:
+        """The LLM calls whose answer became ``candidate_id`` (any run), oldest first, as
+        :meth:`llm_calls` returns them; empty for a candidate no call made, or one made
+        before calls were linked (schema version 4)."""
+        return self._llm_call_rows("candidate_id", candidate_id)
+
+    def _llm_call_rows(self, column: str, value: str) -> list[dict[str, Any]]:
         with self._snapshot() as conn:
-            cur = conn.execute("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY id", [run_id])
+            cur = conn.execute(f"SELECT * FROM llm_calls WHERE {column} = ? ORDER BY id", [value])
             names = [d[0] for d in cur.description]
             out = []
             for row in cur:
@@ -532,6 +541,22 @@ class StoreReader:
                 d["cached"] = bool(d["cached"]) if d["cached"] is not None else False
                 out.append(d)
             return out
+
+    def llm_by_model(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Per model name of the run's LLM calls: n_calls, n_errors, tokens_in, tokens_out,
+        cost, retries (requests resent) and children (calls whose answer became a
+        candidate); models in name order."""
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                "SELECT model, COUNT(*), SUM(CASE WHEN error IS NOT NULL AND error != '' THEN 1 ELSE 0 END), "
+                "COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0), COALESCE(SUM(cost), 0.0), "
+                "COALESCE(SUM(retries), 0), SUM(CASE WHEN candidate_id IS NOT NULL THEN 1 ELSE 0 END) "
+                "FROM llm_calls WHERE run_id = ? GROUP BY model ORDER BY model",
+                [run_id],
+            ).fetchall()
+        return {str(m): {"n_calls": n, "n_errors": nerr or 0, "tokens_in": tin, "tokens_out": tout,
+                         "cost": float(cost), "retries": retries, "children": kids or 0}
+                for m, n, nerr, tin, tout, cost, retries, kids in rows}
 
     def llm_totals(self, run_id: str) -> dict[str, Any]:
         """Budget totals of a run: n_calls, n_errors, tokens_in, tokens_out, cost."""

@@ -45,6 +45,8 @@ LLM_FIELDS = (
     "max_output_tokens",
     "reasoning_effort",
     "timeout_s",
+    # migration 4
+    "attempt_key",
 )
 
 

@@ -248,10 +248,21 @@ def _m0003_llm_call_settings(db: sqlite_utils.Database) -> None:
         db["llm_calls"].add_column(name, kind)
 
 
+def _m0004_llm_call_candidate(db: sqlite_utils.Database) -> None:
+    """LLM calls keep the attempt they answered (``attempt_key``, the LLM mutator's proposal
+    identity), so the call whose answer became a child can be linked to that candidate
+    (``candidate_id``, set by :meth:`evo.store.Store.link_llm_call`); both are indexed for
+    ``evo show``. NULL: a call recorded before, or one whose answer made no child."""
+    db["llm_calls"].add_column("attempt_key", str)
+    db["llm_calls"].create_index(["candidate_id"])
+    db["llm_calls"].create_index(["run_id", "attempt_key"])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial_schema", _m0001_initial),
     Migration(2, "champion_gain", _m0002_champion_gain),
     Migration(3, "llm_call_settings", _m0003_llm_call_settings),
+    Migration(4, "llm_call_candidate", _m0004_llm_call_candidate),
 )
 
 

@@ -434,7 +434,8 @@ class Store:
         """Record one LLM call; returns its row id. Fields: prompt, response, model, kind,
         tokens_in, tokens_out, cost, latency_s, error, prompt_hash, candidate_id, cached, and
         the outcome and request settings finish_reason, reasoning_tokens, cached_tokens,
-        retries, api, max_output_tokens, reasoning_effort, timeout_s (unset: NULL)."""
+        retries, api, max_output_tokens, reasoning_effort, timeout_s, and attempt_key (the
+        caller's name for the attempt, see :meth:`link_llm_call`) (unset: NULL)."""
         unknown = sorted(set(fields) - set(_LLM_FIELDS))
         if unknown:
             raise TypeError(f"unknown llm_call field(s) {unknown}; valid: {', '.join(_LLM_FIELDS)}")
@@ -449,6 +450,29 @@ class Store:
                 [run_id, _now(), *fields.values()],
             )
             return int(cur.lastrowid or 0)
+
+    def link_llm_call(self, run_id: str, attempt_key: str, candidate_id: str) -> int | None:
+        """Link the call that answered attempt ``attempt_key`` of ``run_id`` to the candidate
+        its answer became; returns the call's row id, or None when the run has no call of
+        that key (the attempt was answered by no stored call).
+
+        Keys repeat across a resumed run (the mutator numbers attempts afresh), so the
+        newest call of the key is linked: a call is stored as it returns, before its answer
+        is interpreted, so that is the attempt's own. ``candidate_id`` need not be stored yet
+        (the engine stores a proposal after the mutator returns it)."""
+        if not attempt_key:
+            raise ValueError("link_llm_call: attempt_key is empty; the call must have been stored with its "
+                             "attempt's key (LLMCall.attempt_key)")
+        self._check_writable("link an LLM call to its candidate")
+        with self.transaction():
+            self.reader._require_run(run_id)
+            row = self._conn.execute(
+                "SELECT MAX(id) FROM llm_calls WHERE run_id = ? AND attempt_key = ?", [run_id, attempt_key]
+            ).fetchone()
+            if row is None or row[0] is None:
+                return None
+            self._conn.execute("UPDATE llm_calls SET candidate_id = ? WHERE id = ?", [candidate_id, row[0]])
+            return int(row[0])
 
     # ---- tuning -------------------------------------------------------------------------
 

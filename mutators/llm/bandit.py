@@ -1,15 +1,26 @@
-"""Which model to ask next: UCB1 over the configured models on fitness gained per dollar."""
+"""Which model to ask next: UCB1 over the configured models on fitness gained per dollar
+(:class:`ModelBandit`), and the chooser the LLM mutator asks (:class:`ModelChooser`: the
+bandit's pick among the models :class:`mutators.llm.client.health.ModelHealth` allows, and the
+reward ledger that credits each model with what its children gained).
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
-from typing import Sequence
+import time
+from collections import OrderedDict
+from typing import Callable, Sequence
 
+from mutators.llm.client.calls import LLMCall
+from mutators.llm.client.health import ModelHealth
 from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
 
-__all__ = ["ModelBandit"]
+__all__ = ["ModelBandit", "ModelChooser"]
+
+log = logging.getLogger(__name__)
 
 
 class ModelBandit:
@@ -121,3 +132,77 @@ class ModelBandit:
                 for m in self.models
             }
 
+
+class ModelChooser:
+    """Which model an attempt asks, and what each model earned. Thread-safe.
+
+    :meth:`choose` is the :class:`ModelBandit`'s pick among the models :class:`ModelHealth`
+    allows (stopped models and open circuit breakers are skipped). :meth:`called` reports
+    every call to the health record; :meth:`failed` charges an attempt that made no child
+    (reward 0, its cost); :meth:`expect` enters a child in the reward ledger (its model, the
+    fitness it must beat, the call's cost) and :meth:`observe` pays it out once the child is
+    evaluated: reward ``max(0, fitness - baseline)``, 0 for an incorrect child. The ledger
+    keeps the last ``ledger_max`` children.
+    """
+
+    def __init__(self, models: Sequence[ModelSpec], *, bandit: ModelBandit | None = None,
+                 health: ModelHealth | None = None, sleep: Callable[[float], None] = time.sleep,
+                 ledger_max: int = 4096) -> None:
+        self.bandit = bandit if bandit is not None else ModelBandit(models)
+        self.health = health if health is not None else ModelHealth(models)
+        self._sleep = sleep
+        self._ledger_max = ledger_max
+        self._lock = threading.Lock()
+        self._ledger: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+
+    def choose(self, rng: random.Random, fits: Callable[[str], bool] | None = None) -> ModelSpec:
+        """The bandit's pick among the models health allows and, when more than one is usable
+        and ``fits`` is given, among those the prompt fits (all usable ones when it fits none:
+        that attempt is then reported as too large).
+
+        Raises :class:`mutators.llm.client.health.NoModelLeft` when every model is stopped.
+        When every live model's breaker is open, waits for the earliest cooldown (``sleep``)
+        and tries that model.
+        """
+        names = [m.name for m in self.bandit.models]
+        while True:
+            self.health.check(names)
+            usable = [n for n in self.health.usable() if n in names]
+            if usable:
+                break
+            wait = self.health.wait_s()
+            log.warning("every LLM model's circuit breaker is open; waiting %.0f s before trying again", wait)
+            self._sleep(wait)
+            self.health.force_half_open()
+        if fits is not None and len(usable) > 1:
+            fitting = [n for n in usable if fits(n)]
+            usable = fitting or usable
+        model = self.bandit.choose(rng, among=usable)
+        self.health.chose(model.name)
+        return model
+
+    def called(self, model: ModelSpec, call: LLMCall) -> None:
+        """A call came back (its failure may stop the model or open its breaker)."""
+        self.health.record(model.name, call)
+
+    def failed(self, model: ModelSpec, cost: float) -> None:
+        """An attempt of ``model`` made no child: reward 0 for ``cost``."""
+        self.bandit.update(model, 0.0, cost)
+
+    def expect(self, candidate_id: str, model: ModelSpec, baseline: float, cost: float) -> None:
+        """``model``'s answer became ``candidate_id``, which earns what it gains over ``baseline``."""
+        with self._lock:
+            self._ledger[candidate_id] = (model.name, baseline, cost)
+            while len(self._ledger) > self._ledger_max:
+                self._ledger.popitem(last=False)
+
+    def observe(self, candidate_id: str, fitness: float | None) -> None:
+        """A child was evaluated: credit the model that made it (ids not in the ledger are ignored)."""
+        with self._lock:
+            entry = self._ledger.pop(candidate_id, None)
+        if entry is None:
+            return
+        model, baseline, cost = entry
+        reward = 0.0 if fitness is None or not math.isfinite(fitness) else max(0.0, fitness - baseline)
+        if model in {m.name for m in self.bandit.models}:
+            self.bandit.update(model, reward, cost)

@@ -46,6 +46,7 @@ from mutators.llm.answer.patch import (
     strip_reasoning,
     validate_child,
 )
+from mutators.llm.answer.reasons import validation_reason
 
 __all__ = ["Interpretation", "interpret", "FORMAT_EXAMPLE", "ORDER_NOTE", "WHOLE_FILE_LINES", "WHOLE_FILE_FRACTION"]
 
@@ -84,7 +85,8 @@ class Interpretation:
     ``form``: ``blocks``, ``unified_diff``, ``whole_file`` (a patch prompt answered with a
     file, accepted as its diff), ``file`` (genesis), ``prose``, ``broken``, ``empty``.
     ``notes`` say what was tolerated (JSON unwrapped, think block removed, line numbers
-    stripped, fuzzy match, ...). ``feedback`` is "" when the child is fit.
+    stripped, fuzzy match, ...). ``feedback`` is "" when the child is fit. ``reason`` is the
+    :data:`mutators.llm.answer.reasons.REASONS` code of the first problem ("" when fit).
     """
 
     child: str | None
@@ -94,6 +96,7 @@ class Interpretation:
     notes: tuple[str, ...] = ()
     feedback: str = ""
     changed_lines: int = 0
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -191,7 +194,7 @@ def _elided(found: list[tuple[int, str]], what: str, kind: str, notes: list[str]
     else:
         fix = "Write every line a REPLACE section keeps; to keep lines unchanged, leave them out of the block."
     return Interpretation(None, (p,), form="whole_file" if what.startswith("whole file") else "blocks",
-                          notes=tuple(notes), changed_lines=changed,
+                          notes=tuple(notes), changed_lines=changed, reason="elided",
                           feedback=f"Your previous answer was not used: the {what} leaves code out ({shown}); "
                                    f"lines elided like that would be deleted from the kernel. {fix}")
 
@@ -223,7 +226,7 @@ def _interpret(text: str, *, kind: str, parent_source: str | None, finish_reason
         notes.append("reasoning block removed")
     if not body.strip():
         why = f"empty answer: {think_note}" if think_note else "empty answer"
-        return Interpretation(None, (why + cut_note,), form="empty",
+        return Interpretation(None, (why + cut_note,), form="empty", reason="empty",
                               feedback=f"Your previous answer was empty{': ' + think_note if think_note else ''}"
                                        f"{cut_note}. Keep the reasoning short and give the blocks.\n{_FORMAT_HELP}")
     inner, json_blocks = _unwrap_json(body)
@@ -235,7 +238,7 @@ def _interpret(text: str, *, kind: str, parent_source: str | None, finish_reason
         whole = extract_whole_file(body)
         if whole is None:
             p = f"genesis answer has no ```cuda file defining evo_launch{cut_note}"
-            return Interpretation(None, (p,), form="prose", notes=tuple(notes),
+            return Interpretation(None, (p,), form="prose", notes=tuple(notes), reason="prose",
                                   feedback=f"Your previous answer had no complete kernel file{cut_note}. Reply with "
                                            "the whole file in one ```cuda fenced block that defines evo_launch.")
         elided = elided_lines(whole)
@@ -251,7 +254,7 @@ def _interpret(text: str, *, kind: str, parent_source: str | None, finish_reason
         parsed = parse_blocks(body)
         if parsed.errors:
             probs = tuple(f"broken SEARCH/REPLACE block at {e}{cut_note}" for e in parsed.errors)
-            return Interpretation(None, probs, form="broken", notes=tuple(notes), feedback=(
+            return Interpretation(None, probs, form="broken", notes=tuple(notes), reason="broken_blocks", feedback=(
                 "Your previous answer had broken SEARCH/REPLACE markers: " + "; ".join(str(e) for e in parsed.errors)
                 + cut_note + ". Every block needs all three marker lines.\n" + _FORMAT_HELP))
         blocks = parsed.blocks
@@ -277,20 +280,20 @@ def _interpret(text: str, *, kind: str, parent_source: str | None, finish_reason
                 p = (f"whole-file rewrite: the answer replaced the whole file, changing {changed} lines (at most "
                      f"{limit} are accepted as a patch){cut_note}; this prompt asks for SEARCH/REPLACE blocks")
                 return Interpretation(None, (p,), form="whole_file", notes=tuple(notes), changed_lines=changed,
-                                      feedback=f"Your previous answer rewrote the whole file ({changed} changed "
+                                      reason="whole_file_rewrite", feedback=f"Your previous answer rewrote the whole file ({changed} changed "
                                                f"lines{cut_note}), which is not accepted. Change only the lines that "
                                                f"must change.\n{_FORMAT_HELP}")
             notes.append(f"whole file accepted as a diff of {changed} changed line(s)")
             problems = validate_child(parent_source, whole)
             return _done(whole, problems, (), "whole_file", notes, changed)
         p = f"no SEARCH/REPLACE blocks in the answer (prose only){cut_note}"
-        return Interpretation(None, (p,), form="prose", notes=tuple(notes),
+        return Interpretation(None, (p,), form="prose", notes=tuple(notes), reason="prose",
                               feedback=f"Your previous answer had no SEARCH/REPLACE blocks{cut_note}, so nothing "
                                        f"was applied.\n{_FORMAT_HELP}")
     res = apply_blocks(parent_source, blocks)
     if res.unmatched:
         p = _unmatched_problem(res.unmatched, len(blocks))
-        return Interpretation(None, (p,), res.unmatched, form=form, notes=tuple(notes),
+        return Interpretation(None, (p,), res.unmatched, form=form, notes=tuple(notes), reason="unmatched",
                               feedback=_fmt_unmatched(res.unmatched, len(blocks)))
     if res.fuzzy:
         notes.append(f"{len(res.fuzzy)} block(s) matched after normalising whitespace or line numbers")
@@ -314,4 +317,5 @@ def _done(child: str, problems: list[str], unmatched: tuple[UnmatchedBlock, ...]
             fb.append(f"Your previous answer left a marker in the source: {p}. {_FORMAT_HELP}")
         else:
             fb.append(f"Your previous answer was rejected: {p}.")
-    return Interpretation(child, tuple(problems), unmatched, form, tuple(notes), "\n".join(fb), changed)
+    return Interpretation(child, tuple(problems), unmatched, form, tuple(notes), "\n".join(fb), changed,
+                          validation_reason(problems))

@@ -43,9 +43,9 @@ class LLMCall:
     The request settings as sent are kept: ``api`` (``chat`` or ``responses``, the one that
     answered), ``max_output_tokens``, ``reasoning_effort`` and the per-attempt ``timeout_s``.
     ``attempt_key`` is the caller's name for the attempt (the LLM mutator's proposal
-    identity, see :class:`mutators.llm.attempts.AttemptRecord`); it is not a column of
-    ``llm_calls``: the ``llm_attempt`` event of the attempt links the key to the call's
-    ``prompt_hash``.
+    identity, see :class:`mutators.llm.attempts.AttemptRecord`), stored with the call: when
+    the attempt's answer becomes a child, the engine links the call to that candidate by
+    this key (:meth:`evo.store.Store.link_llm_call`).
 
     A failure no retry can heal (bad key, unknown model, a parameter the model rejects, no
     quota) carries ``[fatal:<kind>]`` in ``error``, so the stored row (and a replay of it)
@@ -136,6 +136,7 @@ class LLMCall:
             "max_output_tokens": self.max_output_tokens,
             "reasoning_effort": self.reasoning_effort,
             "timeout_s": self.timeout_s,
+            "attempt_key": self.attempt_key or None,
         }
 
 

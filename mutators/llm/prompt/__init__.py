@@ -1,4 +1,4 @@
 """Prompts: what a prompt may know (context), its text pieces and fields, the templates
-(``prompts/*.md``), the CuTe reference card (card), the parent's source with the code its task
+(``prompts/*.md``), an attempt's prompt sized to its model (builder), the CuTe reference card (card), the parent's source with the code its task
 never compiles elided (elide, over ppscan and ppcond) and compile diagnostics for repair
 prompts."""

@@ -263,16 +263,20 @@ class ReplayClient:
     @classmethod
     def from_run(cls, calls: Iterable[Mapping[str, Any]], attempts: Iterable[Mapping[str, Any]],
                  **kw: Any) -> "ReplayClient":
-        """Replay a stored run: its ``llm_calls`` rows, keyed by the ``attempt_key`` of the
-        ``llm_attempt`` event payloads that name their ``prompt_hash`` (each event takes the
-        first call of that hash not yet taken, in recorded order)."""
+        """Replay a stored run: its ``llm_calls`` rows, keyed by their ``attempt_key``
+        column, or where a row has none (a call stored before the column existed) by the
+        ``attempt_key`` of the ``llm_attempt`` event payloads that name their
+        ``prompt_hash`` (each event takes the first such call of that hash not yet taken, in
+        recorded order)."""
         rows = [dict(c) for c in calls]
         free: dict[str, deque[int]] = defaultdict(deque)
         for i, r in enumerate(rows):
-            free[str(r.get("prompt_hash") or "")].append(i)
+            if not r.get("attempt_key"):
+                free[str(r.get("prompt_hash") or "")].append(i)
+        keyed = {str(r["attempt_key"]) for r in rows if r.get("attempt_key")}
         for a in attempts:
             h, key = a.get("prompt_hash"), a.get("attempt_key")
-            if h and key and free.get(str(h)):
+            if h and key and str(key) not in keyed and free.get(str(h)):
                 rows[free[str(h)].popleft()]["attempt_key"] = str(key)
         return cls(rows, **kw)
 
