@@ -11,8 +11,9 @@ Several calls run at once (Ray threads, ``max_concurrency`` = :meth:`GpuEvaluato
 the actor's :class:`~evaluators.warm.WarmPool` keeps harness children started before their
 candidates (off the critical path), and its :class:`~evaluators.gpu_schedule.GpuSchedule`
 lets up to ``check_concurrency`` correctness processes share the GPU while a timing
-process (or an ncu profile) has it alone. An ``evaluate_fn`` without a ``pool`` parameter
-knows nothing of the schedule: its calls run one at a time, each with the GPU to itself.
+process (or an ncu profile) has it alone. The actor's creator says whether ``evaluate_fn``
+takes the pool (``pooled``, from :attr:`evo.engine.seams.Stages.evaluate_takes_pool`); one that
+does not knows nothing of the schedule: its calls run one at a time, each with the GPU to itself.
 
 Each result carries its wall-clock start and end (slot occupancy), the seconds its
 correctness and timing stages took (the harness's own GPU-time accounting) and the GPU's
@@ -21,7 +22,6 @@ sampled activity so far (:mod:`evaluators.activity`; ``None`` where NVML cannot 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -75,7 +75,7 @@ class GpuEvaluator:
     """
 
     def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings,
-                 profile_fn: Callable | None = None) -> None:
+                 profile_fn: Callable | None = None, *, pooled: bool) -> None:
         self._profile = profile_fn
         if evaluate_fn is None:
             from evaluators.pipeline import evaluate_built
@@ -83,7 +83,7 @@ class GpuEvaluator:
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
         #: the function takes the pool (and obeys its schedule) itself
-        self._pooled = self.takes_pool(evaluate_fn)
+        self._pooled = pooled
         self._settings = settings
         self.schedule = GpuSchedule(check_concurrency=settings.check_concurrency)
         self.pool = WarmPool(self.schedule, warm_children=settings.warm_children)
@@ -103,18 +103,17 @@ class GpuEvaluator:
         self.activity = ActivitySampler.for_visible_gpu()
 
     @staticmethod
-    def takes_pool(evaluate_fn: EvaluateFn | None) -> bool:
-        """Whether calls with ``evaluate_fn`` (None: the pipeline's) run concurrently, each
-        obeying the pool's schedule; otherwise the actor runs one call at a time."""
-        if evaluate_fn is None:
-            return True
-        return "pool" in inspect.signature(evaluate_fn).parameters
+    def concurrency(settings: HarnessSettings, *, pooled: bool) -> int:
+        """Calls the actor runs at once (``max_concurrency`` in Ray): pooled, every correctness
+        slot, one timing, and one more waiting so that no gap opens between candidates;
+        unpooled, one."""
+        return settings.check_concurrency + 2 if pooled else 1
 
     @staticmethod
-    def concurrency(settings: HarnessSettings) -> int:
-        """Calls the actor runs at once: every correctness slot, one timing, and one more
-        waiting so that no gap opens between candidates (``max_concurrency`` in Ray)."""
-        return settings.check_concurrency + 2
+    def slots(settings: HarnessSettings, *, pooled: bool) -> int:
+        """Requests the engine keeps on one actor (a runtime's ``gpu_slots``): pooled, each
+        correctness slot and one queued; unpooled, the running call and one queued."""
+        return settings.check_concurrency + 1 if pooled else 2
 
     def evaluate(self, candidate: Candidate, so_bytes: bytes) -> GpuResult:
         t0 = time.time()

@@ -61,7 +61,7 @@ def _shutdown_runtimes():
 def _runtime(stages: Stages | None = None, on: str = "local"):
     """A runtime of kind ``on`` (``local``: in-process, two fake GPUs; ``ray``: the Ray
     runtime, on the Ray instance the caller started), shut down when the test ends."""
-    stages = stages or Stages(fake.fake_compile, fake.fake_evaluate)
+    stages = stages or Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
     if on == "ray":
         from evo.engine.runtime import Runtime
 
@@ -136,7 +136,7 @@ DRIVER = textwrap.dedent('''
     store = Store({db!r})
     run_id = store.create_run("killed", {{}}, seed=3, config_hash="x")
     print(run_id, flush=True)
-    stages = Stages(fake.fake_compile, fake.fake_evaluate)
+    stages = Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
     {runtime}
     s = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=400, max_wall_seconds=300,
                        confirm_champions=False)
@@ -226,7 +226,7 @@ def test_profiling_and_tuning_through_the_engine(tmp_path, monkeypatch):
                                                                    "shapes": ({"N": 1},)})())
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("tune", {}, seed=2, config_hash="x")
-    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile)).start()
+    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)).start()
     from mutators.knobs import KnobsMutator
 
     settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=40, max_wall_seconds=120,

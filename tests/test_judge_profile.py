@@ -350,7 +350,7 @@ def test_the_gpu_actor_profiles_with_its_evaluations_isolation(monkeypatch):
 
     got = {}
     monkeypatch.setattr(P, "profile_candidate", lambda *a, **kw: got.update(kw) or "r")
-    actor = GpuEvaluator(lambda c, s, st: None, HarnessSettings(isolation="judge"))
+    actor = GpuEvaluator(lambda c, s, st: None, HarnessSettings(isolation="judge"), pooled=False)
     try:
         assert actor.profile(Candidate.create("kb19_relu", "src", {}), b"so", 0, ProfileSettings()) == "r"
     finally:

@@ -40,7 +40,7 @@ def test_passing_walls_set_per_process_timeouts_capped_by_the_upper_bound():
 def test_a_hang_after_a_passing_candidate_is_killed_in_seconds(tmp_path):
     """With timeout_s = 300 (the default), the actor's first passing evaluation of the task
     sets the limit: the hanging candidate after it costs seconds, with the rule in its reason."""
-    gpu = GpuEvaluator(fixture_evaluate, HarnessSettings(timeout_s=300, fresh_timing_process=False))
+    gpu = GpuEvaluator(fixture_evaluate, HarnessSettings(timeout_s=300, fresh_timing_process=False), pooled=False)
     ok = Candidate.create("kb19_relu", "// ok\n", {}, operator=Operator.USER, notes="ok")
     first = gpu.evaluate(ok, b"\x7fELF").evaluation
     assert first.correct, first.stages

@@ -158,13 +158,13 @@ class LocalRuntime:
         if self.num_gpus < 1:
             raise ValueError("LocalRuntime needs at least one (fake) GPU")
         self._compiles = cf.ThreadPoolExecutor(max_workers=self.n_cpus, thread_name_prefix="local-compile")
-        pooled = GpuEvaluator.takes_pool(self.stages.evaluate_fn)
-        threads = GpuEvaluator.concurrency(self.harness_settings) if pooled else 1
-        self._gpu_slots = self.harness_settings.check_concurrency + 1 if pooled else 2
+        pooled = self.stages.evaluate_takes_pool
+        threads = GpuEvaluator.concurrency(self.harness_settings, pooled=pooled)
+        self._gpu_slots = GpuEvaluator.slots(self.harness_settings, pooled=pooled)
         for g in range(self.num_gpus):
             pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"local-gpu{g}",
                                          initializer=setattr, initargs=(_here, "gpu", g))
-            ev = GpuEvaluator(self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn)
+            ev = GpuEvaluator(self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn, pooled=pooled)
             ev._worker = f"local:gpu{g}"
             self._pools.append(pool)
             self.gpu_actors.append(_Gpu(ev, pool))

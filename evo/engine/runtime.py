@@ -216,13 +216,14 @@ class Runtime:
             )
         gpu_cls = ray.remote(GpuEvaluator)
         # A threaded actor only for an evaluate_fn that takes the pool (the pipeline's): one
-        # without it runs one call at a time, two requests kept on it, as before.
-        pooled = GpuEvaluator.takes_pool(self.stages.evaluate_fn)
-        opts: dict[str, Any] = {"max_concurrency": GpuEvaluator.concurrency(self.harness_settings)} if pooled else {}
-        self._gpu_slots = self.harness_settings.check_concurrency + 1 if pooled else 2
+        # without it runs one call at a time, two requests kept on it.
+        pooled = self.stages.evaluate_takes_pool
+        opts: dict[str, Any] = (
+            {"max_concurrency": GpuEvaluator.concurrency(self.harness_settings, pooled=True)} if pooled else {})
+        self._gpu_slots = GpuEvaluator.slots(self.harness_settings, pooled=pooled)
         self.gpu_actors = [
             gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0, **opts).remote(
-                self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn
+                self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn, pooled=pooled
             )
             for _ in range(n_gpus)
         ]

@@ -142,6 +142,11 @@ class Stages:
     compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
     evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
     profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
+    #: ``evaluate_fn`` takes the actor's warm pool (``pool=``) and obeys its GPU schedule, so
+    #: the actor runs several calls at once (the pipeline's does); False: it is called without
+    #: one, one call at a time with the GPU to itself (the tests' fakes). The runtimes size
+    #: the actor's threads and :attr:`SubmittedWork.gpu_slots` from it.
+    evaluate_takes_pool: bool = True
 
 
 # ---------------------------------------------------------------------- the cluster
