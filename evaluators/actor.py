@@ -93,12 +93,11 @@ class GpuEvaluator:
         self._timeouts = TimeoutBudget()
         self._lock = threading.Lock()   # the budget is shared by the actor's threads
         if settings.task_files and profile_fn is None:
-            # The profiler looks the task up in this process (the harness child loads the
-            # files itself from the job); a file that fails here fails the same way there.
-            from evo.tasks.user import load_task_file
+            # The profiler looks the task up in this process from the same files (the harness
+            # child loads them itself from the job); a file that fails here fails there too.
+            from evo.tasks.registry import BUILTIN_TASKS
 
-            for f in settings.task_files:
-                load_task_file(f)
+            BUILTIN_TASKS.with_files(settings.task_files)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
         self.activity = ActivitySampler.for_visible_gpu()
 

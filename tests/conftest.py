@@ -106,28 +106,3 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     while _RAY_TMP:
         shutil.rmtree(_RAY_TMP.pop(), ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def _task_registry_restored():
-    """Every test leaves the task registry (and the config's loaded-file memo) as it found it:
-    a test that loads user task files must not change what later tests in the same worker see
-    as "every registered task" (xdist puts many modules into one process)."""
-    import sys
-
-    reg = sys.modules.get("evo.tasks.registry")
-    cfg = sys.modules.get("evo.config.sections")
-    saved = dict(reg._REGISTRY) if reg is not None else None
-    memo = set(cfg._LOADED_TASK_FILES) if cfg is not None else None
-    yield
-    reg = sys.modules.get("evo.tasks.registry")
-    if reg is not None:
-        with reg._lock:
-            if saved is None:  # first imported during this test: keep the built-ins only
-                saved = {k: t for k, t in reg._REGISTRY.items() if t.family != "user"}
-            reg._REGISTRY.clear()
-            reg._REGISTRY.update(saved)
-    cfg = sys.modules.get("evo.config.sections")
-    if cfg is not None:
-        cfg._LOADED_TASK_FILES.clear()
-        cfg._LOADED_TASK_FILES.update(memo or ())

@@ -139,7 +139,7 @@ def test_profile_misses_profiles_each_missing_task_once_and_reports_profiler_err
 
     calls = []
 
-    def fake_profile(cand, so, task, shape, *, settings):
+    def fake_profile(cand, so, task, shape, *, settings, task_files=()):
         calls.append((task, shape))
         if task == "kb19_relu":
             raise prof.ProfileError("ncu: permission denied to read counters (set NVreg_RestrictProfilingToAdminUsers=0)")

@@ -1,7 +1,7 @@
 """Tests for evo.config: schema, defaults, shipped configs and every kind of mistake.
 
-Most tests run against a small fake task registry (installed by the ``registry`` fixture)
-so they do not depend on the task suite's contents; ``test_shipped_configs_real_registry``
+Most tests run against a small fake built-in task registry (installed by the ``registry``
+fixture) so they do not depend on the task suite's contents; ``test_shipped_configs_real_registry``
 checks the shipped configs against the real registry.
 """
 
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import evo.config.sections as config_mod
-import evo.tasks
+import evo.tasks.registry
 from evaluators.base import CompileSettings, HarnessSettings
 from evo.config import (
     Config,
     ConfigError,
     demo_config_path,
     load_config,
+    load_tasks,
     parse_config,
     parse_override,
 )
@@ -37,36 +37,38 @@ MINIMAL = {"tasks": {"include": ["kb19_relu"]}}
 
 
 class FakeRegistry:
-    """Stands in for evo.tasks: a few builtin names, two families, and a task-file loader
-    that registers one task per line ``task <name>`` of the file."""
+    """Stands in for evo.tasks.BUILTIN_TASKS (an immutable TaskRegistry): a few built-in
+    names, two families, and ``with_files``, which returns a new registry with one task (family
+    ``user``) per line ``task <name>`` of each file; every file it reads is appended to the
+    shared ``loaded`` list."""
 
-    def __init__(self):
-        self.names = {"kb19_relu", "kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb01_square", "gemm_bf16"}
-        self.loaded: list[Path] = []
+    def __init__(self, names=None, user=(), loaded=None):
+        self._names = names or ("kb19_relu", "kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb01_square",
+                                "gemm_bf16")
+        self._user = tuple(user)
+        self.loaded: list[Path] = [] if loaded is None else loaded
 
-    def task_names(self):
-        return sorted(self.names)
+    def names(self):
+        return list(self._names + self._user)
 
     def families(self):
-        return ["kernelbench-l1", "modern"]
+        return ["kernelbench-l1", "modern"] + (["user"] if self._user else [])
 
-    def load_task_file(self, path):
-        self.loaded.append(Path(path))
-        text = Path(path).read_text()
-        if "raise" in text:
-            raise SyntaxError("invalid syntax (line 1)")
-        for line in text.splitlines():
-            if line.startswith("task "):
-                self.names.add(line.split()[1])
+    def with_files(self, paths):
+        user = list(self._user)
+        for path in paths:
+            self.loaded.append(Path(path))
+            text = Path(path).read_text()
+            if "raise" in text:
+                raise SyntaxError("invalid syntax (line 1)")
+            user += [line.split()[1] for line in text.splitlines() if line.startswith("task ")]
+        return FakeRegistry(self._names, user, self.loaded)
 
 
 @pytest.fixture
 def registry(monkeypatch):
     fake = FakeRegistry()
-    monkeypatch.setattr(evo.tasks, "task_names", fake.task_names, raising=False)
-    monkeypatch.setattr(evo.tasks, "families", fake.families, raising=False)
-    monkeypatch.setattr(evo.tasks, "load_task_file", fake.load_task_file, raising=False)
-    monkeypatch.setattr(config_mod, "_LOADED_TASK_FILES", set())
+    monkeypatch.setattr(evo.tasks.registry, "BUILTIN_TASKS", fake)
     return fake
 
 
@@ -164,13 +166,40 @@ def test_relative_paths_resolve_against_cwd(registry, tmp_path, monkeypatch):
     assert cfg.tasks.files == (tmp_path / "mytasks.py",)
 
 
-def test_user_task_files_load_before_include_and_only_once(registry, tmp_path):
+def test_validation_runs_no_task_file_and_load_tasks_loads_them_into_a_registry_of_its_own(registry, tmp_path):
+    """Validating a config only checks that its task files exist; :func:`load_tasks` (the
+    search's start) loads them into a new registry and checks the include entries that no
+    built-in task matched. The built-in registry is left as it was."""
     f = write(tmp_path, "task my_fused_op\n", "user_tasks.py")
-    data = {"tasks": {"files": [str(f)], "include": ["my_fused_op", "family:modern"]}}
+    data = {"tasks": {"files": [str(f)], "include": ["my_fused_op", "family:modern", "family:user"]}}
     cfg = parse_config(data)
-    assert cfg.tasks.include == ("my_fused_op", "family:modern")
-    parse_config(data)
-    assert registry.loaded == [f]
+    assert cfg.tasks.include == ("my_fused_op", "family:modern", "family:user")
+    assert registry.loaded == []  # nothing ran
+    tasks = load_tasks(cfg)
+    assert registry.loaded == [f] and "my_fused_op" in tasks.names() and "user" in tasks.families()
+    assert "my_fused_op" not in registry.names() and evo.tasks.registry.BUILTIN_TASKS is registry
+    assert load_tasks(parse_config(MINIMAL)) is registry  # no files: the built-ins themselves
+
+
+def test_load_tasks_names_the_include_entry_no_file_defines(registry, tmp_path):
+    """An entry deferred at validation (the config has task files) gets the same line as an
+    entry validation rejects: the file, the key, the value and the names allowed."""
+    f = write(tmp_path, "task my_fused_op\n", "user_tasks.py")
+    cfg = parse_config({"tasks": {"files": [str(f)], "include": ["kb19_relu", "my_fused_po", "family:usr"]}},
+                       source="configs/x.toml")
+    with pytest.raises(ConfigError) as info:
+        load_tasks(cfg)
+    err = info.value
+    assert [k for k, _ in err.problems] == ["tasks.include[1]", "tasks.include[2]"]
+    lines = str(err).splitlines()
+    assert lines[0].startswith('configs/x.toml: tasks.include[1] = "my_fused_po": unknown task (did you mean '
+                               '"my_fused_op"?); use a task name or "family:<name>" (families: kernelbench-l1, '
+                               'modern, user;')
+    assert lines[1].strip().startswith("known tasks: ") and "my_fused_op" in lines[1]
+    assert lines[2] == ('configs/x.toml: tasks.include[2] = "family:usr": unknown task family (did you mean '
+                        '"family:user"?); known families: "family:kernelbench-l1", "family:modern", "family:user"')
+    with pytest.raises(ConfigError, match=r'tasks.include\[0\] = "my_fused_po": unknown task'):
+        parse_config({"tasks": {"include": ["my_fused_po"]}})  # no files: rejected at validation
 
 
 def test_load_config_sets_source_path_and_overrides(registry, tmp_path):
@@ -264,13 +293,11 @@ def test_docs_mention_every_key():
         assert f"[{section}]" in doc and f"`{name}`" in doc, key
 
 
-def test_shipped_configs_real_registry(monkeypatch):
-    """The shipped configs name tasks that the real task suite registers."""
-    if not (hasattr(evo.tasks, "task_names") and hasattr(evo.tasks, "families")):
-        pytest.skip("evo.tasks registry (task_names/families) not available in this checkout")
-    monkeypatch.setattr(config_mod, "_LOADED_TASK_FILES", set())
+def test_shipped_configs_real_registry():
+    """The shipped configs name tasks that the real task suite (plus their task files) has."""
     for path in [DEMO, *EXAMPLES]:
-        load_config(path)
+        cfg = load_config(path)
+        assert load_tasks(cfg).select(cfg.tasks.include)
 
 
 # ---------------------------------------------------------------------------- file-level errors
@@ -468,11 +495,14 @@ def test_include_empty_duplicated_or_missing(registry):
 def test_task_file_problems(registry, tmp_path):
     msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": ["does/not/exist.py"]}}))
     assert msg.startswith('configs/x.toml: tasks.files[0] = "does/not/exist.py": file not found (looked for ')
-    bad = write(tmp_path, "raise\n", "bad.py")
-    msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": [str(bad)]}}))
-    assert msg == f'configs/x.toml: tasks.files[0] = "{bad}": could not load task file: SyntaxError: invalid syntax (line 1)'
     msg = one_line(error_of({"tasks": {"include": ["kb19_relu"], "files": [str(tmp_path)]}}))
     assert msg.endswith(": is not a file")
+    bad = write(tmp_path, "raise\n", "bad.py")
+    cfg = parse_config({"tasks": {"include": ["kb19_relu", "my_op"], "files": [str(bad)]}}, source="configs/x.toml")
+    with pytest.raises(ConfigError) as info:  # found when the search loads it, not at validation
+        load_tasks(cfg)
+    assert str(info.value) == (f'configs/x.toml: tasks.files[0] = "{bad}": could not load task file: SyntaxError: '
+                               'invalid syntax (line 1)')  # alone: the include entries are not checked
 
 
 def test_several_problems_one_line_each_no_pydantic_dump(registry, tmp_path):

@@ -213,17 +213,17 @@ def check_resume_after_sigkill(tmp_path, on: str = "local"):
     store.close()
 
 
-def test_profiling_and_tuning_through_the_engine(tmp_path, monkeypatch):
+def test_profiling_and_tuning_through_the_engine(tmp_path):
     """Delayed profiling of top-k members and an Optuna study over a survivor's tunables,
     through the real engine: studies are opened, trials flow through the same compile
     pool and GPU actors, constraint violations never compile, the best trial (operator
     optuna) beats its parent, and profiles land in the store."""
-    import evo.tasks as T
+    from types import SimpleNamespace
+
     from evaluators.profile import ProfileSettings
     from evo.tuning.tuning_settings import TuningSettings
 
-    monkeypatch.setattr(T, "get_task", lambda name: type("T", (), {"bench_shapes": 1,
-                                                                   "shapes": ({"N": 1},)})())
+    synthetic = SimpleNamespace(get=lambda name: SimpleNamespace(bench_shapes=1, shapes=({"N": 1},)))
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("tune", {}, seed=2, config_hash="x")
     rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)).start()
@@ -236,7 +236,7 @@ def test_profiling_and_tuning_through_the_engine(tmp_path, monkeypatch):
                               tuning_storage=str(tmp_path / "studies.journal"))
     eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
                  seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
-                 settings=settings, rng=random.Random(2), policy=ok_policy)
+                 settings=settings, rng=random.Random(2), policy=ok_policy, task_registry=synthetic)
     eng.run()
     trials = store.tuning_trials(run_id)
     assert trials, ("a tuning study ran", [e["kind"] for e in store.events(run_id)][:50])

@@ -30,9 +30,6 @@ def registered_judge(tmp_path):
 
 
 def _cand() -> Candidate:
-    from evo.tasks.user import load_task_file
-
-    load_task_file(TASK_FILE)
     return Candidate.create("judge_relu", "// the source; the judge runs the binary", {}, operator=Operator.USER)
 
 

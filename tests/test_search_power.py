@@ -34,22 +34,18 @@ def test_default_tasks_cover_every_template_family_and_have_cold_seeds(sp):
 
 
 def test_generated_config_turns_on_tuning_and_profiling_for_the_cold_task(sp, tmp_path):
-    from evo.config import load_config
-    from evo.tasks.registry import _unregister
+    from evo.config import load_config, load_tasks
 
     args = sp.parse_args(["--tasks", "kb23_softmax", "--budget", "60", "--wall-minutes", "6"])
     cfg_path = sp.write_inputs("kb23_softmax", tmp_path, args)
-    try:
-        cfg = load_config(cfg_path)
-        assert list(cfg.tasks.include) == ["kb23_softmax_cold"]
-        assert cfg.mutator.kind == "knobs" and cfg.tuning.enabled and cfg.profile.enabled
-        assert cfg.search.max_evaluations == 60 and cfg.search.max_wall_minutes == 6
-        from evo.engine.search import seed_for
-        from evo.tasks.seeds import cold_params
+    cfg = load_config(cfg_path)
+    assert list(cfg.tasks.include) == ["kb23_softmax_cold"]
+    assert cfg.mutator.kind == "knobs" and cfg.tuning.enabled and cfg.profile.enabled
+    assert cfg.search.max_evaluations == 60 and cfg.search.max_wall_minutes == 6
+    from evo.engine.search import seed_for
+    from evo.tasks.seeds import cold_params
 
-        assert seed_for("kb23_softmax_cold")[1] == cold_params("kb23_softmax")
-    finally:
-        _unregister("kb23_softmax_cold")
+    assert seed_for("kb23_softmax_cold", load_tasks(cfg))[1] == cold_params("kb23_softmax")
 
 
 def test_dry_run_runs_evo_search_dry_run_per_task(sp, tmp_path):

@@ -62,14 +62,10 @@ def test_cold_task_is_the_same_task_under_a_new_name_starting_cold():
 
 def test_a_task_file_of_cold_tasks_gives_a_search_its_cold_seed(tmp_path):
     from evo.engine.search import seed_for
-    from evo.tasks import load_task_file
-    from evo.tasks.registry import _unregister
+    from evo.tasks import BUILTIN_TASKS, load_task_file
 
     f = tmp_path / "cold_tasks.py"
     f.write_text('from evo.tasks.seeds import cold_task\nTASKS = [cold_task("kb19_relu")]\n')
-    try:
-        (task,) = load_task_file(f)
-        src, params = seed_for(task.name)
-        assert params == cold_params("kb19_relu") and src == seed_source("kb19_relu:cold")
-    finally:
-        _unregister("kb19_relu_cold")
+    (task,) = load_task_file(f)
+    src, params = seed_for(task.name, BUILTIN_TASKS.with_files([f]))
+    assert params == cold_params("kb19_relu") and src == seed_source("kb19_relu:cold")

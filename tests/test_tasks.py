@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import evo.tasks as T
-from evo.tasks import gpus, registry
+from evo.tasks import gpus
 from evo.tasks.base import Task, Tolerance
 from evo.tasks.inputs import sample
 from evo.tasks.tolerance import check, check_deterministic, fp32_gemm
@@ -91,13 +91,15 @@ def test_tasks_for_names_and_families_in_order_without_duplicates():
     assert T.tasks_for([]) == []
 
 
-def test_register_duplicate_and_validation():
+def test_registry_duplicate_and_validation():
     t = T.get_task("kb19_relu")
-    assert T.register_task(t) is t  # the same task again: no-op
+    assert T.BUILTIN_TASKS.with_tasks([t]).names() == T.task_names()  # the same task again: no-op
     from dataclasses import replace
 
     with pytest.raises(T.DuplicateTaskError, match="already registered"):
-        T.register_task(replace(t, description="another"))
+        T.BUILTIN_TASKS.with_tasks([replace(t, description="another")])
+    with pytest.raises(T.InvalidTaskError, match="dtype"):
+        T.TaskRegistry([replace(t, name="x_bad", dtype="int8")])
     with pytest.raises(T.InvalidTaskError, match="dtype"):
         T.validate_task(replace(t, name="x_bad", dtype="int8"))
     with pytest.raises(T.InvalidTaskError, match="bench_shapes"):
@@ -504,8 +506,6 @@ def user_file(tmp_path, request):
         return p
 
     yield make
-    for n in created:
-        registry._unregister(n)
 
 
 def test_load_user_task_file(user_file, tmp_path):
@@ -514,11 +514,13 @@ def test_load_user_task_file(user_file, tmp_path):
     tasks = T.load_task_file(p)
     assert len(tasks) == 1
     t = tasks[0]
-    assert t.family == "user" and T.get_task(t.name) == t
+    reg = T.BUILTIN_TASKS.with_files([p])
+    assert t.family == "user" and reg.get(t.name) == t and reg.files == (str(p.resolve()),)
     assert t.seed == str((tmp_path / "k.cu").resolve()) and T.seed_path(t) == tmp_path / "k.cu"
-    assert isinstance(t.shapes, tuple) and "user" in T.families()
-    assert t.name in T.task_names("user")
+    assert isinstance(t.shapes, tuple) and "user" in reg.families()
+    assert t.name in reg.names("user")
     assert T.load_task_file(p) == tasks  # idempotent
+    assert reg.with_files([p]) is reg  # a file already loaded into it is skipped
     x = t.make_inputs(t.shapes[0], gen(0), "normal", "cpu")[0]
     assert check(t.reference(x), t.reference(x.double()), t.tolerance)[0]
     assert pickle.loads(pickle.dumps(t)) == t
@@ -527,14 +529,21 @@ def test_load_user_task_file(user_file, tmp_path):
 def test_load_user_task_file_with_tasks_function(user_file):
     p = user_file(fn=True)
     (t,) = T.load_task_file(p)
-    assert T.get_task(t.name).family == "user"
+    assert T.BUILTIN_TASKS.with_files([p]).get(t.name).family == "user"
 
 
-def test_load_task_file_no_register(user_file):
+def test_loading_user_tasks_changes_no_global_registry(user_file):
+    """A user file's tasks go into a new registry; the built-in one (and the module
+    functions over it) never see them, so nothing needs resetting between searches."""
+    before = T.task_names()
     p = user_file()
-    (t,) = T.load_task_file(p, register=False)
+    (t,) = T.load_task_file(p)
+    reg = T.BUILTIN_TASKS.with_files([p])
+    assert reg.get(t.name) == t and len(reg) == len(before) + 1
+    assert T.task_names() == before and t.name not in T.BUILTIN_TASKS and "user" not in T.families()
     with pytest.raises(T.UnknownTaskError):
         T.get_task(t.name)
+    assert not hasattr(T, "register_task")
 
 
 @pytest.mark.parametrize(
@@ -585,8 +594,9 @@ def test_user_task_lambda_invalid_and_duplicate(user_file):
         T.load_task_file(p)
     dup = USER_TASK_SRC.format(name="kb19_relu", seed="", name_list="TASKS")
     p = user_file(dup, name="user_dup_unused", filename="dup.py")
-    with pytest.raises(T.TaskFileError, match="already registered"):
-        T.load_task_file(p)
+    with pytest.raises(T.TaskFileError, match="already registered") as ei:
+        T.BUILTIN_TASKS.with_files([p])
+    assert str(p.resolve()) in str(ei.value)
     assert T.get_task("kb19_relu").family == "kernelbench-l1"
 
 
@@ -609,14 +619,11 @@ def test_user_task_unpickles_in_a_fresh_process(user_file):
 def test_example_task_file():
     path = REPO / "configs" / "examples" / "my_task.py"
     (t,) = T.load_task_file(path)
-    try:
-        assert t.name == "rownorm_l2" and t.family == "user"
-        assert Path(t.seed).is_file() and Path(t.seed).name == "my_task_seed.cu"
-        for dist in t.distributions:
-            for shape in t.shapes[1:2]:
-                (x,), ref = inputs_and_ref(t, shape, dist)
-                ok, why, _ = check(t.reference(x), ref, t.tolerance, dtype="float32")
-                assert ok, why
-                assert not check(x, ref, t.tolerance)[0]
-    finally:
-        registry._unregister(t.name)
+    assert t.name == "rownorm_l2" and t.family == "user"
+    assert Path(t.seed).is_file() and Path(t.seed).name == "my_task_seed.cu"
+    for dist in t.distributions:
+        for shape in t.shapes[1:2]:
+            (x,), ref = inputs_and_ref(t, shape, dist)
+            ok, why, _ = check(t.reference(x), ref, t.tolerance, dtype="float32")
+            assert ok, why
+            assert not check(x, ref, t.tolerance)[0]

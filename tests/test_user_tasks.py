@@ -29,18 +29,6 @@ ARGMAX_TASK = EXAMPLES / "my_argmax_task.py"
 CHILD = str(REPO / "tests" / "fixtures" / "isolation" / "load_task.py")
 
 
-@pytest.fixture(autouse=True)
-def _registry_unchanged():
-    """Tasks these tests register leave the process's registry afterwards: other test files in
-    the same worker list every registered task."""
-    from evo.tasks.registry import _unregister, task_names
-
-    before = set(task_names())
-    yield
-    for name in set(task_names()) - before:
-        _unregister(name)
-
-
 # ----------------------------------------------------------------------------- isolation
 
 
@@ -122,15 +110,15 @@ def _engine(store, run_id, rt, budget, **kw):
     from evo.engine.engine import Engine, EngineSettings
     from evo.core.records import StageResult
     from evo.engine.search import seeds_for
-    from evo.tasks import load_task_file
+    from evo.tasks import BUILTIN_TASKS
     from mutators.knobs import KnobsMutator
 
-    load_task_file(MY_TASK)
+    tasks = BUILTIN_TASKS.with_files([MY_TASK])
     settings = EngineSettings(islands_per_task=1, population_size=4, max_evaluations=budget, max_wall_seconds=300,
                               confirm_champions=kw.pop("confirm", True))
     return Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 1), run_id=run_id, tasks=["rownorm_l2"],
-                  seeds=seeds_for(["rownorm_l2"], "knobs"), settings=settings, rng=random.Random(0),
-                  policy=lambda src: StageResult("policy", Status.OK), **kw)
+                  seeds=seeds_for(["rownorm_l2"], "knobs", tasks), settings=settings, rng=random.Random(0),
+                  policy=lambda src: StageResult("policy", Status.OK), task_registry=tasks, **kw)
 
 
 def _runtime(evaluate, task_files=()):
@@ -245,28 +233,23 @@ def _task_file(tmp_path: Path, name: str, seed_line: str) -> Path:
 
 def test_user_task_seed_forms(tmp_path):
     from evo.engine.search import SearchError, seed_for, seeds_for
-    from evo.tasks import load_task_file
+    from evo.tasks import BUILTIN_TASKS
     from evo.tasks.seeds import seed_params, seed_source
 
-    load_task_file(_task_file(tmp_path, "u_builtin_seed", 'seed="kb19_relu"'))
-    assert seed_for("u_builtin_seed") == (seed_source("kb19_relu"), seed_params("kb19_relu"))
-    load_task_file(_task_file(tmp_path, "u_no_seed", 'seed=""'))
-    assert seed_for("u_no_seed") is None
-    assert "u_no_seed" not in seeds_for(["u_no_seed"], "llm")
+    tasks = BUILTIN_TASKS.with_files([_task_file(tmp_path, "u_builtin_seed", 'seed="kb19_relu"'),
+                                      _task_file(tmp_path, "u_no_seed", 'seed=""'),
+                                      _task_file(tmp_path, "u_bad_seed", 'seed="no_such_seed"'), MY_TASK])
+    assert seed_for("u_builtin_seed", tasks) == (seed_source("kb19_relu"), seed_params("kb19_relu"))
+    assert seed_for("u_no_seed", tasks) is None
+    assert "u_no_seed" not in seeds_for(["u_no_seed"], "llm", tasks)
     with pytest.raises(SearchError, match="has no seed kernel, and the knobs mutator only changes an existing"):
-        seeds_for(["u_no_seed"], "knobs")
-    load_task_file(_task_file(tmp_path, "u_bad_seed", 'seed="no_such_seed"'))
+        seeds_for(["u_no_seed"], "knobs", tasks)
     with pytest.raises(SearchError, match="neither a .cu file nor a built-in seed"):
-        seed_for("u_bad_seed")
-    src, params = seed_for("rownorm_l2") if _loaded(MY_TASK) else (None, None)
+        seed_for("u_bad_seed", tasks)
+    src, params = seed_for("rownorm_l2", tasks)
     assert "rownorm_l2_kernel" in src and params == {"BLOCK": "256"}
-
-
-def _loaded(path: Path) -> bool:
-    from evo.tasks import load_task_file
-
-    load_task_file(path)
-    return True
+    with pytest.raises(KeyError, match="rownorm_l2"):
+        seed_for("rownorm_l2")  # the built-in tasks alone do not know it
 
 
 def test_dry_run_of_a_seedless_user_task_with_the_llm_mutator_says_genesis(tmp_path):

@@ -75,17 +75,19 @@ class TaskLoadError(RuntimeError):
 
 
 def _load_task(name: str, files: list[str]) -> Any:
-    """The task from the registry, after importing user task files (which register theirs)."""
-    from evo.tasks.registry import UnknownTaskError, get_task
-    from evo.tasks.user import TaskFileError, load_task_file
+    """The task from the built-in tasks plus the user task files ``files`` (a registry of this
+    call's own: nothing global changes)."""
+    from evo.tasks.registry import BUILTIN_TASKS, UnknownTaskError
+    from evo.tasks.user import TaskFileError
 
+    tasks = BUILTIN_TASKS
     for f in files:
         try:
-            load_task_file(f)
+            tasks = tasks.with_files([f])
         except TaskFileError as e:
             raise TaskLoadError(f"task file {f} could not be loaded in the GPU process: {e}") from e
     try:
-        return get_task(name)
+        return tasks.get(name)
     except UnknownTaskError as e:
         given = ", ".join(files) if files else "none"
         raise TaskLoadError(

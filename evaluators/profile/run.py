@@ -129,7 +129,8 @@ def profile_candidate(
 ) -> StageResult:
     """Profile one built candidate on one shape under ncu; a StageResult named ``profile``.
 
-    ``task``: a :class:`~evo.tasks.base.Task` (or its registry name); ``shape``: an index
+    ``task``: a :class:`~evo.tasks.base.Task` (or its name: a built-in task or one of
+    ``task_files``); ``shape``: an index
     into ``task.shapes`` or the shape dict. ``gpu``: the GPU's name for the cache key
     (default: asked of nvidia-smi). Metrics: :func:`summarize`'s dict plus ``shape``,
     ``gpu``, ``cached``, ``ncu_wall_s``. Raises :class:`ProfileError` when the profiler
@@ -148,9 +149,9 @@ def profile_candidate(
     if not isinstance(task, str) and not hasattr(task, "shapes"):
         raise TypeError(f"task must be a Task or a task name, not {type(task).__name__}")
     if isinstance(task, str):
-        from evo.tasks.registry import get_task
+        from evo.tasks.registry import BUILTIN_TASKS
 
-        task = get_task(task)
+        task = BUILTIN_TASKS.with_files(task_files).get(task)
     shp = _shape_dict(task, shape)
     sha = hashlib.sha256(bytes(so_bytes)).hexdigest()
     gpu = gpu if gpu is not None else gpu_name(settings.device)

@@ -199,3 +199,15 @@ def resolve_run(store: Any, text: str) -> str:
         return _resolve(store, text)
     except StoreError as e:
         fail(store_error_text(e))
+
+
+def with_task_files(base: Any, files: Sequence[Any]) -> Any:
+    """``base`` (a :class:`evo.tasks.TaskRegistry`) plus the user tasks of ``files`` (the
+    commands' ``--task-file``); a file that fails to load ends the command with its error."""
+    tasks = base
+    for f in files:
+        try:
+            tasks = tasks.with_files([f])
+        except (OSError, ValueError, TypeError) as e:
+            fail(str(e))
+    return tasks

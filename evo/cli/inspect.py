@@ -25,6 +25,7 @@ from evo.cli.common import fail as _fail
 from evo.cli.common import open_reader as _open_reader
 from evo.cli.common import resolve_run as _resolve_run
 from evo.cli.common import store_error_text as _store_error_text
+from evo.cli.common import with_task_files
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import reference_fields
 from evo.results.tables import table as _table
@@ -223,10 +224,10 @@ def report(
     from evo.results.report import ReportError, build_report
     from evo.store import StoreError
 
-    _load_task_files(task_file)
+    task_registry = _load_task_files(task_file)
     with _open_reader(db) as store:
         try:
-            res = build_report(store, run, out, gpu=gpu)
+            res = build_report(store, run, out, gpu=gpu, task_registry=task_registry)
         except (StoreError, ReportError) as e:
             _fail(_store_error_text(e))
         except KeyError as e:  # an unknown --gpu
@@ -268,13 +269,13 @@ def export(
 
     from evo.engine.progress import StepProgress, progress_enabled
 
-    _load_task_files(task_file)
+    task_registry = _load_task_files(task_file)
     with _open_reader(db) as store:
         try:
             with StepProgress("exporting" + (" (nvcc builds)" if build else ""), 1,
                               enabled=progress_enabled(progress) and not as_json) as bar:
                 res = do_export(store, target, out, tasks=task or None, arch=arch, build=build, recheck=recheck,
-                                on_task=lambda t, i, n: bar.update(t, i, n))
+                                on_task=lambda t, i, n: bar.update(t, i, n), task_registry=task_registry)
         except (StoreError, ExportError, ValueError) as e:
             _fail(_store_error_text(e))
     if as_json:
@@ -296,13 +297,11 @@ def export(
         raise typer.Exit(1)
 
 
-def _load_task_files(files: list[Path]) -> None:
+def _load_task_files(files: list[Path]) -> Any:
+    """The built-in tasks plus ``--task-file`` files (None without any); a file that fails
+    ends the command with its error."""
     if not files:
-        return
-    import evo.tasks as T
+        return None
+    from evo.tasks.registry import BUILTIN_TASKS
 
-    for f in files:
-        try:
-            T.load_task_file(f)
-        except (OSError, ValueError, TypeError) as e:
-            _fail(str(e))
+    return with_task_files(BUILTIN_TASKS, files)

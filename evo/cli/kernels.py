@@ -21,6 +21,7 @@ from evo.cli.common import db_path as _db_path
 from evo.cli.common import emit_json as _emit_json
 from evo.cli.common import fail as _fail
 from evo.cli.common import open_reader as _open_reader
+from evo.cli.common import with_task_files
 from evo.results.tables import fmt as _fmt
 from evo.results.tables import table as _table
 
@@ -39,24 +40,20 @@ def tasks(
 
     Example: evo tasks --family modern --gpu H200
     """
-    import evo.tasks as T
     from evo.tasks import gpus
+    from evo.tasks.registry import BUILTIN_TASKS
 
-    for f in task_file:
-        try:
-            T.load_task_file(f)
-        except (OSError, ValueError, TypeError) as e:
-            _fail(str(e))
+    registry = with_task_files(BUILTIN_TASKS, task_file)
     try:
         spec = gpus.get_gpu(gpu) if gpu else (gpus.detect_gpu() or gpus.get_gpu("H200"))
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
-    rows = T.task_table(spec)
+    rows = registry.table(spec)
     if family:
-        check_family(family, T.families(), task_file)
+        check_family(family, registry.families(), task_file)
         rows = [r for r in rows if r["family"] == family]
     if as_json:
-        _emit_json({"gpu": spec.name, "tasks": tasks_json(rows)})
+        _emit_json({"gpu": spec.name, "tasks": tasks_json(rows, registry)})
         return
     console.print(render_tasks(rows, spec.name))
 
@@ -85,18 +82,15 @@ def check(
     """
     from dataclasses import replace as _replace
 
-    import evo.tasks as T
     from evaluators.pipeline import check_kernel
+    from evo.tasks.registry import BUILTIN_TASKS
 
     if not kernel.is_file():
         _fail(f"{kernel}: no such file")
-    for f in task_file:
-        try:
-            T.load_task_file(f)
-        except (OSError, ValueError) as e:
-            _fail(str(e))
-    try:
-        task_obj = T.get_task(task)
+    registry = with_task_files(BUILTIN_TASKS, task_file)
+    cs, hs = _stage_settings(config)
+    try:  # a user task of the config's [tasks] files counts too
+        task_obj = with_task_files(registry, hs.task_files).get(task)
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     kv: dict[str, str] = {}
@@ -118,7 +112,6 @@ def check(
         bad = [i for i in shape_idx if not 0 <= i < len(task_obj.shapes)]
         if bad or not shape_idx:
             _fail(f"--shapes {shapes!r}: task {task} has shapes 0..{len(task_obj.shapes) - 1}")
-    cs, hs = _stage_settings(config)
     if not timing:
         hs = _replace(hs, check_only=True)
     try:
@@ -235,12 +228,15 @@ def tune(
                   f"({(summary.best_id or '-')[:12]}){' - improved' if summary.improved else ''}")
 
 
-def bench_task_names(tasks: list[str], families: list[str]) -> list[str]:
+def bench_task_names(tasks: list[str], families: list[str], registry: Any = None) -> list[str]:
     """The tasks ``evo bench`` measures: each ``--task``, then every task of each ``--family``,
-    in that order, each once. Raises KeyError naming an unknown task or family."""
-    import evo.tasks as T
+    in that order, each once, of ``registry`` (None: the built-in tasks). Raises KeyError
+    naming an unknown task or family."""
+    if registry is None:
+        from evo.tasks.registry import BUILTIN_TASKS
 
-    names = [T.get_task(t).name for t in tasks] + [n for f in families for n in T.task_names(f)]
+        registry = BUILTIN_TASKS
+    names = [registry.get(t).name for t in tasks] + [n for f in families for n in registry.names(f)]
     return list(dict.fromkeys(names))
 
 
@@ -268,41 +264,43 @@ def bench(
     import shlex
     from dataclasses import replace as _replace
 
-    import evo.tasks as T
     from evaluators.pipeline import gpu_available
+    from evo.tasks.registry import BUILTIN_TASKS
     from evo.results.bench import bench as run_bench
     from evo.results.bench import run_candidates, seed_candidates
     from evo.store import StoreError
 
     cs, hs = _stage_settings(config)
     hs = _replace(hs, time_compiled_reference=True)  # both baselines in every table (docs/evaluator.md)
+    registry = with_task_files(BUILTIN_TASKS, hs.task_files)  # the config's user tasks count too
     from evo.results.bench import TargetsError, load_targets
 
     if profile_misses and targets is None:
         _fail("--profile-misses needs --targets (a miss is a speedup below a target)")
     try:
-        tg = load_targets(targets) if targets is not None else None
+        tg = load_targets(targets, registry) if targets is not None else None
     except TargetsError as e:
         _fail(str(e))
     try:
-        names = bench_task_names(task, family)
+        names = bench_task_names(task, family, registry)
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e))
     if run:
         from evo.cli.common import resolve_run
-        from evo.tasks.user import TaskFileError, load_run_task_files
+        from evo.tasks.user import TaskFileError, run_task_registry
 
         with _open_reader(db) as store:
             run = resolve_run(store, run)
             try:
-                files = load_run_task_files(store.get_run(run).get("config"), run)
+                run_tasks = run_task_registry(store.get_run(run).get("config"), run)
                 cands = run_candidates(store, run, set(names) or None)
             except (StoreError, TaskFileError) as e:
                 _fail(str(e))
-        hs = _replace(hs, task_files=files)  # every bench child imports the run's task files
+        registry = with_task_files(registry, run_tasks.files)
+        hs = _replace(hs, task_files=run_tasks.files)  # every bench child imports the run's task files
         title = f"Champions of run {run} vs PyTorch references"
     else:
-        cands = seed_candidates(names or T.task_names())
+        cands = seed_candidates(names or registry.names())
         title = "Seed kernels vs PyTorch references"
     if not cands:
         _fail("nothing to benchmark: the run has no correct kernel for the chosen tasks")
@@ -319,7 +317,7 @@ def bench(
 
     with StepProgress("bench", len(cands), enabled=progress_enabled(progress)) as bar:
         rows = run_bench(cands, cs, hs, table=out, command=command, title=title, jobs=jobs, targets=tg,
-                         profile_settings=ps,
+                         profile_settings=ps, task_registry=registry,
                          on_row=lambda r: console.print(
                              f"{r.task:24s} {r.shape:32s} {r.status:10s} "
                              f"{'-' if r.speedup is None else f'{r.speedup:.3f}x'} {r.rate}"
@@ -361,14 +359,12 @@ def check_family(family: str, families: list[str], task_files: list[Path]) -> No
           + ("" if "user" in families else ", user (with --task-file)"))
 
 
-def tasks_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``evo tasks --json`` rows: :func:`evo.tasks.task_table`'s, with ``shapes`` and
-    ``bench_shapes`` as lists of ``{dim: int}`` objects instead of printed strings."""
-    import evo.tasks as T
-
+def tasks_json(rows: list[dict[str, Any]], registry: Any) -> list[dict[str, Any]]:
+    """``evo tasks --json`` rows: :meth:`evo.tasks.TaskRegistry.table`'s of ``registry``, with
+    ``shapes`` and ``bench_shapes`` as lists of ``{dim: int}`` objects instead of printed strings."""
     out = []
     for r in rows:
-        task = T.get_task(r["name"])
+        task = registry.get(r["name"])
         d = {k: v for k, v in r.items() if k not in ("shapes", "bench_shape")}
         d["shapes"] = [dict(s) for s in task.shapes]
         d["bench_shapes"] = [dict(s) for s in task.benchmark_shapes]

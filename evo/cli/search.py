@@ -46,7 +46,7 @@ def search(
 
     Example: evo search configs/demo.toml --max-evals 50
     """
-    from evo.config import ConfigError, load_config
+    from evo.config import ConfigError, load_config, load_tasks
 
     overrides: dict[str, Any] = {}
     if max_evals is not None:
@@ -55,6 +55,7 @@ def search(
         overrides["run.db"] = db
     try:
         cfg = load_config(config, overrides)
+        task_registry = load_tasks(cfg)  # the built-ins plus [tasks] files, this search's alone
     except ConfigError as e:
         _fail(str(e))
 
@@ -66,7 +67,7 @@ def search(
         try:
             with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,
                               enabled=progress_enabled(progress)) as bar:
-                report = engine_mod.dry_run(cfg, resume=resume, probe=probe,
+                report = engine_mod.dry_run(cfg, resume=resume, probe=probe, task_registry=task_registry,
                                             on_progress=lambda t, i, n: bar.update(t, i, n))
         except engine_mod.SearchError as e:
             _fail(str(e))
@@ -84,7 +85,8 @@ def search(
             f"check the config, seeds and compiler here with: evo search {config} --dry-run"
         )
     try:
-        summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress)
+        summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress,
+                                        task_registry=task_registry)
     except engine_mod.SearchError as e:
         _fail(str(e))
     console.print(f"run [bold]{summary.run_id}[/]: {summary.evaluations} evaluations, "

@@ -28,13 +28,17 @@ Design points (see docs/config.md for the user-facing reference):
   them. Input files the config names (``tasks.files``) are relative to the config file's
   directory (a config works from any working directory); output locations (``run.db``,
   ``compile.cache_dir``, ``llm.cassette``) are relative to the current working directory.
-* ``tasks.files`` are loaded through ``evo.tasks.load_task_file`` before ``tasks.include`` is
-  checked against ``evo.tasks.task_names()`` / ``evo.tasks.families()``, so user tasks can be
-  included. The registry is imported lazily, so importing this module stays cheap.
+* ``tasks.files`` are checked to exist, never run: validating a config changes nothing
+  global. ``tasks.include`` is checked against the built-in tasks
+  (``evo.tasks.BUILTIN_TASKS``); with task files, an entry no built-in matches is checked by
+  :func:`load_tasks`, which the search calls once at its start to load the files into its own
+  :class:`evo.tasks.TaskRegistry` (same :class:`ConfigError` lines). The registry is imported
+  lazily, so importing this module stays cheap.
 * Secrets never live here: later sections name environment variables, not keys.
 
 Modules: :mod:`.errors` (ConfigError), :mod:`.fields` (path fields, the strict section base,
 section models built from settings records), :mod:`.sections` (the sections but ``[llm]``),
+:mod:`.tasks` (the search's task registry from ``[tasks]``),
 :mod:`.llm` (``[llm]``), :mod:`.model` (the whole :class:`Config`), :mod:`.loading` (TOML,
 overrides, validation), :mod:`.messages` (a ValidationError as one line per problem).
 """
@@ -56,6 +60,7 @@ from evo.config.sections import (
     TasksConfig,
     TuningConfig,
 )
+from evo.config.tasks import load_tasks
 
 __all__ = [
     "CompileConfig",
@@ -74,6 +79,7 @@ __all__ = [
     "TuningConfig",
     "demo_config_path",
     "load_config",
+    "load_tasks",
     "section_model",
     "parse_config",
     "parse_override",

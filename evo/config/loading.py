@@ -113,6 +113,7 @@ def _build(
     finally:
         CONFIG_DIR.reset(token)
     config._source_path = path
+    config._source = source
     logger.debug("loaded config %s (hash %s)", source, config.hash()[:12])
     return config
 

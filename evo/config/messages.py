@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from evo.config.fields import suggest
 from evo.config.model import Config
 
-__all__ = ["describe", "model_at"]
+__all__ = ["describe", "model_at", "value_line"]
 
 #: Keys that existed once and were removed, with what to do instead: an old config that
 #: still sets one gets this line rather than a bare "unknown key".
@@ -42,6 +42,11 @@ def _fmt(value: Any, limit: int = 80) -> str:
     else:
         text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def value_line(key: str, value: Any, msg: str) -> str:
+    """One problem line about a value: ``tasks.include[0] = "kb19_relux": unknown task ...``."""
+    return f"{key} = {_fmt(value)}: {msg}"
 
 
 def model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:

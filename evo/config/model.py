@@ -35,7 +35,9 @@ __all__ = ["Config"]
 class Config(Section):
     """The whole validated configuration. Frozen; build it with :func:`load_config`.
 
-    ``source_path`` is the file it came from (None when built from a mapping).
+    ``source_path`` is the file it came from (None when built from a mapping); ``source``
+    names it as the user did (``<config>`` or the caller's name for a mapping), the prefix of
+    every :class:`~evo.config.errors.ConfigError` line about it.
     """
 
     run: RunConfig = Field(default_factory=RunConfig)
@@ -50,10 +52,15 @@ class Config(Section):
     llm: LLMConfig | None = None
 
     _source_path: Path | None = PrivateAttr(default=None)
+    _source: str = PrivateAttr(default="<config>")
 
     @property
     def source_path(self) -> Path | None:
         return self._source_path
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @model_validator(mode="after")
     def _llm_needs_section(self) -> "Config":

@@ -1,6 +1,6 @@
-"""The sections of a config but ``[llm]``: ``[run]``, ``[tasks]`` (loading user task files),
-``[search]``, ``[mutator]``, ``[compile]``, ``[evaluator]``, ``[ray]``, ``[profile]`` and
-``[tuning]``; those a component's settings record declares are built from it."""
+"""The sections of a config but ``[llm]``: ``[run]``, ``[tasks]`` (user task files are checked
+to exist, not run), ``[search]``, ``[mutator]``, ``[compile]``, ``[evaluator]``, ``[ray]``,
+``[profile]`` and ``[tuning]``; those a component's settings record declares are built from it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.profile import ProfileSettings
@@ -26,11 +26,6 @@ logger = logging.getLogger(__name__)
 #: GPU names accepted by ``run.gpu`` when the task suite does not publish its own list
 #: (``evo.tasks.gpu_names()``, if it exists, takes precedence). Matching is case-insensitive.
 KNOWN_GPUS: tuple[str, ...] = ("H100", "H200")
-
-#: Paths of task files already loaded in this process (resolved), so validating a second
-#: config that names the same file does not register its tasks twice.
-_LOADED_TASK_FILES: set[Path] = set()
-
 
 class RunConfig(Section):
     """``[run]``: identity of the run and where it is recorded."""
@@ -52,8 +47,9 @@ class RunConfig(Section):
         raise ValueError('unknown GPU; allowed: "auto", ' + ", ".join(f'"{g}"' for g in known))
 
 
-def _load_task_file(path: Path) -> Path:
-    """Item validator of ``tasks.files``: the file must exist; its tasks get registered."""
+def _check_task_file(path: Path) -> Path:
+    """Item validator of ``tasks.files``: the file must exist. It is not run here: the search
+    loads it into its task registry (:func:`evo.config.tasks.load_tasks`)."""
     if not path.is_file():
         if path.exists():
             raise ValueError("is not a file")
@@ -69,54 +65,51 @@ def _load_task_file(path: Path) -> Path:
                 msg += (f"; {Path.cwd() / rel} exists relative to the working directory: write the "
                         f"path relative to the config file, e.g. {os.path.relpath(Path.cwd() / rel, base)!r}")
         raise ValueError(msg + ")")
-    resolved = path.resolve()
-    if resolved not in _LOADED_TASK_FILES:
-        from evo import tasks as registry  # lazy: the registry imports torch
-
-        try:
-            registry.load_task_file(path)
-        except Exception as exc:  # user code: any failure of it is a config problem
-            raise ValueError(f"could not load task file: {type(exc).__name__}: {exc}") from exc
-        _LOADED_TASK_FILES.add(resolved)
-        logger.info("loaded user task file %s", path)
     return path
 
 
-def _check_task_entry(entry: str) -> str:
-    """Item validator of ``tasks.include``: a registered task name or ``family:<name>``."""
-    from evo import tasks as registry  # lazy: the registry imports torch
-
-    families = sorted(registry.families())
+def task_entry_problem(entry: str, tasks: Any) -> str | None:
+    """What is wrong with the ``tasks.include`` entry ``entry`` (a task name or
+    ``family:<name>``) against the registry ``tasks`` (:class:`evo.tasks.TaskRegistry`), or None."""
+    families = sorted(tasks.families())
     if entry.startswith("family:"):
         family = entry[len("family:"):]
         if family not in families:
             hint = suggest(family, families)
             did = f" (did you mean \"family:{hint}\"?)" if hint else ""
-            raise ValueError(
-                f"unknown task family{did}; known families: "
-                + ", ".join(f'"family:{f}"' for f in families)
-            )
-        return entry
-    names = sorted(registry.task_names())
+            return (f"unknown task family{did}; known families: "
+                    + ", ".join(f'"family:{f}"' for f in families))
+        return None
+    names = sorted(tasks.names())
     if entry not in names:
         hint = suggest(entry, names)
         did = f" (did you mean \"{hint}\"?)" if hint else ""
-        raise ValueError(
-            f"unknown task{did}; use a task name or \"family:<name>\" "
-            f"(families: {', '.join(families)}; `evo tasks` lists all tasks)\n"
-            f"  known tasks: {', '.join(names)}"
-        )
+        return (f"unknown task{did}; use a task name or \"family:<name>\" "
+                f"(families: {', '.join(families)}; `evo tasks` lists all tasks)\n"
+                f"  known tasks: {', '.join(names)}")
+    return None
+
+
+def _check_task_entry(entry: str, info: ValidationInfo) -> str:
+    """Item validator of ``tasks.include`` against the built-in tasks. With ``tasks.files``, an
+    entry no built-in task matches may name one of theirs: it is checked when the search
+    loads them (:func:`evo.config.tasks.load_tasks`), with the same message."""
+    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+
+    problem = task_entry_problem(entry, BUILTIN_TASKS)
+    if problem is not None and not info.data.get("files"):
+        raise ValueError(problem)
     return entry
 
 
 class TasksConfig(Section):
     """``[tasks]``: which tasks to search.
 
-    ``files`` is declared (hence validated, hence loaded) before ``include``, so tasks defined
-    in user files can be included.
+    ``files`` is declared before ``include``, so the include check knows whether entries that
+    name no built-in task may name a user task (checked when the search loads the files).
     """
 
-    files: tuple[Annotated[InputPathField, AfterValidator(_load_task_file)], ...] = Field(
+    files: tuple[Annotated[InputPathField, AfterValidator(_check_task_file)], ...] = Field(
         (), strict=False,
         description="a list of paths to user task files (relative to the config file's directory)",
     )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from evo.engine import recovery
 from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
@@ -69,13 +69,15 @@ class Engine:
     Collaborators are injected: ``store`` (:class:`evo.engine.seams.StoreWriter`, the only writer),
     ``runtime`` (:class:`evo.engine.seams.ClusterRuntime`), ``mutator``
     (:class:`mutators.base.Mutator`), ``seeds`` (task -> (source, params)), ``policy``
-    (source -> StageResult). ``rng`` drives every random choice of the engine and mutator.
+    (source -> StageResult), ``task_registry`` (where ``tasks`` are looked up: shapes to
+    profile; the search's :class:`evo.tasks.TaskRegistry`, None: the built-in tasks). ``rng``
+    drives every random choice of the engine and mutator.
     """
 
     def __init__(self, *, store: StoreWriter, runtime: ClusterRuntime, mutator, run_id: str, tasks: list[str],
                  seeds: dict[str, tuple[str, dict[str, str]]], settings: EngineSettings, rng: random.Random,
                  policy: Callable[[str], StageResult], descriptor: Callable[[dict[str, str]], tuple] | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None, task_registry: Any = None) -> None:
         self.store, self.rt, self.mutator = store, runtime, mutator
         self.run_id, self.tasks, self.seeds = run_id, list(tasks), seeds
         self.s, self.rng, self.policy = settings, rng, policy
@@ -90,7 +92,7 @@ class Engine:
         self._rr = self._last_migration = 0
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
-                                   tuning_storage=settings.tuning_storage, rng=rng)
+                                   tuning_storage=settings.tuning_storage, rng=rng, task_registry=task_registry)
         self.breaker = recovery.Breaker()
         self.gpu_faults = recovery.GpuFaults()
         self.work = Dispatch(runtime, self.gpu_faults, settings.profile)

@@ -186,11 +186,12 @@ def probe_models(cfg) -> list[ModelProbe]:
 
 
 def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str],
-                 windows: dict[str, int] | None = None) -> list[PromptSize]:
+                 windows: dict[str, int] | None = None, task_registry=None) -> list[PromptSize]:
     """Per task of ``tasks``, its largest starting prompt against every model's window
     (``seeds``: the tasks' seed source and params; a task without one starts at genesis;
     ``windows``: windows the probe read from the servers, by model name, for models whose
-    ``context_tokens`` is unset)."""
+    ``context_tokens`` is unset; ``task_registry``: where the tasks are looked up, None: the
+    built-in tasks)."""
     import dataclasses
 
     from evo.engine.llm_context import task_info
@@ -202,7 +203,7 @@ def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[
     models = [dataclasses.replace(m, context_tokens=windows[m.name]) if m.context_tokens is None and
               (windows or {}).get(m.name) else m for m in _model_specs(cfg)]
     gpu = None if cfg.run.gpu == "auto" else cfg.run.gpu
-    provider = SimpleContextProvider({t: task_info(t, gpu) for t in tasks})
+    provider = SimpleContextProvider({t: task_info(t, gpu, task_registry) for t in tasks})
     client = _client(cfg, models)
     try:
         mut = LLMMutator(client, models, provider, n_inspirations=cfg.llm.inspirations)

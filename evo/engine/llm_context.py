@@ -202,13 +202,13 @@ def _outputs(task: Any, specs: Any) -> list[str]:
     return lines
 
 
-def task_info(task_name: str, gpu_name: str | None = None) -> TaskInfo:
-    """Prompt facts of a task (see module docstring)."""
-    from evo.tasks import get_task
+def task_info(task_name: str, gpu_name: str | None = None, task_registry=None) -> TaskInfo:
+    """Prompt facts of a task (see module docstring), looked up in ``task_registry`` (None:
+    the built-in tasks)."""
     from evo.tasks import gpus as G
-    from evo.tasks.registry import format_shape
+    from evo.tasks.registry import BUILTIN_TASKS, format_shape
 
-    task = get_task(task_name)
+    task = (BUILTIN_TASKS if task_registry is None else task_registry).get(task_name)
     shapes = "\n".join(
         f"  - {format_shape(s)}{' (benchmarked)' if i < task.bench_shapes else ' (checked)'}"
         for i, s in enumerate(task.shapes)
@@ -293,18 +293,21 @@ def ptxas_text(metrics: dict[str, Any], artifacts: dict[str, str] | None = None)
 
 
 class StoreContextProvider:
-    """PromptContextProvider over a run in the store (see module docstring)."""
+    """PromptContextProvider over a run in the store (see module docstring); the tasks are
+    looked up in ``task_registry`` (the search's; None: the built-in tasks)."""
 
-    def __init__(self, store, run_id: str, *, feedback_after: int = 3, gpu_name: str | None = None) -> None:
+    def __init__(self, store, run_id: str, *, feedback_after: int = 3, gpu_name: str | None = None,
+                 task_registry=None) -> None:
         self.store = store
         self.run_id = run_id
         self.feedback_after = feedback_after
         self.gpu_name = gpu_name
+        self.task_registry = task_registry
         self._task_info: dict[str, TaskInfo] = {}
 
     def task_info(self, task: str) -> TaskInfo:
         if task not in self._task_info:
-            self._task_info[task] = task_info(task, self.gpu_name)
+            self._task_info[task] = task_info(task, self.gpu_name, self.task_registry)
         return self._task_info[task]
 
     def _chain(self, candidate_id: str) -> list:

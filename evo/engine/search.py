@@ -28,22 +28,23 @@ def engine_settings(cfg) -> EngineSettings:
 MUTATOR_KINDS = ("knobs", "llm")
 
 
-def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None = None):
+def make_mutator(cfg, *, store=None, run_id: str = "", rng: random.Random | None = None, task_registry=None):
     """Build the configured mutator. The LLM mutator records every call in ``llm_calls``,
     every attempt as an ``llm_attempt`` event of the run and links each call whose answer
     became a child to it (:class:`evo.engine.llm_records.LLMRecorder`; the store is the
-    driver's)."""
+    driver's); its prompts describe the tasks of ``task_registry`` (None: the built-in tasks)."""
     kind = cfg.mutator.kind
     if kind == "knobs":
         from mutators.knobs import KnobsMutator
 
         return KnobsMutator.from_settings(cfg.knobs_settings())
     if kind == "llm":
-        return _make_llm_mutator(cfg, store=store, run_id=run_id, rng=rng or random.Random(0))
+        return _make_llm_mutator(cfg, store=store, run_id=run_id, rng=rng or random.Random(0),
+                                 task_registry=task_registry)
     raise SearchError(f"mutator.kind = {kind!r}: unknown; known: {', '.join(MUTATOR_KINDS)}")
 
 
-def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
+def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random, task_registry):
     from evo.engine.llm_context import StoreContextProvider
     from evo.engine.llm_records import ATTEMPT_EVENT, LLMRecorder
     from mutators.llm.replay.cassette import CassetteRecorder, ReplayClient
@@ -82,35 +83,51 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random):
     health = ModelHealth(models, failures=L.breaker_failures, cooldown_s=L.breaker_cooldown_s,
                          trips=L.breaker_trips, on_stop=recorder.model_stopped)
     provider = StoreContextProvider(store, run_id, feedback_after=cfg.profile.feedback_after,
-                                    gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu)
+                                    gpu_name=None if cfg.run.gpu == "auto" else cfg.run.gpu,
+                                    task_registry=task_registry)
     settings = LLMMutatorSettings(max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
                                   repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
                                   concurrency=L.concurrency, max_failed_attempts=L.max_failed_attempts)
     return LLMMutator(client, models, provider, settings, health=health, attempt_sink=recorder.attempt)
 
 
-def _task_names(cfg) -> list[str]:
-    import evo.tasks as T
+def _task_registry(cfg, task_registry):
+    """``task_registry`` (the CLI passes :func:`evo.config.load_tasks`'s), else the built-in
+    tasks plus the config's ``tasks.files``; a file that fails to load is a :class:`SearchError`."""
+    if task_registry is not None:
+        return task_registry
+    from evo.tasks.registry import BUILTIN_TASKS
+    from evo.tasks.user import TaskFileError
 
-    # cfg.tasks.files were loaded (registered) by load_config already.
-    return [t.name for t in T.tasks_for(list(cfg.tasks.include))]
+    try:
+        return BUILTIN_TASKS.with_files(cfg.tasks.files)
+    except TaskFileError as e:
+        raise SearchError(f"tasks.files: {e}") from None
 
 
-def seed_for(task_name: str) -> tuple[str, dict[str, str]] | None:
+def _task_names(cfg, task_registry) -> list[str]:
+    try:
+        return [t.name for t in task_registry.select(list(cfg.tasks.include))]
+    except KeyError as e:  # an include entry none of the task files defines
+        raise SearchError(f"tasks.include: {e}") from None
+
+
+def seed_for(task_name: str, task_registry=None) -> tuple[str, dict[str, str]] | None:
     """The seed kernel (source, params at their declared defaults) of a task, or None.
 
     ``Task.seed`` is a ``.cu`` path (the user-task loader made it absolute, relative to the
     task file), the name of a built-in seed (``evo.tasks.seeds``), or empty: a built-in task
     then uses the seed named like itself, and a user task has none (the LLM mutator writes
     the first kernel: genesis). Raises :class:`SearchError` naming the task and the fix.
+    ``task_registry``: where the task is looked up (None: the built-in tasks).
     """
     from pathlib import Path
 
-    from evo.tasks import get_task
+    from evo.tasks.registry import BUILTIN_TASKS
     from evo.tasks.seeds import SEEDS, UnknownSeedError, seed_params, seed_source
     from evo.core.tunables import resolve_params
 
-    task = get_task(task_name)
+    task = (BUILTIN_TASKS if task_registry is None else task_registry).get(task_name)
     if task.seed and task.seed.endswith(".cu"):
         try:
             src = Path(task.seed).read_text()
@@ -130,12 +147,13 @@ def seed_for(task_name: str) -> tuple[str, dict[str, str]] | None:
                           f"with the llm mutator") from e
 
 
-def seeds_for(names: list[str], mutator_kind: str) -> dict[str, tuple[str, dict[str, str]]]:
-    """Seeds of every task that has one; a task without a seed needs a mutator that can
-    write the first kernel (``llm``), else :class:`SearchError` says how to give a seed."""
+def seeds_for(names: list[str], mutator_kind: str, task_registry=None) -> dict[str, tuple[str, dict[str, str]]]:
+    """Seeds of every task that has one (looked up in ``task_registry``; None: the built-in
+    tasks); a task without a seed needs a mutator that can write the first kernel (``llm``),
+    else :class:`SearchError` says how to give a seed."""
     seeds: dict[str, tuple[str, dict[str, str]]] = {}
     for name in names:
-        got = seed_for(name)
+        got = seed_for(name, task_registry)
         if got is not None:
             seeds[name] = got
         elif mutator_kind != "llm":
@@ -156,7 +174,7 @@ def _check_llm_keys(cfg) -> None:
         raise SearchError("; ".join(missing))
 
 
-def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True) -> dict:
+def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True, task_registry=None) -> dict:
     """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
     for the ``llm`` mutator its models and prompts (:mod:`evo.engine.llm_check`).
 
@@ -165,6 +183,8 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
     ``resume`` names no run of that database. ``on_progress(task, done, total)`` is called
     before each seed's policy check and compile and once with ``done == total`` at the end
     (the CLI draws a progress bar from it; the compiles take most of a dry run's time).
+    ``task_registry``: the config's tasks (:func:`evo.config.load_tasks`; None: the built-in
+    tasks plus ``cfg.tasks.files``).
 
     Returns ``{"ok", "seeds", "plan", "probes", "prompts"}``: with the ``llm`` mutator,
     ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny request each;
@@ -202,9 +222,10 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         resumed = (f" Resumes run {rid} ({n_done} evaluations done"
                    + ("" if same else "; its config differs from this one, the new one is used") + ").")
     rows, ok = [], True
-    names = _task_names(cfg)
+    task_registry = _task_registry(cfg, task_registry)
+    names = _task_names(cfg, task_registry)
     cs = cfg.compile_settings()
-    seeds = seeds_for(names, cfg.mutator.kind)
+    seeds = seeds_for(names, cfg.mutator.kind, task_registry)
     for i, name in enumerate(names):
         if on_progress is not None:
             on_progress(name, i, len(names))
@@ -232,7 +253,8 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
 
         probes = probe_models(cfg) if probe else []
         ok &= all(p.ok for p in probes)
-        prompts = prompt_sizes(cfg, seeds, names, windows={p.model: p.window for p in probes if p.window})
+        prompts = prompt_sizes(cfg, seeds, names, windows={p.model: p.window for p in probes if p.window},
+                               task_registry=task_registry)
         ok &= all(p.fits_any for p in prompts)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
@@ -243,8 +265,10 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
 
 
 def run_search(cfg, *, address: str | None = None, resume: str | None = None,
-               progress: bool = True, stages=None) -> SearchSummary:
-    """Open the store, start the runtime, run the engine, shut down. The CLI calls this."""
+               progress: bool = True, stages=None, task_registry=None) -> SearchSummary:
+    """Open the store, start the runtime, run the engine, shut down. The CLI calls this.
+    ``task_registry``: the config's tasks (:func:`evo.config.load_tasks`; None: the built-in
+    tasks plus ``cfg.tasks.files``)."""
     from pathlib import Path
 
     from evaluators.policy import check_policy
@@ -254,8 +278,9 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     from evo.core.paths import LocationError, check_db_location
     from evo.results.status import resolve_run
 
-    names = _task_names(cfg)
-    seeds = seeds_for(names, cfg.mutator.kind)  # before any run exists: a seedless task fails here
+    task_registry = _task_registry(cfg, task_registry)
+    names = _task_names(cfg, task_registry)
+    seeds = seeds_for(names, cfg.mutator.kind, task_registry)  # before any run exists: a seedless task fails here
     _check_llm_keys(cfg)
     try:
         check_db_location(cfg.run.db)
@@ -310,8 +335,9 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
                 from evo.tuning.tuning import journal_path
 
                 settings = replace(settings, tuning_storage=str(journal_path(cfg.run.db, run_id)))
-            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng),
-                         run_id=run_id, tasks=names,
+            eng = Engine(store=store, runtime=rt, mutator=make_mutator(cfg, store=store, run_id=run_id, rng=rng,
+                                                                       task_registry=task_registry),
+                         run_id=run_id, tasks=names, task_registry=task_registry,
                          seeds=seeds, settings=settings, rng=rng, policy=check_policy,
                          descriptor=descriptor, on_progress=cb)
             from evaluators.sandbox import describe as sandbox_describe

@@ -184,12 +184,13 @@ class Survivors:
     ``profile`` / ``tuning``: the run's ProfileSettings / TuningSettings (None or
     ``enabled=False``: off). ``tuning_storage``: the Optuna storage of the studies.
     ``rng``: the engine's generator (each study draws its sampler seed from it when it
-    opens, so a seeded run opens the same studies with the same seeds).
+    opens, so a seeded run opens the same studies with the same seeds). ``task_registry``:
+    where a candidate's task is looked up (its benchmark shapes; None: the built-in tasks).
     """
 
     def __init__(self, *, store, run_id: str, profile: Any, tuning: Any, tuning_storage: str,
-                 rng: random.Random) -> None:
-        self.store, self.run_id = store, run_id
+                 rng: random.Random, task_registry: Any = None) -> None:
+        self.store, self.run_id, self.task_registry = store, run_id, task_registry
         self.profile, self.tuning, self.tuning_storage = profile, tuning, tuning_storage
         self.rng = rng
         self._ranking: dict[int, list[tuple[float, str]]] = {}
@@ -198,6 +199,13 @@ class Survivors:
         self._trial_of: dict[str, list[tuple[Any, int]]] = {}
         self._tuned_ids: set[str] = set()  # parents whose study was opened in this session
         self.max_concurrent = int(getattr(tuning, "max_concurrent", 2))
+
+    def _task(self, name: str) -> Any:
+        if self.task_registry is None:
+            from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+
+            return BUILTIN_TASKS.get(name)
+        return self.task_registry.get(name)
 
     # ---- triggers
 
@@ -217,9 +225,7 @@ class Survivors:
             del rank[max(ks):]  # only the top-k matter to the triggers
             topk = [i for _, i in rank]
             if _enabled(prof):
-                from evo.tasks import get_task
-
-                for shape_idx in range(get_task(cand.task).bench_shapes):
+                for shape_idx in range(self._task(cand.task).bench_shapes):
                     key = f"{cand.id}|{shape_idx}"
                     if should_profile(member, topk, prof, done=self._profiled, shape=str(shape_idx)) \
                             and key not in self._profiled:
@@ -239,11 +245,10 @@ class Survivors:
 
     def profiled(self, job: ProfileJob, st: StageResult) -> None:
         """Store a profile result (passed: its metrics) and log a ``profile`` event."""
-        from evo.tasks import get_task
         from evo.tasks.registry import format_shape
 
         cand = job.candidate
-        shape = format_shape(get_task(cand.task).shapes[job.shape_idx])
+        shape = format_shape(self._task(cand.task).shapes[job.shape_idx])
         if st.passed:
             self.store.add_profile(cand.id, shape=shape, gpu=str(st.metrics.get("gpu", "")), metrics=st.metrics)
         self.store.log_event(self.run_id, "profile", {"id": cand.id, "shape": shape, "status": st.status.value,

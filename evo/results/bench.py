@@ -94,13 +94,22 @@ class Targets:
         return self.shape.get(f"{task} {shape}", self.task.get(task))
 
 
-def load_targets(path: Path) -> Targets:
+def _registry(task_registry: Any) -> Any:
+    """``task_registry``, or the built-in tasks when None."""
+    if task_registry is not None:
+        return task_registry
+    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+
+    return BUILTIN_TASKS
+
+
+def load_targets(path: Path, task_registry: Any = None) -> Targets:
     """Parse a targets TOML (``[task]``, ``[shape]``, ``[family.NAME]`` with ``geomean`` /
-    ``min``); unknown task or family names and non-positive numbers raise TargetsError."""
+    ``min``); unknown task or family names (of ``task_registry``, None: the built-in tasks)
+    and non-positive numbers raise TargetsError."""
     import tomllib
 
-    from evo.tasks import task_names
-
+    task_names = _registry(task_registry).names
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -162,10 +171,8 @@ def _fmt_shape(shape: dict[str, int]) -> str:
     return " x ".join(f"{k}={v}" for k, v in shape.items())
 
 
-def _rows_for(cand: Candidate, report: Any) -> list[BenchRow]:
-    from evo.tasks import get_task
-
-    task = get_task(cand.task)
+def _rows_for(cand: Candidate, report: Any, task_registry: Any = None) -> list[BenchRow]:
+    task = _registry(task_registry).get(cand.task)
     cerr = (report.env.get("reference_compile_error") or "").strip()
     bad = next((s for s in report.stages if s.status not in (Status.OK, Status.SKIPPED)), None)
     if bad is not None:
@@ -255,15 +262,15 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(map(math.log, v)) / len(v))
 
 
-def family_summary(rows: list[BenchRow], targets: Targets | None = None) -> list[str]:
+def family_summary(rows: list[BenchRow], targets: Targets | None = None, task_registry: Any = None) -> list[str]:
     """Per family: geometric-mean speedup over tasks (each task: geomean of its shapes), the
     slowest task, and the family targets with their gaps. Tasks without timing are counted.
 
     When the compiled reference was timed, a "geomean vs compile" column follows: the same
     geomean against it, over the timed tasks whose every timed shape has a compiled time;
-    tasks whose reference failed to compile are counted beside it, never averaged in."""
-    from evo.tasks import get_task
-
+    tasks whose reference failed to compile are counted beside it, never averaged in.
+    Families are those of ``task_registry`` (None: the built-in tasks)."""
+    get_task = _registry(task_registry).get
     both = _with_compile(rows)
     per_task: dict[str, list[float]] = {}
     per_task_c: dict[str, list[float | None]] = {}
@@ -345,7 +352,7 @@ def compile_at_sol(rows: list[BenchRow]) -> str:
 
 def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command: str,
                   hs: HarnessSettings, title: str, targets: Targets | None = None,
-                  why: dict[tuple[str, str], str] | None = None) -> None:
+                  why: dict[tuple[str, str], str] | None = None, task_registry: Any = None) -> None:
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = [
         f"# {title}",
@@ -371,7 +378,7 @@ def write_results(path: Path, rows: list[BenchRow], env: dict[str, str], command
     body = results_table(rows, targets)
     if both:
         body += ["", compile_at_sol(rows)]
-    body += ["", "## Families", ""] + family_summary(rows, targets)
+    body += ["", "## Families", ""] + family_summary(rows, targets, task_registry)
     failures = {r.task: r.compile_error for r in rows if r.compile_error}
     if failures:
         body += ["", "## References torch.compile could not compile", ""]
@@ -409,8 +416,12 @@ def bench(
     targets: Targets | None = None,
     profile_settings: Any = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    task_registry: Any = None,
 ) -> list[BenchRow]:
     """Compile all (parallel), then check + time each in a fresh process (sequential).
+
+    ``task_registry``: where the candidates' tasks are looked up (None: the built-in tasks;
+    the children load user tasks from ``harness_settings.task_files``).
 
     ``on_progress(step, done, total)`` reports both phases for a progress bar: ``step`` is
     ``"compile"`` while compiles finish (``done`` of ``total`` built), then the task being
@@ -454,21 +465,22 @@ def bench(
                 (log_dir / f"{cand.task}.json").write_text(json.dumps(
                     {"candidate": cand.id, "fitness": report.fitness, "env": report.env,
                      "stages": [dataclasses.asdict(s) for s in report.stages]}, default=str, indent=1))
-            new = _rows_for(cand, report)
+            new = _rows_for(cand, report, task_registry)
         rows.extend(new)
         for r in new:
             if on_row is not None:
                 on_row(r)
-        write_results(table, rows, env, command, harness_settings, title, targets)
+        write_results(table, rows, env, command, harness_settings, title, targets, task_registry=task_registry)
     note("done", total)
     if targets is not None and profile_settings is not None:
-        why = _profile_misses(rows, {c.id: c for c, _ in built}, sos, targets, profile_settings)
-        write_results(table, rows, env, command, harness_settings, title, targets, why)
+        why = _profile_misses(rows, {c.id: c for c, _ in built}, sos, targets, profile_settings,
+                              harness_settings.task_files)
+        write_results(table, rows, env, command, harness_settings, title, targets, why, task_registry)
     return rows
 
 
 def _profile_misses(rows: list[BenchRow], cands: dict[str, Candidate], sos: dict[str, bytes],
-                    targets: Targets, settings: Any) -> dict[tuple[str, str], str]:
+                    targets: Targets, settings: Any, task_files: tuple[str, ...] = ()) -> dict[tuple[str, str], str]:
     from evaluators.profile import ProfileError, profile_candidate
 
     why: dict[tuple[str, str], str] = {}
@@ -482,7 +494,8 @@ def _profile_misses(rows: list[BenchRow], cands: dict[str, Candidate], sos: dict
         shape = dict(r.dims)
         log.info("profiling %s on %s (missed its target %.2fx)", r.task, r.shape, t)
         try:
-            res = profile_candidate(cands[r.candidate], sos[r.candidate], r.task, shape, settings=settings)
+            res = profile_candidate(cands[r.candidate], sos[r.candidate], r.task, shape, settings=settings,
+                                    task_files=task_files)
         except ProfileError as e:
             why[(r.task, r.shape)] = f"not profiled: {e}"
             log.warning("profiling %s failed: %s", r.task, e)

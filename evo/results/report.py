@@ -133,15 +133,18 @@ def _bench_timing(ev: Evaluation | None) -> dict[str, Any] | None:
 
 
 def champion_points(store: "Store", run_id: str, champions: dict[str, str],
-                    gpu_name: str | None = None) -> tuple[list[dict[str, Any]], Any, list[str]]:
+                    gpu_name: str | None = None, task_registry: Any = None) -> tuple[list[dict[str, Any]], Any, list[str]]:
     """Roofline points for ``{task: candidate id}``: ``(points, GpuSpec, notes)``.
 
     Each point: task, id, dtype, intensity (FLOP/byte), flops_per_s (achieved), ref_flops_per_s,
     median_ms, shape, compute_peak (FLOP/s). The GPU is ``gpu_name`` if given, else the one
-    the champions were measured on, else the H200 (said in a note).
+    the champions were measured on, else the H200 (said in a note). Tasks are looked up in
+    ``task_registry`` (None: the built-in tasks).
     """
     import evo.tasks as T
     from evo.tasks.gpus import compute_peak_tflops, match_gpu
+
+    tasks = T.BUILTIN_TASKS if task_registry is None else task_registry
 
     notes: list[str] = []
     points: list[dict[str, Any]] = []
@@ -161,7 +164,7 @@ def champion_points(store: "Store", run_id: str, champions: dict[str, str],
                          "drawn against the H200")
     for task_name, cid in sorted(champions.items()):
         try:
-            task = T.get_task(task_name)
+            task = tasks.get(task_name)
         except KeyError:
             notes.append(f"roofline: task {task_name!r} is not registered in this install "
                          "(a user task? load its file); its champion is not drawn")
@@ -443,13 +446,15 @@ def _page(status: dict[str, Any], plots: dict[str, str], notes: Sequence[str], g
     )
 
 
-def build_report(store: "Store", run_id: str, out_dir: str | Path, *, gpu: str | None = None) -> ReportResult:
+def build_report(store: "Store", run_id: str, out_dir: str | Path, *, gpu: str | None = None,
+                 task_registry: Any = None) -> ReportResult:
     """Write ``out_dir/index.html`` and the plots of run ``run_id`` (id or unique prefix).
 
     ``gpu`` names the GPU whose roofline is drawn (default: the one the champions were
     measured on). Champions are the store's champion rows, or each task's best correct
-    kernel where a task has none. Raises :class:`~evo.store.UnknownIdError` for an unknown
-    run and :class:`ReportError` when matplotlib is missing or ``out_dir`` is not writable.
+    kernel where a task has none; their tasks are looked up in ``task_registry`` (None: the
+    built-in tasks). Raises :class:`~evo.store.UnknownIdError` for an unknown run and
+    :class:`ReportError` when matplotlib is missing or ``out_dir`` is not writable.
     """
     from evo.results.lineage import lineage_tree
 
@@ -473,7 +478,7 @@ def build_report(store: "Store", run_id: str, out_dir: str | Path, *, gpu: str |
             champions[task] = b["id"]
             notes.append(f"{task}: no champion row recorded; its best correct kernel stands in")
     trees = {task: lineage_tree(store, cid, run_id=rid) for task, cid in champions.items()}
-    points, spec, roof_notes = champion_points(store, rid, champions, gpu)
+    points, spec, roof_notes = champion_points(store, rid, champions, gpu, task_registry)
     notes.extend(roof_notes)
 
     files: dict[str, Path] = {name: out / f"{name}.png" for name in PLOTS}

@@ -2,13 +2,15 @@
 
 Public API (everything a caller needs; see docs/tasks.md)::
 
-    get_task(name) -> Task                    # UnknownTaskError (a KeyError) lists names
-    task_names(family=None) -> list[str]
-    families() -> list[str]                   # ["kernelbench-l1", "modern", ("user")]
+    get_task(name) -> Task                    # built-ins; UnknownTaskError (a KeyError) lists names
+    task_names(family=None) -> list[str]      # built-ins
+    families() -> list[str]                   # ["kernelbench-l1", "modern"]
     tasks_for(["kb19_relu", "family:modern"]) -> list[Task]
-    register_task(task)                       # DuplicateTaskError on a taken name
-    load_task_file(path) -> list[Task]        # user tasks; TaskFileError (a ValueError)
     task_table(gpu) -> list[dict]             # rows for `evo tasks`
+    BUILTIN_TASKS: TaskRegistry               # the module functions above read it
+    BUILTIN_TASKS.with_files(paths) -> TaskRegistry   # plus user tasks; TaskFileError (a ValueError)
+    registry.get / names / families / select / table / with_tasks / files
+    load_task_file(path) -> list[Task]        # a user file's tasks, validated, registered nowhere
     gpu_names(), get_gpu(name), detect_gpu(), speed_of_light_ms(task, shape, gpu)
     evo.tasks.tolerance.check(out, ref, tol) -> (ok, reason, metrics)
     tolerances for task authors: FP32_ELEMENTWISE, FP32_SOFTMAX, BF16_ELEMENTWISE, BF16_GEMM,
@@ -21,14 +23,15 @@ from evo.tasks.base import Shape, Task, Tolerance
 from evo.tasks.gpus import GpuSpec, UnknownGpuError, detect_gpu, get_gpu, gpu_names, speed_of_light_ms
 from evo.tasks.inputs import DISTRIBUTIONS, InputSpec, TensorInputs
 from evo.tasks.registry import (
+    BUILTIN_TASKS,
     DuplicateTaskError,
     InvalidTaskError,
     UnknownFamilyError,
     UnknownTaskError,
     families,
     format_shape,
+    TaskRegistry,
     get_task,
-    register_task,
     task_names,
     task_table,
     tasks_for,
@@ -51,6 +54,8 @@ __all__ = [
     "DISTRIBUTIONS",
     "InputSpec",
     "TensorInputs",
+    "BUILTIN_TASKS",
+    "TaskRegistry",
     "DuplicateTaskError",
     "InvalidTaskError",
     "UnknownFamilyError",
@@ -58,7 +63,6 @@ __all__ = [
     "families",
     "format_shape",
     "get_task",
-    "register_task",
     "task_names",
     "task_table",
     "tasks_for",

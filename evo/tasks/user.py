@@ -13,9 +13,10 @@ worker, a Ray actor on the same filesystem) that unpickles a user task re-import
 itself. A file is therefore executed at most once per process; edits need a new process.
 
 Loading forces ``family = "user"``, resolves a ``seed`` that names a ``.cu`` file (relative
-to the task file) to its absolute path, validates every task, checks that it pickles, and
-registers it (idempotently). Every failure raises :class:`TaskFileError` (a ValueError) that
-names the file and the fix.
+to the task file) to its absolute path, validates every task and checks that it pickles; it
+registers nothing: :meth:`evo.tasks.registry.TaskRegistry.with_files` puts a file's tasks into
+a new registry. Every failure raises :class:`TaskFileError` (a ValueError) that names the file
+and the fix.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from evo.tasks.base import Task
-from evo.tasks.registry import DuplicateTaskError, InvalidTaskError, register_task, validate_task
+from evo.tasks.registry import BUILTIN_TASKS, InvalidTaskError, TaskRegistry, validate_task
 
-__all__ = ["USER_FAMILY", "TaskFileError", "load_task_file", "load_run_task_files", "module_name_for",
+__all__ = ["USER_FAMILY", "TaskFileError", "load_task_file", "run_task_registry", "module_name_for",
            "seed_path"]
 
 logger = logging.getLogger(__name__)
@@ -185,9 +186,9 @@ def _check_pickles(path: Path, task: Task) -> None:
             )
 
 
-def load_task_file(path: str | os.PathLike[str], *, register: bool = True) -> list[Task]:
-    """Import a user task file and return its tasks (family ``user``), registered unless
-    ``register=False``. Loading the same file again returns the same tasks (no-op)."""
+def load_task_file(path: str | os.PathLike[str]) -> list[Task]:
+    """Import a user task file and return its tasks (family ``user``), validated; no registry
+    changes. Loading the same file again returns equal tasks (the file runs once per process)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise TaskFileError(f"{path}: task file not found")
@@ -218,30 +219,14 @@ def load_task_file(path: str | os.PathLike[str], *, register: bool = True) -> li
         seen.add(t.name)
         _check_pickles(p, t)
         tasks.append(t)
-    if register:
-        from evo.tasks.registry import _REGISTRY, _lock
-
-        with _lock:  # all or nothing: check every name before registering any
-            for t in tasks:
-                old = _REGISTRY.get(t.name)
-                if old is not None and old != t:
-                    raise TaskFileError(
-                        f"{p}: task {t.name!r} is already registered (family {old.family!r}); "
-                        f"rename it"
-                    )
-        for t in tasks:
-            try:
-                register_task(t)
-            except DuplicateTaskError as exc:
-                raise TaskFileError(f"{p}: {exc}") from exc
     logger.info("loaded %d user task(s) from %s", len(tasks), p)
     return tasks
 
 
-def load_run_task_files(config: Any, run_id: str = "") -> tuple[str, ...]:
-    """Load the user task files a stored run was searched with (its config's ``tasks.files``,
-    absolute since config load) and return their paths, so ``evo bench --run``, ``evo tune``
-    and ``evo export`` know the run's user tasks and hand the files to every child they
+def run_task_registry(config: Any, run_id: str = "", base: TaskRegistry | None = None) -> TaskRegistry:
+    """The tasks a stored run was searched with: ``base`` (None: the built-ins) plus its config's
+    ``tasks.files`` (absolute since config load), so ``evo bench --run``, ``evo tune`` and ``evo export`` know
+    the run's user tasks and hand the files (:attr:`TaskRegistry.files`) to every child they
     start. A file that is gone raises :class:`TaskFileError` naming the run and the fix."""
     tasks = (config or {}).get("tasks") if isinstance(config, dict) else None
     files = tuple(str(f) for f in ((tasks or {}).get("files") or ()))
@@ -250,5 +235,4 @@ def load_run_task_files(config: Any, run_id: str = "") -> tuple[str, ...]:
             who = f"run {run_id}" if run_id else "the run"
             raise TaskFileError(f"{f}: {who} was searched with this user task file, which is gone; restore "
                                 f"it (same path) to inspect, bench, tune or export the run's user tasks")
-        load_task_file(f)
-    return files
+    return (BUILTIN_TASKS if base is None else base).with_files(files)

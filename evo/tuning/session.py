@@ -82,7 +82,7 @@ def prepare(store, db_path: str, target: TuneTarget, *, trials: int, compile_set
     ready to :meth:`~TuneSession.run` on this machine's GPU. Raises :class:`TuningError`
     without a GPU, for task files that no longer load, or for a candidate without tunables."""
     from evaluators.pipeline import gpu_available
-    from evo.tasks.user import TaskFileError, load_run_task_files
+    from evo.tasks.user import TaskFileError, run_task_registry
 
     if not gpu_available():
         raise TuningError("no CUDA GPU found on this machine: tuning trials are evaluated on the GPU. Run "
@@ -90,7 +90,7 @@ def prepare(store, db_path: str, target: TuneTarget, *, trials: int, compile_set
     run_id, cand = target.run_id, target.candidate
     try:  # trials of a user task: every trial's child imports the run's task files
         harness_settings = replace(harness_settings,
-                                   task_files=load_run_task_files(store.get_run(run_id).get("config"), run_id))
+                                   task_files=run_task_registry(store.get_run(run_id).get("config"), run_id).files)
     except TaskFileError as e:
         raise TuningError(str(e)) from e
     evaluate = make_local_evaluate(compile_settings, harness_settings)

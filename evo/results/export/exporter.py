@@ -164,9 +164,11 @@ class JudgeRecheckError(ExportError):
 
 def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir: Path,
                 settings: "CompileSettings", build: bool, recheck: bool = True,
-                task_files: Sequence[str] = ()) -> ExportedTask:
-    import evo.tasks as T
+                task_registry: Any = None) -> ExportedTask:
     from evaluators.compile import abi_include_dir
+    from evo.tasks.registry import BUILTIN_TASKS
+
+    tasks = BUILTIN_TASKS if task_registry is None else task_registry
 
     run_id = run["id"]
     cand: Candidate = store.get_candidate(choice.candidate_id)
@@ -176,7 +178,7 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
         raise ExportError(f"candidate {cand.id[:16]} ({cand.task}) is not correct in run {run_id} "
                           f"({status}); only correct kernels are exported (see `evo top {run_id}`)")
     try:
-        task = T.get_task(cand.task)
+        task = tasks.get(cand.task)
     except KeyError as e:
         raise ExportError(f"task {cand.task!r} is not registered in this install (a user task? pass its "
                           f"file with --task-file): {e}") from None
@@ -208,7 +210,7 @@ def _export_one(store: "Store", run: Mapping[str, Any], choice: Choice, out_dir:
         else:
             if outcome.ok and outcome.so_bytes:
                 if recheck:
-                    checks["judge"] = judge_recheck(cand, outcome.so_bytes, task_files)
+                    checks["judge"] = judge_recheck(cand, outcome.so_bytes, tasks.files)
                 so_path = d / f"kernel_{settings.arch}.so"
                 so_path.write_bytes(outcome.so_bytes)
                 compile_info = {"cache_key": outcome.key, "cached": outcome.cached,
@@ -337,6 +339,7 @@ def export(
     build: bool = True,
     recheck: bool = True,
     on_task: Callable[[str, int, int], None] | None = None,
+    task_registry: Any = None,
 ) -> ExportResult:
     """Export a run's champions (``target`` = run id) or one kernel (``target`` = candidate
     id), prefixes accepted, into ``out_dir`` (see the module docstring for the layout).
@@ -353,13 +356,16 @@ def export(
     again by the judge and a runner on every shape of its task (:func:`judge_recheck`) before
     it is written; one that fails is skipped with the reason, and the manifest records that
     check (``checks["judge"]``), not only the verdicts stored by the run.
+
+    Tasks are looked up in ``task_registry`` (None: the built-in tasks) plus the run's user
+    task files (its config's ``tasks.files``), which the judge's re-check is given too.
     """
     run_id, cid = resolve_target(store, target)
     run = store.get_run(run_id)
-    from evo.tasks.user import TaskFileError, load_run_task_files
+    from evo.tasks.user import TaskFileError, run_task_registry
 
     try:  # the run's user tasks: their references and inputs go into the export
-        load_run_task_files(run.get("config"), run_id)
+        registry = run_task_registry(run.get("config"), run_id, base=task_registry)
     except TaskFileError as e:
         raise ExportError(str(e)) from None
     settings = _compile_settings(run, compile_settings, arch)
@@ -381,7 +387,7 @@ def export(
         if on_task is not None:
             on_task(ch.task, i, len(choices))
         try:
-            exported.append(_export_one(store, run, ch, out, settings, build, recheck))
+            exported.append(_export_one(store, run, ch, out, settings, build, recheck, registry))
         except PolicyRecheckError as e:
             log.warning("%s", e)
             skipped[ch.task] = str(e)
