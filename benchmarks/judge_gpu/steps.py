@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shape", type=int, default=None, help="shape index (default: the largest)")
     ap.add_argument("--cpu", action="store_true", help="host buffers, no GPU (checks the script itself)")
+    ap.add_argument("--fused", default=None, help="torch.compile backend of the fused check (default inductor on "
+                    "a GPU; on the CPU only when given, e.g. aot_eager)")
     args = ap.parse_args()
     import torch
 
@@ -83,6 +85,20 @@ def main() -> int:
                 timed(f"tolerance check, chunk 2^{chunk.bit_length() - 1}",
                       lambda chunk=chunk: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), chunk=chunk)
                                            for o, r in zip(slots.outs, truth)])
+            if not args.cpu or args.fused:
+                be = args.fused or "inductor"
+                t0 = time.perf_counter()   # the first fused check compiles: timed apart
+                first_fused = [check(o, r, task.tolerance, dtype=output_dtype(r, dt), fused=be)
+                               for o, r in zip(slots.outs, truth)]
+                torch.cuda.synchronize()
+                print(f"| {name} | {shape} | tolerance check, fused ({be}), first call incl. compile | "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} |", flush=True)
+                eager_v = [check(o, r, task.tolerance, dtype=output_dtype(r, dt)) for o, r in zip(slots.outs, truth)]
+                same = all(a[0] == b[0] and a[1] == b[1] for a, b in zip(first_fused, eager_v))
+                print(f"| {name} | {shape} | fused verdict == eager verdict | {same} |", flush=True)
+                timed(f"tolerance check, fused ({be})",
+                      lambda: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), fused=be)
+                               for o, r in zip(slots.outs, truth)])
             timed("inputs unchanged (same_bits)", lambda: [same_bits(x, s) for x, s in zip(slots.ins, saved)])
             first = timed("copy of the outputs", lambda: [o.clone() for o in slots.outs])
             timed("determinism (bitwise equal)",
