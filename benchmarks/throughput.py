@@ -42,10 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo.toml"
 
 
-#: Where each part's database is copied (``--keep-db``), or None.
-KEEP_DB: Path | None = None
-
-
 def _with(text: str, sets: list[str]) -> str:
     """``text`` (the demo config) with each ``section.key=value`` of ``--set`` applied to the
     key's line in its section (the key must be there: the demo lists every key)."""
@@ -142,15 +138,15 @@ def _limit(rec: dict, evaluations: int, workers: int) -> tuple[str, float | None
     return ("compile pool" if compile_cap < gpu_cap else "GPU"), compile_cap, gpu_cap
 
 
-def part(name: str, config: Path, limit_s: float, workers: int) -> dict:
+def part(name: str, config: Path, limit_s: float, workers: int, keep_db: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"evo-throughput-{name}-") as tmp:
         db = Path(tmp) / f"{name}.db"
         wall, stopped, rc = _search(config, db, limit_s)
         status = _status(db)
         rec = _records(db)
-        if KEEP_DB is not None:   # the run's records, for a timeline read afterwards
-            KEEP_DB.mkdir(parents=True, exist_ok=True)
-            shutil.copy(db, KEEP_DB / db.name)
+        if keep_db is not None:   # the run's records, for a timeline read afterwards
+            keep_db.mkdir(parents=True, exist_ok=True)
+            shutil.copy(db, keep_db / db.name)
     prog = status.get("progress") or {}
     n = int(status.get("evaluations") or 0)
     limit, compile_cap, gpu_cap = _limit(rec, n, workers)
@@ -187,8 +183,6 @@ def main() -> int:
                          "--set evaluator.warm_children=2 --set evaluator.check_concurrency=2 "
                          "(the table's title lists them)")
     args = ap.parse_args()
-    global KEEP_DB
-    KEEP_DB = args.keep_db
     workers = max(1, (os.cpu_count() or 2) - 1)   # Ray's CPUs minus the driver's, as the engine counts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +191,7 @@ def main() -> int:
                 config = _config(Path(tmp), name, args.set) if args.set else DEMO
             else:
                 config = _config(Path(tmp), name, args.set, args.gemm_task)
-            rows.append(part(name, config, args.limit_s, workers))
+            rows.append(part(name, config, args.limit_s, workers, args.keep_db))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"configs/demo.toml{' with ' + ', '.join(args.set) if args.set else ' unchanged'}\n")
     print("| part | evaluations (correct) | wall s | evals/min | slot occupancy | GPU activity | compile s "

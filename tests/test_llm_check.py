@@ -10,25 +10,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import evaluators.compile as comp
 from evo.cli import app
-from evo.core.records import StageResult, Status
 from mutators.llm.replay.cassette import Cassette
 from mutators.llm.replay.fake_server import FakeLLMServer
+from tests.fakes.instant_compile import patch_compiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Built:  # the two fields dry_run reads of a CompileOutcome
-    cached = False
-
-    def __init__(self) -> None:
-        self.result = StageResult("compile", Status.OK, seconds=0.01)
 
 
 @pytest.fixture()
 def server(monkeypatch):
-    monkeypatch.setattr(comp, "compile_candidate", lambda cand, settings: _Built())
+    patch_compiles(monkeypatch)
     monkeypatch.setenv("EVO_TEST_GOOD_KEY", "sk-good")
     monkeypatch.setenv("EVO_TEST_BAD_KEY", "sk-wrong")
     with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), api_key="sk-good") as srv:

@@ -11,26 +11,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import evaluators.compile as comp
 from evo.cli import app
-from evo.core.records import StageResult, Status
 from mutators.llm.replay.cassette import Cassette
 from mutators.llm.replay.fake_server import FakeLLMServer
+from tests.fakes.instant_compile import patch_compiles
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "configs" / "examples"
 QWEN = "Qwen/Qwen2.5-Coder-32B-Instruct"
 
 
-class _Built:
-    cached = False
-
-    def __init__(self) -> None:
-        self.result = StageResult("compile", Status.OK, seconds=0.01)
 
 
 @pytest.fixture()
 def compiles(monkeypatch):
-    monkeypatch.setattr(comp, "compile_candidate", lambda cand, settings: _Built())
+    return patch_compiles(monkeypatch)
 
 
 def _pointed_at(example: str, base_url: str, tmp_path: Path) -> Path:

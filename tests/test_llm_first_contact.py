@@ -11,27 +11,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import evaluators.compile as comp
 from evo.cli import app
-from evo.core.records import StageResult, Status
 from mutators.llm.client.chat import LLMClient
 from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.replay.cassette import Cassette
 from mutators.llm.replay.fake_server import FakeLLMServer
+from tests.fakes.instant_compile import patch_compiles
 
 
-class _Built:
-    cached = False
-
-    def __init__(self) -> None:
-        self.result = StageResult("compile", Status.OK, seconds=0.01)
 
 
 @pytest.fixture()
 def compiles(monkeypatch):
-    done = []
-    monkeypatch.setattr(comp, "compile_candidate", lambda cand, settings: done.append(cand) or _Built())
-    return done
+    return patch_compiles(monkeypatch)
 
 
 def _config(tmp_path: Path, base_url: str, key_env: str = "EVO_TEST_FC_KEY") -> Path:

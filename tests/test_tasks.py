@@ -458,12 +458,17 @@ def test_a_fused_backend_that_fails_falls_back_to_the_same_eager_rule(monkeypatc
     from evo.tasks import tolerance as T
 
     monkeypatch.setattr(T, "_FUSED_BROKEN", False)
-    r = torch.randn(5, 9, dtype=torch.float64)
+    r = torch.randn(5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     o = r.float()
     o[2, 2] += 1.0
-    eager = T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32)
-    assert T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, fused="no_such_backend") == eager
+    eager = T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, chunk=7)   # same chunks, same sums
+    sizes: list[int] = []
+    real = T._out_stats
+    monkeypatch.setattr(T, "_out_stats", lambda oc, *a: sizes.append(oc.numel()) or real(oc, *a))
+    assert T.check(o, r, T.FP32_ELEMENTWISE, dtype=torch.float32, chunk=7, fused="no_such_backend") == eager
     assert T._FUSED_BROKEN and "checking eagerly" in caplog.text
+    # started over eagerly in the caller's chunks, not the fused path's large ones
+    assert sizes and max(sizes) <= 7 and sum(sizes) == o.numel()
 
 
 # ------------------------------------------------------------------------------- user tasks

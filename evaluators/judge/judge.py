@@ -163,9 +163,14 @@ class Judge:
             if (cached + need <= CACHE_FRACTION * total and free >= need + RUNNER_RESERVE_BYTES
                     and count <= MAX_CACHED_BUFFERS):
                 return
-            _key, old = self._slots.popitem(last=False)
-            free_slots(self._exchange, old)
-            torch.cuda.empty_cache()
+            self._evict(next(iter(self._slots)))
+
+    def _evict(self, key: tuple[str, int]) -> None:
+        """Free one task shape's cached buffers and hand the memory back to the driver."""
+        import torch
+
+        free_slots(self._exchange, self._slots.pop(key))
+        torch.cuda.empty_cache()
 
     def _free_for_work(self, task: Any, slots: dict[int, ShapeSlots]) -> None:
         """Evict other tasks' cached buffers (least recently used first) until the device has
@@ -179,8 +184,7 @@ class Judge:
         for key in [k for k in self._slots if k[0] != task.name]:
             if torch.cuda.mem_get_info()[0] >= work + RUNNER_RESERVE_BYTES:
                 return
-            free_slots(self._exchange, self._slots.pop(key))
-            torch.cuda.empty_cache()
+            self._evict(key)
 
     def _references(self, task: Any, settings: HarnessSettings, slots: dict[int, ShapeSlots],
                     bench: list[int], env: dict[str, str]) -> list[Any]:

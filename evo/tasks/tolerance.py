@@ -118,14 +118,18 @@ def _out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor,
     return cnt, first, (d * d).sum(), d.max(), viol, ratio.max(), ratio.argmax()
 
 
+class _FusedUnavailable(Exception):
+    """The fused backend failed to compile or run a pass (raised once per process)."""
+
+
 def _call(which: str, backend: str | None, *args: torch.Tensor) -> Any:
     """The ``which`` pass (``"ref"`` or ``"out"``) on one chunk, fused by ``backend`` or eager.
-    A fused backend that fails (no compiler, an unsupported device) is logged once and
-    replaced by the eager pass for the rest of the process; out of memory is not a compile
-    failure and propagates."""
+    A fused backend that fails (no compiler, an unsupported device) is logged once and raises
+    :class:`_FusedUnavailable`: :func:`check` then starts over eagerly, in small chunks, and
+    never fuses again in this process. Out of memory is not a compile failure: it propagates."""
     global _FUSED_BROKEN
     eager = _ref_stats if which == "ref" else _out_stats
-    if backend is None or _FUSED_BROKEN:
+    if backend is None:
         return eager(*args)
     try:
         key = (which, backend)
@@ -141,7 +145,7 @@ def _call(which: str, backend: str | None, *args: torch.Tensor) -> Any:
         logging.getLogger(__name__).warning("fused tolerance check unavailable (%s: %s); checking eagerly",
                                             type(e).__name__, first)
         _FUSED_BROKEN = True
-        return eager(*args)
+        raise _FusedUnavailable from e
 
 
 def _dtype(d: torch.dtype | str | None) -> torch.dtype | None:
@@ -186,7 +190,8 @@ def check(
         kernels, for a long-lived caller (the judge) checking GB-sized outputs: the eager
         passes move ~25 float64 temporaries per element through memory, the fused ones read
         each input once. The first call per dtype pays the compile; a backend that fails
-        falls back to the eager passes for the rest of the process. None: eager.
+        gives the eager comparison (in ``chunk``-sized pieces) for the rest of the process.
+        None: eager.
 
     Returns ``(ok, reason, metrics)``. ``reason`` is ``"ok"`` or every failed criterion,
     ``"; "``-separated, naming the worst element (index, output, reference values).
@@ -213,19 +218,29 @@ def check(
         out = out.to(ref.device)
 
     n = ref.numel()
+    if n == 0:
+        return True, "ok", {"numel": 0, "max_abs_err": 0.0, "rel_l2": 0.0, "ref_rms": 0.0, "atol_eff": 0.0,
+                            "n_nonfinite": 0, "n_violations": 0}
+    chunk = max(int(chunk), 1)
+    if fused is not None and not _FUSED_BROKEN:
+        try:
+            return _compare(out, ref, tol, max(chunk, _FUSED_CHUNK), fused)
+        except _FusedUnavailable:
+            pass   # the whole comparison again, eagerly, in the caller's (small) chunks
+    return _compare(out, ref, tol, chunk, None)
+
+
+def _compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, chunk: int,
+             fused: str | None) -> tuple[bool, str, dict[str, Any]]:
+    """:func:`check`'s two passes over validated, non-empty tensors on one device, each
+    chunk through :func:`_call`."""
+    n = ref.numel()
     shape = tuple(ref.shape)
     metrics: dict[str, Any] = {"numel": n}
-    if n == 0:
-        metrics.update(max_abs_err=0.0, rel_l2=0.0, ref_rms=0.0, atol_eff=0.0,
-                       n_nonfinite=0, n_violations=0)
-        return True, "ok", metrics
     o = out.reshape(-1)
     r = ref.reshape(-1)
     dev = ref.device
     f64 = torch.float64
-    chunk = max(int(chunk), 1)
-    if fused is not None and not _FUSED_BROKEN:
-        chunk = max(chunk, _FUSED_CHUNK)
 
     # Pass 1: the output scale (RMS over the reference's finite entries).
     ref_sumsq = torch.zeros((), dtype=f64, device=dev)
