@@ -82,8 +82,9 @@ def task_file_text(task: str) -> str:
 
 
 def config_text(task: str, *, db: Path, budget: int, wall_minutes: float, seed: int, trials: int,
-                cache_dir: str | None) -> str:
-    """The search's TOML: the cold task only, knobs + tuning + delayed profiling."""
+                cache_dir: str | None, isolation: str = "judge") -> str:
+    """The search's TOML: the cold task only, knobs + tuning + delayed profiling, evaluated by
+    ``isolation`` (the judge by default: the path whose verdicts a candidate cannot forge)."""
     lines = [
         "# Written by benchmarks/search_power.py (docs/search_power.md).",
         "[run]", f'name = "search-power {task}"', f"seed = {seed}", f'db = "{db}"', "",
@@ -92,6 +93,7 @@ def config_text(task: str, *, db: Path, budget: int, wall_minutes: float, seed: 
         "[mutator]", 'kind = "knobs"', "",
         "[tuning]", "enabled = true", f"trials_per_survivor = {trials}", "top_k = 2", "",
         "[profile]", "enabled = true", "top_k = 3", "",
+        "[evaluator]", f'isolation = "{isolation}"', "",
     ]
     if cache_dir:
         lines += ["[compile]", f'cache_dir = "{cache_dir}"', ""]
@@ -106,7 +108,7 @@ def write_inputs(task: str, work: Path, args) -> Path:
     cfg = d / "search.toml"
     cfg.write_text(config_text(task, db=(d / "evo.db").resolve(), budget=args.budget,
                                wall_minutes=args.wall_minutes, seed=args.seed, trials=args.trials,
-                               cache_dir=args.cache_dir))
+                               cache_dir=args.cache_dir, isolation=args.isolation))
     return cfg
 
 
@@ -315,6 +317,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--work", type=Path, default=Path("runs/search_power"), help="configs, stores, logs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/search_power/results.md"))
     p.add_argument("--cache-dir", default=None, help="compile.cache_dir of the searches (default: the config default)")
+    p.add_argument("--isolation", choices=("judge", "harness"), default="judge",
+                   help="[evaluator] isolation of the searches and benches (default judge)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="limit of each evo command, seconds")
     p.add_argument("--dry-run", action="store_true", help="no GPU: configs + `evo search --dry-run` per task")
     args = p.parse_args(argv)
