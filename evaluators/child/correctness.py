@@ -138,7 +138,7 @@ def worst_element(out: torch.Tensor, ref: torch.Tensor, *, chunk: int = WORST_CH
     best, best_i = -1.0, 0
     for s in range(0, n, chunk):
         o = o_all[s:s + chunk].double()
-        r = r_all[s:s + chunk].double()
+        r = r_all[s:s + chunk].to(o.device).double()
         bad = ~torch.isfinite(o) & torch.isfinite(r)
         nb = int(bad.sum())
         if nb and first_bad < 0:
@@ -169,10 +169,26 @@ def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def ground_truth(task: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def ground_truth(task: Any, inputs: Sequence[torch.Tensor], *,
+                 host_fallback: bool = False) -> tuple[torch.Tensor, ...]:
     """The task's reference on copies of ``inputs`` upcast to ``task.reference_dtype`` (fp64
-    for fp32 tasks), TF32 as the caller set it: what every candidate output is checked against."""
-    return _as_tuple(task.reference(*_upcast(inputs, getattr(torch, task.reference_dtype))))
+    for fp32 tasks), TF32 as the caller set it: what every candidate output is checked against.
+
+    ``host_fallback``: when the device runs out of memory computing it (a float64 reference
+    over a GB-sized input needs several times the input's bytes), compute it on host copies
+    instead, so the truth is on the host; :func:`~evo.tasks.tolerance.check` and
+    :func:`worst_element` compare it chunk by chunk on the output's device. Without it, the
+    out-of-memory error propagates (a caller that owns the device may retry)."""
+    dt = getattr(torch, task.reference_dtype)
+    try:
+        return _as_tuple(task.reference(*_upcast(inputs, dt)))
+    except torch.OutOfMemoryError:
+        if not host_fallback:
+            raise
+    # outside the handler: the failed attempt's temporaries are released before the host copy
+    torch.cuda.empty_cache()
+    host = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
+    return _as_tuple(task.reference(*_upcast(host, dt)))
 
 
 def first_wrong_output(task: Any, outputs: Sequence[torch.Tensor], truth: Sequence[torch.Tensor],

@@ -150,7 +150,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
             where = f"shape {shape} (index {si}), trial {t} ({dist} inputs)"
             saved = fill_inputs(task, slots, shape, trial_seed(seed, si, t), dist)
             with torch.no_grad():
-                truth = ground_truth(task, saved)
+                truth = ground_truth(task, saved, host_fallback=True)
                 for o in slots.outs:
                     poison_(o)
             sync()
@@ -168,7 +168,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
                 if rule is not None and not r.is_floating_point():
                     from evaluators.child.correctness import _upcast
 
-                    ok, why, m = rule(_upcast(saved, getattr(torch, task.reference_dtype)), o, r)
+                    ok, why, m = rule(_upcast(saved, getattr(torch, task.reference_dtype)), o, r.to(o.device))
                 else:
                     ok, why, m = check(o, r, task.tolerance, dtype=output_dtype(r, task_dtype), fused=fused)
                 m = _jsonable(m or {})
