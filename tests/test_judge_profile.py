@@ -306,7 +306,7 @@ def test_the_profilers_failures_are_ours_and_the_candidates_are_verdicts(judge, 
         _profile(judge, sos["relu"], fake_ncu)
     fake_ncu.mode("nokernel")
     r = _profile(judge, sos["relu"], fake_ncu)
-    assert r.status is Status.CRASH and "captured no kernel" in r.reason
+    assert r.status is Status.CRASH and "captured no kernel" in r.reason and r.metrics["ncu_kernels"] == 0
     fake_ncu.mode("ok")
     r = _profile(judge, sos["hang"], fake_ncu, timeout_s=3.0)
     assert r.status is Status.TIMEOUT and "the profiled call" in r.reason and r.seconds < 20

@@ -284,10 +284,14 @@ def _profile(judge: Any, candidate_id: str, so_bytes: bytes, task: Any, si: int,
             # the candidate's call was correct and the runner quit: ncu failed, not the candidate
             raise ProfileError(f"ncu wrote no report (exit {ncu_exit}): {_first_error(text)}") from e
         if not rows:
+            # ``ncu_kernels = 0``: the engine tells a profiler that sees nothing from one candidate
+            # that launched nothing (evo.engine.survivors, "profiler blind")
             return StageResult(STAGE, Status.CRASH,
-                               "ncu captured no kernel: the candidate's call launched none on this shape "
-                               "(and its output was right: computed without a kernel)", dict(base), artifacts,
-                               time.monotonic() - t0)
+                               "ncu captured no kernel from the candidate's call, whose output was right: "
+                               "either it computed without launching a kernel on this shape, or ncu cannot "
+                               "see the sandboxed runner's kernels on this machine "
+                               "(benchmarks/judge_gpu/ncu_matrix.py tells which)",
+                               {**base, "ncu_kernels": 0}, artifacts, time.monotonic() - t0)
         summary = summarize(rows, metrics)
         dur = summary.get("duration_ns")
         summary.update({

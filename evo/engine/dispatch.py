@@ -149,6 +149,12 @@ class Dispatch:
         """Queue delayed profiles (served after mutations, before tuning trials)."""
         self._profiles.extend(jobs)
 
+    def drop_profiles(self) -> int:
+        """Forget the queued profiles (not those on a GPU); how many were dropped."""
+        n = len(self._profiles)
+        self._profiles.clear()
+        return n
+
     def lost(self, g: int) -> None:
         self._load[g] = 2**30  # never dispatched to again
 

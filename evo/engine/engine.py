@@ -276,8 +276,10 @@ class Engine:
             match self.work.take(ref):  # a tagged record (evo.engine.dispatch.Completion)
                 case ProfileDone(job=job, stage=stage):
                     self.survivors.profiled(job, stage)
+                    self._profiling_health()
                 case ProfileFailed(job=job, error=e):  # ncu missing or broken: our failure, but not the search's
                     self.survivors.profile_failed(job, e)
+                    self._profiling_health()
                 case CompileDone(pending=pending, outcome=outcome):
                     self.breaker.ok("compile")
                     self._compiled(pending, outcome)
@@ -290,6 +292,11 @@ class Engine:
                                  self.gpu_faults.worker_died(self.rt, g, pending, e, self.work.on_gpus()))
         self.proposer.collect()
         self._update_counters()
+
+    def _profiling_health(self) -> None:
+        """Profiling switched off (the profiler is blind here): the queued profiles go too."""
+        if self.survivors.profiling_off is not None:
+            self.work.drop_profiles()
 
     def _gpu_done(self, done: GpuDone) -> None:
         pending, res, g = done.pending, done.result, done.gpu

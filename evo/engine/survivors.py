@@ -82,6 +82,12 @@ log = logging.getLogger(__name__)
 #: Lineage depth from which prompts may quote profile numbers (see the module docstring).
 DEFAULT_FEEDBACK_AFTER = 3
 
+#: Profiles in a row that saw no kernel (or whose profiler failed), before any profile of the
+#: run worked, after which profiling is off for the run ("profiler blind" in
+#: :class:`Survivors`): two distinct candidates, not one, since a single candidate may
+#: legitimately launch no kernel (copies only).
+PROFILER_BLIND_AFTER = 2
+
 
 # ---------------------------------------------------------------------- the rules
 
@@ -199,6 +205,10 @@ class Survivors:
         self._trial_of: dict[str, list[tuple[Any, int]]] = {}
         self._tuned_ids: set[str] = set()  # parents whose study was opened in this session
         self.max_concurrent = int(getattr(tuning, "max_concurrent", 2))
+        self._profiles_ok = 0
+        self._blind: list[str] = []  # candidates whose profile saw nothing, none having worked
+        #: Why profiling is off for the rest of the run (None: on); see :meth:`profiled`.
+        self.profiling_off: str | None = None
 
     def _task(self, name: str) -> Any:
         if self.task_registry is None:
@@ -224,7 +234,7 @@ class Survivors:
             rank.sort(key=lambda x: (-x[0], x[1]))
             del rank[max(ks):]  # only the top-k matter to the triggers
             topk = [i for _, i in rank]
-            if _enabled(prof):
+            if _enabled(prof) and self.profiling_off is None:
                 for shape_idx in range(self._task(cand.task).bench_shapes):
                     key = f"{cand.id}|{shape_idx}"
                     if should_profile(member, topk, prof, done=self._profiled, shape=str(shape_idx)) \
@@ -244,7 +254,15 @@ class Survivors:
     # ---- profiles
 
     def profiled(self, job: ProfileJob, st: StageResult) -> None:
-        """Store a profile result (passed: its metrics) and log a ``profile`` event."""
+        """Store a profile result (passed: its metrics) and log a ``profile`` event.
+
+        Profiler blind: when the first profiles of a run, of :data:`PROFILER_BLIND_AFTER`
+        distinct candidates in a row, saw no kernel (``metrics["ncu_kernels"] == 0``) or failed
+        in the profiler itself (:meth:`profile_failed`), the profiler cannot see the kernels
+        here (ncu in front of a sandboxed runner on some machines): each further profile would
+        only spend GPU time the search needs. :attr:`profiling_off` then says why, one warning
+        and a ``profiling_off`` event record it, :meth:`triggered` queues no more profiles, and
+        the engine drops the queued ones. One profile that worked keeps profiling on."""
         from evo.tasks.registry import format_shape
 
         cand = job.candidate
@@ -255,11 +273,31 @@ class Survivors:
                                                       "reason": st.reason[:500],
                                                       "bound": st.metrics.get("bound"),
                                                       "ncu_wall_s": st.metrics.get("ncu_wall_s")})
+        if st.passed:
+            self._profiles_ok += 1
+        elif st.metrics.get("ncu_kernels") == 0:
+            self._saw_nothing(job.candidate.id, "ncu captured no kernel from the candidates' calls (their outputs "
+                                                "were right)")
 
     def profile_failed(self, job: ProfileJob, err: BaseException) -> None:
         """The profiler itself failed (ncu missing or broken): ours, but not the search's."""
         log.warning("profiling %s failed: %s", job.candidate.short_id, err)
         self.store.log_event(self.run_id, "profile_failed", {"id": job.candidate.id, "error": str(err)[:2000]})
+        self._saw_nothing(job.candidate.id, f"the profiler failed: {str(err).splitlines()[0][:300] if str(err) else err!r}")
+
+    def _saw_nothing(self, cid: str, why: str) -> None:
+        if self._profiles_ok or self.profiling_off is not None:
+            return
+        if cid not in self._blind:
+            self._blind.append(cid)
+        if len(self._blind) < PROFILER_BLIND_AFTER:
+            return
+        self.profiling_off = (f"{why}, for the first {len(self._blind)} candidates profiled and none profiled "
+                              "yet: the profiler cannot see the kernels on this machine")
+        log.warning("profiling is off for the rest of this run: %s (to tell why: "
+                    "python3 benchmarks/judge_gpu/ncu_matrix.py; to skip profiling: [profile] enabled = false)",
+                    self.profiling_off)
+        self.store.log_event(self.run_id, "profiling_off", {"reason": self.profiling_off, "candidates": self._blind})
 
     # ---- tuning
 
