@@ -259,3 +259,26 @@ def test_profiling_and_tuning_through_the_engine(tmp_path):
     assert store.get_profile(profiled[0]["payload"]["id"]) is not None
     store.close()
 
+
+
+def test_the_wall_clock_limit_leaves_what_is_not_on_a_gpu_pending_for_resume(tmp_path):
+    """At the wall-clock limit the run ends once the GPUs' evaluations are in: what is still
+    compiling or queued is not waited for (a run overshot its limit by its whole queue on an
+    H100) but stays pending, and --resume evaluates it. A fake clock: the limit passes on the
+    loop's first check, while the seeds are still compiling."""
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("deadline", {}, seed=0, config_hash="x")
+    rt = _runtime().start()
+    ticks = iter([0.0] + [1e9] * 10_000)
+    eng = _engine(store, run_id, rt, budget=20, confirm=False, clock=lambda: next(ticks))
+    summary = eng.run()
+    assert summary.stop_reason == "wall-clock limit reached" and summary.evaluations == 0
+    cands = store.candidates(run_id)
+    assert {c.operator for c in cands} == {"seed"} and len(cands) == len(TASKS)
+    assert all(store.get_evaluation(c.id, run_id) is None for c in cands)
+    (ev,) = [e for e in store.events(run_id) if e["kind"] == "deadline"]
+    assert sorted(ev["payload"]["pending"]) == sorted(c.id for c in cands)
+    resumed = _engine(store, run_id, rt, budget=20, confirm=False).run(resume=True)
+    assert resumed.evaluations == 20
+    assert all(store.get_evaluation(c.id, run_id) is not None for c in cands), "the pending seeds were evaluated"
+    store.close()

@@ -149,6 +149,18 @@ class Dispatch:
         """Queue delayed profiles (served after mutations, before tuning trials)."""
         self._profiles.extend(jobs)
 
+    def abandon_unstarted(self) -> list[Pending]:
+        """Forget every candidate not on a GPU yet (compiling or queued: mutations and tuning
+        trials) and the queued profiles; the candidates, in :meth:`pending` order. Their
+        compiles may still finish; their results are never taken. What runs on the GPUs
+        stays (:meth:`on_gpus`)."""
+        dropped = list(self._compiles.values()) + list(self._queue) + list(self._tune)
+        self._compiles.clear()
+        self._queue.clear()
+        self._tune.clear()
+        self._profiles.clear()
+        return dropped
+
     def drop_profiles(self) -> int:
         """Forget the queued profiles (not those on a GPU); how many were dropped."""
         n = len(self._profiles)

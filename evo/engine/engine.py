@@ -62,6 +62,9 @@ __all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "SearchFa
 
 log = logging.getLogger(__name__)
 
+#: The stop reason when ``max_wall_minutes`` ran out.
+WALL_CLOCK_STOP = "wall-clock limit reached"
+
 
 class Engine:
     """Steady-state search over several tasks, one group of islands per task.
@@ -71,14 +74,17 @@ class Engine:
     (:class:`mutators.base.Mutator`), ``seeds`` (task -> (source, params)), ``policy``
     (source -> StageResult), ``task_registry`` (where ``tasks`` are looked up: shapes to
     profile; the search's :class:`evo.tasks.TaskRegistry`, None: the built-in tasks). ``rng``
-    drives every random choice of the engine and mutator.
+    drives every random choice of the engine and mutator. ``clock``: the wall clock that
+    ``max_wall_minutes`` is measured on (tests pass a fake).
     """
 
     def __init__(self, *, store: StoreWriter, runtime: ClusterRuntime, mutator, run_id: str, tasks: list[str],
                  seeds: dict[str, tuple[str, dict[str, str]]], settings: EngineSettings, rng: random.Random,
                  policy: Callable[[str], StageResult], descriptor: Callable[[dict[str, str]], tuple] | None = None,
-                 on_progress: Callable[[Progress], None] | None = None, task_registry: Any = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None, task_registry: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store, self.rt, self.mutator = store, runtime, mutator
+        self._clock = clock
         self.run_id, self.tasks, self.seeds = run_id, list(tasks), seeds
         self.s, self.rng, self.policy = settings, rng, policy
         self.descriptor = descriptor or (lambda params: ())
@@ -98,6 +104,7 @@ class Engine:
         self.work = Dispatch(runtime, self.gpu_faults, settings.profile)
         self.items = ItemOrder(settings.ordered, on_taken=lambda: None if self._stop_reason else self._fill())
         self._filling = False
+        self._abandoned = False  # the wall-clock limit passed: only the GPUs' work is awaited
         self.proposer = Proposer(mutator=mutator, rng=rng, islands=self.islands, seeds=seeds, seen=self.seen.view(),
                                  items=self.items, max_evaluations=settings.max_evaluations,
                                  submit=self._submit, stop=self._stop)
@@ -146,15 +153,21 @@ class Engine:
             self._replay()
         else:
             self._submit_seeds()
-        deadline = time.time() + self.s.max_wall_seconds
+        deadline = self._clock() + self.s.max_wall_seconds
         interrupted = False
         try:
             while True:
                 if not self._stop_reason:
                     if self.progress.evaluations >= self.s.max_evaluations:
                         self._stop_reason = "evaluation budget spent"
-                    elif time.time() > deadline:
-                        self._stop_reason = "wall-clock limit reached"
+                    elif self._clock() > deadline:
+                        self._stop_reason = WALL_CLOCK_STOP
+                        self._abandon_at_deadline()
+                if self._abandoned:
+                    if not self.work.on_gpus():
+                        break
+                    self._collect(timeout=1.0)
+                    continue
                 if not self._stop_reason and not (self.items.ordered and len(self.items)):
                     self._fill()  # ordered: right after each item is taken (evo.engine.ordering)
                 self.work.fill_gpus()
@@ -292,6 +305,20 @@ class Engine:
                                  self.gpu_faults.worker_died(self.rt, g, pending, e, self.work.on_gpus()))
         self.proposer.collect()
         self._update_counters()
+
+    def _abandon_at_deadline(self) -> None:
+        """The wall-clock limit bounds the run, not only its proposals: what has not reached a
+        GPU (compiling, queued, trials, queued profiles) stays pending for ``--resume``, and the
+        run ends once the evaluations already on the GPUs are in; without this a run overshot
+        its limit by the whole queue (GEMM compiles of 30-40 s, profiles, trials). Ordered runs
+        (replays) drain as before: what they evaluate must not depend on when the clock ran out."""
+        if self.items.ordered:
+            return
+        self._abandoned = True
+        left = [p.candidate.id for p in self.work.abandon_unstarted()]
+        if left:
+            log.info("wall-clock limit: %d candidates not on a GPU yet stay pending for --resume", len(left))
+        self.store.log_event(self.run_id, "deadline", {"pending": left, "on_gpus": len(self.work.on_gpus())})
 
     def _profiling_health(self) -> None:
         """Profiling switched off (the profiler is blind here): the queued profiles go too."""
