@@ -269,6 +269,18 @@ def load_rows(out: Path) -> list[Row]:
 # ---------------------------------------------------------------------- main
 
 
+def checkpoint(db: Path) -> None:
+    """Fold the store's write-ahead log into ``evo.db``, so that the file alone (what a GPU
+    call brings back) holds the whole run: a copy without its ``-wal`` loses the newest rows."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()
+
+
 def run_task(task: str, args, work: Path) -> tuple[Row, int]:
     """Search (or dry-run) ``task`` from its cold seed; the row and the search's exit status."""
     t0 = time.monotonic()
@@ -300,6 +312,7 @@ def run_task(task: str, args, work: Path) -> tuple[Row, int]:
                 "--no-progress", timeout=bench_to, log_path=logf)
             row.best_bench = bench_speedup(champ, f"{task}_cold")
         read_row(row, db)
+        checkpoint(db)
     row.seconds = time.monotonic() - t0
     return row, rc
 

@@ -137,3 +137,20 @@ def test_rows_of_earlier_calls_are_kept(sp, tmp_path):
     sp.save([sp.Row(task="a", budget=60, improvements=[(3, "knobs", 1.2)])], out, command="c", budget=60)
     (r,) = sp.load_rows(out)
     assert r.task == "a" and r.improvements == [(3, "knobs", 1.2)]
+
+
+def test_checkpoint_folds_the_write_ahead_log_into_the_database_file(sp, tmp_path):
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "evo.db"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    con.commit()
+    sp.checkpoint(db)
+    shutil.copy(db, tmp_path / "copy.db")   # the file alone, as a GPU call brings it back
+    assert sqlite3.connect(tmp_path / "copy.db").execute("SELECT count(*) FROM t").fetchone() == (100,)
+    con.close()
