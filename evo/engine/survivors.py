@@ -243,7 +243,9 @@ class Survivors:
                         jobs.append(ProfileJob(cand, so_bytes, shape_idx))
             if _enabled(tun) and cand.id not in self.studies:
                 if should_tune(member, topk, set(self.studies) | self._tuned_ids, tun):
-                    self._open_study(member)
+                    self._tune(member)
+        if _enabled(tun):
+            self._tell_open_study(member)
         return jobs
 
     @property
@@ -300,6 +302,34 @@ class Survivors:
         self.store.log_event(self.run_id, "profiling_off", {"reason": self.profiling_off, "candidates": self._blind})
 
     # ---- tuning
+
+    def _same_space(self, cand: Candidate) -> Any:
+        """The open study over ``cand``'s space (same task and source), or None."""
+        return next((s for s in self.studies.values()
+                     if s.parent.task == cand.task and s.parent.source == cand.source and not s.done), None)
+
+    def _tune(self, member: Member) -> None:
+        """One open study per space (task and source): a survivor of a space that is being
+        tuned joins that study as a known point instead of opening a second one. Parallel
+        studies of one space each modelled a stale subset of its points and split the few
+        trial slots between them (19 studies, 5 trials evaluated in a 60-evaluation run)."""
+        study = self._same_space(member.candidate)
+        if study is None:
+            self._open_study(member)
+            return
+        self._tuned_ids.add(member.candidate.id)
+        self.store.log_event(self.run_id, "tuning_join", {"parent": member.candidate.id, "study": study.name,
+                                                          "fitness": member.fitness})
+
+    def _tell_open_study(self, member: Member) -> None:
+        """A correct member of a space under study (a mutation, or another study's trial): the
+        study learns its point (a no-op for its own trials and points it has)."""
+        study = self._same_space(member.candidate)
+        if study is None:
+            return
+        ev = self.store.get_evaluation(member.candidate.id, self.run_id)
+        if ev is not None:
+            study.add_known([(member.candidate.params_dict, ev)])
 
     def _open_study(self, member: Member) -> None:
         from evo.tuning.tuning import TuningStudy

@@ -303,10 +303,15 @@ class TuningStudy:
                 self._asked_points.add(_key(t.params))
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and _key(t.params) not in self._outcome:
                 self._outcome[_key(t.params)] = (t.state, t.value, t.number)
-        self._add_known(known)
+        self.add_known(known)
         self.study.enqueue_trial(dict(self.parent_params), user_attrs={"origin": "parent"}, skip_if_exists=True)
 
-    def _add_known(self, known: Iterable[tuple[Mapping[str, Any], Evaluation]]) -> None:
+    def add_known(self, known: Iterable[tuple[Mapping[str, Any], Evaluation]]) -> int:
+        """Tell the study points evaluated outside it (``origin = known``, completed or failed,
+        never evaluated again); points it has already tried and points outside its space are
+        skipped. Called at construction and whenever the run evaluates another point of the
+        same source, so the sampler models everything the run knows. How many were added."""
+        added = 0
         for raw, ev in known:
             try:
                 params = resolve_params(self.parent.source, raw)
@@ -325,7 +330,9 @@ class TuningStudy:
             self._asked_points.add(key)
             self._outcome[key] = (state, value, number)
             self._emit(TrialRecord(number, dict(params), "complete" if good else "failed", value, ev.candidate_id,
-                                   "known: evaluated before the study", False))
+                                   "known: evaluated outside the study", False))
+            added += 1
+        return added
 
     # ------------------------------------------------------------------ state
 
