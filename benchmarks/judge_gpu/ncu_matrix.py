@@ -22,6 +22,62 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+#: A CUDA program of ours: one trivial kernel on memory it allocates (argv[1] == "own") or on
+#: memory a parent process exported by IPC (the runner's way: the handle in hex on stdin).
+_PROBE_CU = r"""
+#include <cstdio>
+#include <cstring>
+#include <cuda_runtime.h>
+__global__ void fill(float* p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = 1.f; }
+int main(int argc, char** argv) {
+  const int n = 1 << 20; float* p = nullptr;
+  if (argc > 1 && !strcmp(argv[1], "ipc")) {
+    cudaIpcMemHandle_t h; unsigned char* b = reinterpret_cast<unsigned char*>(&h);
+    for (size_t i = 0; i < sizeof h; ++i) { unsigned v; if (scanf("%2x", &v) != 1) return 3; b[i] = (unsigned char)v; }
+    if (cudaIpcOpenMemHandle(reinterpret_cast<void**>(&p), h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) return 4;
+  } else if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) return 2;
+  fill<<<(n + 255) / 256, 256>>>(p, n);
+  cudaError_t e = cudaDeviceSynchronize();
+  printf("probe: %s\n", cudaGetErrorName(e));
+  return e == cudaSuccess ? 0 : 1;
+}
+"""
+
+#: The parent of the "ipc" probe: torch allocates, exports the handle, runs the probe under ncu.
+_IPC_PARENT = r"""
+import ctypes, subprocess, sys, torch
+x = torch.zeros(1 << 20, device="cuda")
+h = (ctypes.c_ubyte * 64)()
+lib = ctypes.CDLL("libcuda.so.1")
+assert lib.cuIpcGetMemHandle(h, ctypes.c_uint64(x.data_ptr())) == 0
+p = subprocess.run(sys.argv[1:], input=bytes(h).hex(), capture_output=True, text=True, timeout=100)
+torch.cuda.synchronize()
+print("exit", p.returncode, "| sum", float(x.sum()), "|", (p.stdout + " / " + p.stderr).replace(chr(10), " / ")[-500:])
+"""
+
+
+def _probe_rows(ncu: str, out: Path) -> list[tuple[str, list[str], str]]:
+    """Rows that tell the runner from CUDA programs in general: the probe built with cudart
+    static (as the runner is) and shared, on its own memory and on IPC-imported memory."""
+    from evaluators.compile.toolchain import find_nvcc
+
+    nvcc = find_nvcc()
+    src = out / "probe.cu"
+    src.write_text(_PROBE_CU)
+    rows: list[tuple[str, list[str], str]] = []
+    for rt in ("static", "shared"):
+        exe = out / f"probe_{rt}"
+        b = subprocess.run([nvcc, "-O2", "-cudart", rt, "-o", str(exe), str(src)], capture_output=True, text=True)
+        if b.returncode:
+            print(f"probe build ({rt}) failed: {b.stderr[-400:]}", flush=True)
+            continue
+        base = [ncu, "--target-processes", "all", "--launch-count", "1"]
+        rows.append((f"raw: ncu over a CUDA probe (cudart {rt}), own memory", [*base, str(exe), "own"], ""))
+        rows.append((f"raw: ncu over a CUDA probe (cudart {rt}), IPC memory from torch",
+                     [sys.executable, "-c", _IPC_PARENT, *base, str(exe), "ipc"], ""))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/ncu_matrix"))
@@ -52,6 +108,7 @@ def main() -> int:
                                         "import torch; torch.relu(torch.randn(1 << 20, device='cuda')); "
                                         "torch.cuda.synchronize()"], ""),
     ]
+    raw += _probe_rows(ncu, args.out)
     for name, argv, stdin in raw:
         t0 = time.monotonic()
         p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
