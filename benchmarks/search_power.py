@@ -67,6 +67,7 @@ class Row:
     optuna_trials: int = 0
     optuna_evaluated: int = 0
     studies: int = 0
+    studies_finished: int = 0
     funnel: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -201,6 +202,11 @@ def read_row(row: Row, db: Path) -> Row:
         row.optuna_trials = len(trials)
         row.studies = len({t["parent_id"] for t in trials})
         row.optuna_evaluated = row.operators.get("optuna", 0)
+        events = store.events(rid)
+        row.studies_finished = sum(1 for e in events if e["kind"] == "tuning_done")
+        for e in events:
+            if e["kind"] == "profiling_off":
+                row.notes.append(f"profiling off: {str(e['payload'].get('reason', ''))[:160]}")
         for ch in store.champions(rid):
             row.verdict = ch.get("verdict") or ("confirmed" if ch["confirmation"].get("confirmed") else "")
             row.gain = ch.get("gain")
@@ -235,7 +241,7 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
            f"Command: `{command}`", "",
            "| task | cold seed | best found | best (bench) | hand-tuned (bench) | evals to 95% | evaluations | "
            "improvements (eval: operator fitness) | champion vs cold seed | profiled / correct | "
-           "optuna trials (evaluated, studies) | notes |",
+           "optuna trials (evaluated, studies, finished) | notes |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imp = ", ".join(f"{i}: {op} {f:.3f}" for i, op, f in r.improvements) or "-"
@@ -248,7 +254,7 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
                                                if r.profiled_outside_topk else "")
         out.append(f"| {r.task} | {_x(r.cold)} | {_x(r.best)} | {_x(r.best_bench)} | {_x(r.hand_bench)} | "
                    f"{r.evals_to_reach if r.evals_to_reach is not None else '-'} | {r.evaluations} / {r.budget} | "
-                   f"{imp} | {gain} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}) | "
+                   f"{imp} | {gain} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}, {r.studies_finished}) | "
                    f"{'; '.join(r.notes) or '-'} |")
     return "\n".join(out) + "\n"
 

@@ -102,6 +102,8 @@ def test_read_row_reports_improvements_by_operator_reach_profiles_and_trials(sp,
     store.add_profile(cross.id, shape="n=1", gpu="H200", metrics={"bound": "memory"})
     store.add_tuning_trial(rid, knob.id, 0, {"A": "1"}, 1.5, "complete", knob.id)
     store.add_tuning_trial(rid, knob.id, 1, {"A": "2"}, 1.9, "complete", opt.id)
+    store.log_event(rid, "tuning_done", {"parent": knob.id})
+    store.log_event(rid, "profiling_off", {"reason": "ncu captured no kernel from the candidates' calls"})
     store.set_champion(rid, t, cross.id, 2.05, {"confirmed": True, "baseline_id": seed.id, "verdict": "faster",
                                                   "gain": {"ratio": 2.0, "low": 1.9, "high": 2.1, "confidence": 0.95,
                                                            "rounds": 3, "method": "paired-t-log"}})
@@ -111,11 +113,13 @@ def test_read_row_reports_improvements_by_operator_reach_profiles_and_trials(sp,
     assert row.improvements == [(2, "knobs", 1.5), (4, "optuna", 1.9), (5, "crossover", 2.05)]
     assert row.evals_to_reach == 4  # 1.9 >= 0.95 * 2.0
     assert row.profiled == 2 and row.profiled_outside_topk == 0
-    assert (row.optuna_trials, row.optuna_evaluated, row.studies) == (2, 1, 1)
+    assert (row.optuna_trials, row.optuna_evaluated, row.studies, row.studies_finished) == (2, 1, 1, 1)
+    assert any(n.startswith("profiling off: ncu captured no kernel") for n in row.notes)
     assert row.funnel == {"compile:compile_error": 1} and row.verdict == "faster"
     assert any("5 of 60" in n for n in row.notes)
     text = sp.table([row], command="x", budget=60)
     assert "| kb19_relu | 1.000x | 2.050x |" in text and "faster 2.000 [1.900, 2.100]" in text
+    assert "| 2 / 4 | 2 (1, 1, 1) |" in text
     assert "2: knobs 1.500, 4: optuna 1.900, 5: crossover 2.050" in text
 
 
