@@ -68,6 +68,7 @@ class Row:
     optuna_evaluated: int = 0
     studies: int = 0
     studies_finished: int = 0
+    vs_hand: dict | None = None  # the champion against the hand-tuned seed, paired rounds (:func:`versus_hand`)
     funnel: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -240,9 +241,9 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
     out = [f"# Search power: cold seed -> search ({budget} evaluations per task) vs the hand-tuned seed", "",
            f"Command: `{command}`", "",
            "| task | cold seed | best found | best (bench) | hand-tuned (bench) | evals to 95% | evaluations | "
-           "improvements (eval: operator fitness) | champion vs cold seed | profiled / correct | "
+           "improvements (eval: operator fitness) | champion vs cold seed | champion vs hand-tuned | profiled / correct | "
            "optuna trials (evaluated, studies, finished) | notes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imp = ", ".join(f"{i}: {op} {f:.3f}" for i, op, f in r.improvements) or "-"
         gain = "-"
@@ -250,11 +251,16 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
             gain = f"{r.verdict} {r.gain['ratio']:.3f} [{r.gain['low']:.3f}, {r.gain['high']:.3f}]"
         elif r.verdict:
             gain = r.verdict
+        vs = "-"
+        if r.vs_hand:
+            g = r.vs_hand.get("gain")
+            vs = (f"{r.vs_hand.get('verdict') or '?'} {g['ratio']:.3f} [{g['low']:.3f}, {g['high']:.3f}]" if g
+                  else (r.vs_hand.get("verdict") or f"not measured: {r.vs_hand.get('error', '')[:80]}"))
         prof = f"{r.profiled} / {r.correct}" + (f" ({r.profiled_outside_topk} not correct!)"
                                                if r.profiled_outside_topk else "")
         out.append(f"| {r.task} | {_x(r.cold)} | {_x(r.best)} | {_x(r.best_bench)} | {_x(r.hand_bench)} | "
                    f"{r.evals_to_reach if r.evals_to_reach is not None else '-'} | {r.evaluations} / {r.budget} | "
-                   f"{imp} | {gain} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}, {r.studies_finished}) | "
+                   f"{imp} | {gain} | {vs} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}, {r.studies_finished}) | "
                    f"{'; '.join(r.notes) or '-'} |")
     return "\n".join(out) + "\n"
 
@@ -273,6 +279,59 @@ def load_rows(out: Path) -> list[Row]:
 
 
 # ---------------------------------------------------------------------- main
+
+
+def versus_hand(rt, task: str, champion, fitness: float, *, pairs: int = 5) -> dict:
+    """The run's champion against the hand-tuned seed, both built for the cold task, in
+    ``pairs`` rounds of back-to-back fresh evaluations (the engine's champion confirmation,
+    :func:`evo.engine.survivors.confirm_champion`, with the hand-tuned seed as the baseline):
+    ``{"verdict", "gain", "error"}``, ``gain`` the speedup interval of the champion over the
+    hand-tuned seed. "Beats the hand-tuned seed outside its confidence interval" (issue 41)
+    is ``verdict == "faster"``; ``"slower"`` when the whole interval is below 1."""
+    from evo.core.records import Candidate, Operator
+    from evo.engine.survivors import confirm_champion
+    from evo.tasks.registry import get_task
+    from evo.tasks.seeds import seed_params, seed_source
+
+    seed = get_task(task).seed or task
+    hand = Candidate.create(f"{task}_cold", seed_source(seed), seed_params(seed), operator=Operator.SEED,
+                            island=-1, notes="hand-tuned seed (search_power.py)")
+    if hand.id == champion.id:
+        return {"verdict": "same kernel", "gain": None, "error": ""}
+    c = confirm_champion(rt, f"{task}_cold", champion, fitness, baseline=hand, pairs=pairs)
+    gain = c.record.get("gain")
+    verdict = c.record.get("verdict") or ""
+    if gain and gain.get("high", 1.0) < 1.0:
+        verdict = "slower"
+    error = c.stop or c.record.get("gain_error") or c.record.get("error") or ""
+    if not gain and not error:
+        error = "the champion's re-timing was not correct" if c.record.get("fitness_confirmed") is None else ""
+    return {"verdict": verdict, "gain": gain, "error": error}
+
+
+def run_versus_hand(task: str, cfg_path: Path, db: Path, *, pairs: int = 5) -> dict:
+    """:func:`versus_hand` for the newest run of ``db``'s champion of ``<task>_cold``, on a
+    runtime made as ``evo search`` makes one from the search's config."""
+    from evo.config import load_config, load_tasks
+    from evo.engine.runtime import Runtime, real_stages
+    from evo.store import Store
+
+    cfg = load_config(cfg_path)
+    load_tasks(cfg)  # the cold task file: an error here names it
+    with Store.open_reader(db) as store:
+        runs = store.list_runs()
+        champs = [c for c in store.champions(runs[0]["id"]) if c["task"] == f"{task}_cold"] if runs else []
+        if not champs:
+            return {"verdict": "", "gain": None, "error": "no champion in the run"}
+        cand = store.get_candidate(champs[0]["candidate_id"])
+        fitness = float(champs[0]["fitness"])
+    rt = Runtime(stages=real_stages(), compile_settings=cfg.compile_settings(),
+                 harness_settings=cfg.harness_settings(), num_gpus=1)
+    rt.start()
+    try:
+        return versus_hand(rt, task, cand, fitness, pairs=pairs)
+    finally:
+        rt.shutdown()
 
 
 def checkpoint(db: Path) -> None:
@@ -318,6 +377,11 @@ def run_task(task: str, args, work: Path) -> tuple[Row, int]:
                 "--no-progress", timeout=bench_to, log_path=logf)
             row.best_bench = bench_speedup(champ, f"{task}_cold")
         read_row(row, db)
+        if args.versus_hand_pairs > 0:
+            try:
+                row.vs_hand = run_versus_hand(task, cfg, db, pairs=args.versus_hand_pairs)
+            except Exception as e:  # noqa: BLE001 - one row's extra column: the table is still written
+                row.vs_hand = {"verdict": "", "gain": None, "error": f"{type(e).__name__}: {e}"[:300]}
         checkpoint(db)
     row.seconds = time.monotonic() - t0
     return row, rc
@@ -336,6 +400,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--work", type=Path, default=Path("runs/search_power"), help="configs, stores, logs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/search_power/results.md"))
     p.add_argument("--cache-dir", default=None, help="compile.cache_dir of the searches (default: the config default)")
+    p.add_argument("--versus-hand-pairs", type=int, default=3,
+                   help="paired rounds of the champion against the hand-tuned seed after the search "
+                        "(default 3, the engine's confirmation; 0: skip)")
     p.add_argument("--isolation", choices=("judge", "harness"), default="judge",
                    help="[evaluator] isolation of the searches and benches (default judge)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="limit of each evo command, seconds")

@@ -158,3 +158,35 @@ def test_checkpoint_folds_the_write_ahead_log_into_the_database_file(sp, tmp_pat
     shutil.copy(db, tmp_path / "copy.db")   # the file alone, as a GPU call brings it back
     assert sqlite3.connect(tmp_path / "copy.db").execute("SELECT count(*) FROM t").fetchone() == (100,)
     con.close()
+
+
+def test_versus_hand_pairs_the_champion_with_the_hand_tuned_seed_of_the_cold_task(sp):
+    """The champion is timed against the hand-tuned seed (built for the cold task) in paired
+    rounds, on the runtime it is given: fake stages whose fitness follows the tunables, so a
+    champion with better tunables is `faster` and one with worse is `slower`."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from evaluators.base import CompileSettings, HarnessSettings
+    from evo.engine.local_runtime import LocalRuntime
+    from evo.engine.seams import Stages
+    from fakes import stages as fake
+
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False),
+                      compile_settings=CompileSettings(), harness_settings=HarnessSettings(),
+                      num_gpus=1, num_cpus=1).start()
+    try:
+        good = Candidate.create("kb19_relu_cold", fake.SOURCE, {"TILE": "128", "STAGES": "4", "VEC": "4"})
+        bad = Candidate.create("kb19_relu_cold", fake.SOURCE, {"TILE": "16", "STAGES": "1", "VEC": "1"})
+        up = sp.versus_hand(rt, "kb19_relu", good, fake.fitness_of(good.params_dict), pairs=3)
+        assert up["verdict"] == "faster" and up["gain"]["ratio"] > 1 and up["gain"]["rounds"] == 3, up
+        from evo.tasks.seeds import seed_params, seed_source
+
+        hand = fake.fitness_of(seed_params("kb19_relu"), seed_source("kb19_relu"))
+        assert up["gain"]["ratio"] == pytest.approx(fake.fitness_of(good.params_dict) / hand, rel=1e-6)
+        down = sp.versus_hand(rt, "kb19_relu", bad, fake.fitness_of(bad.params_dict), pairs=3)
+        assert down["verdict"] in ("slower", "no significant gain") and down["gain"]["ratio"] <= 1, down
+    finally:
+        rt.shutdown()
+    text = sp.table([sp.Row(task="kb19_relu", budget=60, vs_hand=up)], command="x", budget=60)
+    assert f"| faster {up['gain']['ratio']:.3f} [" in text
