@@ -393,8 +393,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help="comma-separated built-in tasks (default: one per template family)")
     p.add_argument("--budget", type=int, default=60, help="evaluations per task (default 60)")
-    p.add_argument("--wall-minutes", type=float, default=6.0,
-                   help="wall-clock bound of each search, minutes (default 6: search + benches < 10 min)")
+    p.add_argument("--wall-minutes", type=float, default=5.5,
+                   help="wall-clock bound of each search, minutes (default 5.5: search, benches and the paired rounds < 10 min)")
     p.add_argument("--trials", type=int, default=12, help="tuning.trials_per_survivor (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("runs/search_power"), help="configs, stores, logs")
