@@ -122,7 +122,8 @@ PY
       fi
       if [[ " $parts " == *" acceptance "* ]]; then
         timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" ${EVO_JUDGE_TASKS:+--tasks $EVO_JUDGE_TASKS} \
-          ${EVO_JUDGE_STEPS:+--steps $EVO_JUDGE_STEPS} > "$out/judge_stdout.txt" 2>&1
+          ${EVO_JUDGE_STEPS:+--steps $EVO_JUDGE_STEPS} ${EVO_JUDGE_REPEATS:+--repeats $EVO_JUDGE_REPEATS} \
+          > "$out/judge_stdout.txt" 2>&1
         echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
       fi
       if [[ " $parts " == *" demo "* ]]; then

@@ -4,8 +4,9 @@ Steps (``--steps``, in this order by default):
 
 - ``seeds``: each task's seed compiled once, then evaluated ``check+time`` by the harness
   path (``[evaluator] isolation = "harness"``) and by the judge path (``"judge"``), back to
-  back on this GPU, the judge twice (cold: its first candidate of the task; warm). Per task:
-  both verdicts, both fitnesses and their ratio, and each evaluation's wall seconds.
+  back on this GPU, ``--repeats`` rounds (the order alternating; the judge's first is its
+  cold start for the task). Per task: both verdicts, the fitnesses, the judge/harness ratio
+  with its 95% interval and whether it contains 1, and the evaluations' wall seconds.
 - ``hang``: tests/fixtures/bad/hang.cu on kb19_relu through the judge with default settings:
   the seconds from the start of its evaluation to the ``timeout`` verdict.
 - ``check``: ``evo check`` of the kb19_relu seed, start to verdict (the CLI in a subprocess),
@@ -49,7 +50,23 @@ def _verdict(rep) -> str:
     return ", ".join(f"{s.stage} {s.status.value}" for s in rep.stages)
 
 
-def seeds(tasks: list[str], out: Path) -> list[str]:
+def fitness_interval(harness: list[float], judge: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The judge's fitness over the harness's, paired by round, as ``(ratio, low, high)``: the
+    engine's speedup interval (:func:`evo.engine.survivors.speedup_interval`, a t-interval on
+    the per-round log ratios) with time = 1 / fitness. "Within noise" is ``low <= 1 <= high``."""
+    from evo.engine.survivors import PairedTimings, speedup_interval
+
+    n = min(len(harness), len(judge))
+    iv = speedup_interval(PairedTimings(("fitness",), (tuple(1.0 / f for f in harness[:n]),),
+                                        (tuple(1.0 / f for f in judge[:n]),)), confidence)
+    return iv.ratio, iv.low, iv.high
+
+
+def seeds(tasks: list[str], out: Path, repeats: int = 2) -> list[str]:
+    """Each task's seed by both paths, ``repeats`` rounds of (harness, judge) back to back,
+    the order alternating (round 0: harness first), the judge's first round being its cold
+    start for the task. The ratio of fitnesses with its 95% interval says whether the two
+    paths agree within the noise."""
     from evaluators.base import CompileSettings
     from evaluators.pipeline import compile_all
     from evo.core.records import Candidate, Operator
@@ -57,29 +74,34 @@ def seeds(tasks: list[str], out: Path) -> list[str]:
 
     cands = [Candidate.create(t, seed_source(t), seed_params(t), operator=Operator.SEED) for t in tasks]
     built = compile_all(cands, CompileSettings(), jobs=8)
-    rows = ["| task | harness | judge | harness fitness (2 runs) | judge fitness (cold, warm) | judge / harness "
-            "(means) | harness s | judge s (cold) | judge s (warm) |",
+    rows = [f"| task | harness | judge | harness fitness ({repeats} runs) | judge fitness ({repeats} runs, cold first) | "
+            "judge / harness [95% interval] | within noise | harness s (median) | judge s (cold, median of the rest) |",
             "|---|---|---|---|---|---|---|---|---|"]
     log = []
     for cand, b in zip(cands, built):
         if not b.ok:
             rows.append(f"| {cand.task} | compile {b.result.status.value}: {b.result.reason[:80]} |")
             continue
-        # each path twice, interleaved, so the spread within a path is the noise the ratio is read against
-        h, hs = _eval(cand, b.so_bytes, "harness")
-        j1, js1 = _eval(cand, b.so_bytes, "judge")
-        h2, _hs2 = _eval(cand, b.so_bytes, "harness")
-        j2, js2 = _eval(cand, b.so_bytes, "judge")
-        fh = [f for f in (h.fitness, h2.fitness) if f]
-        fj = [f for f in (j1.fitness, j2.fitness) if f]
-        ratio = f"{(sum(fj) / len(fj)) / (sum(fh) / len(fh)):.3f}" if fh and fj else "-"
-        rows.append(f"| {cand.task} | {_verdict(h)} | {_verdict(j2)} | {', '.join(f'{f:.4f}' for f in fh) or '-'} | "
-                    f"{', '.join(f'{f:.4f}' for f in fj) or '-'} | {ratio} | {hs:.1f} | {js1:.1f} | {js2:.1f} |")
-        print(f"{cand.task} judge phases (warm): {j2.env.get('judge_phases', '-')}", flush=True)
-        for name, rep in (("harness", h), ("judge-cold", j1), ("harness-2", h2), ("judge-warm", j2)):
-            log.append({"task": cand.task, "path": name, "fitness": rep.fitness,
-                        "stages": [[s.stage, s.status.value, s.reason[:500]] for s in rep.stages],
-                        "timings": [t.__dict__ for t in rep.timings], "env": rep.env})
+        runs: dict[str, list] = {"harness": [], "judge": []}
+        for r in range(max(int(repeats), 2)):
+            for path in (("harness", "judge") if r % 2 == 0 else ("judge", "harness")):
+                rep, sec = _eval(cand, b.so_bytes, path)
+                runs[path].append((rep, sec))
+                log.append({"task": cand.task, "path": path, "round": r, "fitness": rep.fitness, "seconds": sec,
+                            "stages": [[st.stage, st.status.value, st.reason[:500]] for st in rep.stages],
+                            "timings": [t.__dict__ for t in rep.timings], "env": rep.env})
+        fh = [rep.fitness for rep, _ in runs["harness"] if rep.fitness]
+        fj = [rep.fitness for rep, _ in runs["judge"] if rep.fitness]
+        ratio, noise = "-", "-"
+        if len(fh) >= 2 and len(fh) == len(fj):
+            q, lo, hi = fitness_interval(fh, fj)
+            ratio, noise = f"{q:.4f} [{lo:.4f}, {hi:.4f}]", ("yes" if lo <= 1.0 <= hi else "no")
+        hs = sorted(sec for _, sec in runs["harness"])
+        js = [sec for _, sec in runs["judge"]]
+        rows.append(f"| {cand.task} | {_verdict(runs['harness'][-1][0])} | {_verdict(runs['judge'][-1][0])} | "
+                    f"{', '.join(f'{f:.4f}' for f in fh) or '-'} | {', '.join(f'{f:.4f}' for f in fj) or '-'} | "
+                    f"{ratio} | {noise} | {hs[len(hs) // 2]:.1f} | {js[0]:.1f}, {sorted(js[1:])[len(js[1:]) // 2]:.1f} |")
+        print(f"{cand.task} judge phases (last): {runs['judge'][-1][0].env.get('judge_phases', '-')}", flush=True)
         print(rows[-1], flush=True)
     (out / "seeds.json").write_text(json.dumps(log, indent=1, default=str))
     return rows
@@ -125,13 +147,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", nargs="+", default=["seeds", "hang", "check"], choices=["seeds", "hang", "check"])
     ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="seeds: rounds of (harness, judge) per task (at least 2; more narrow the interval)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     tables = []
     for step in a.steps:
         t0 = time.perf_counter()
         try:
-            rows = {"seeds": lambda: seeds(a.tasks, a.out), "hang": lambda: hang(a.out), "check": lambda: check(a.out)}[step]()
+            rows = {"seeds": lambda: seeds(a.tasks, a.out, a.repeats), "hang": lambda: hang(a.out), "check": lambda: check(a.out)}[step]()
         except Exception as e:  # noqa: BLE001 - one step's failure must not hide the others'
             import traceback
 
