@@ -21,6 +21,7 @@ from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.replay.fake_server import FakeLLMServer
 from mutators.llm.mutator import LLMMutator
 from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.answer.interpret import ORDER_NOTE
 from mutators.llm.answer.patch import Block, render_blocks
 
 FIX = Path(__file__).parent / "fixtures" / "llm"
@@ -69,6 +70,7 @@ def rig():
 
 
 BIG_REWRITE = "```cuda\n" + GOOD + "// rewritten\n" * 50 + "```\n"
+ELIDED = "```cuda\n" + GOOD.replace("  using namespace cute;\n", "  // ... unchanged ...\n") + "```\n"
 
 
 @pytest.mark.parametrize("answer, said", [
@@ -79,7 +81,9 @@ BIG_REWRITE = "```cuda\n" + GOOD + "// rewritten\n" * 50 + "```\n"
     (BIG_REWRITE, ["rewrote the whole file (50 changed lines)", "<<<<<<< SEARCH"]),
     (render_blocks([Block('#include "evo_abi.h"\n', "")]), ["broke the kernel ABI", "evo_abi.h"]),
     ("", ["was empty"]),
-], ids=["prose", "broken", "no-op", "unmatched", "whole-file", "abi", "empty"])
+    (render_blocks([Block("}\n", "}  // end\n")]), ["matches 2 times (exactly), at lines 18 and 31", ORDER_NOTE]),
+    (ELIDED, ["'// ... unchanged ...'", "would be deleted", "complete file"]),
+], ids=["prose", "broken", "no-op", "unmatched", "whole-file", "abi", "empty", "ambiguous", "elided"])
 def test_each_rejection_reason_is_in_the_next_prompt_for_that_parent(rig, answer, said):
     r = rig([{"response": answer}, {"response": PATCH}])
     assert r.propose(PARENT) is None
@@ -107,6 +111,18 @@ def test_a_small_whole_file_answer_is_accepted_as_its_diff(rig):
     prop = r.propose(PARENT)
     assert prop is not None and "s(i) * 1.0f" in prop.source
     assert r.attempts[0].form == "whole_file" and "1 changed line" in r.attempts[0].notes[0]
+
+
+def test_harmless_marker_variants_over_the_wire_make_the_child(rig):
+    """ORIGINAL/UPDATED markers, a file name after SEARCH, fences inside a block: applied."""
+    search, replace = "  if (i < n) d(i) = s(i);\n", "  if (i < n) d(i) = s(i) + 0.0f;\n"
+    for answer in (f"<<<<<<< ORIGINAL\n{search}=======\n{replace}>>>>>>> UPDATED\n",
+                   f"<<<<<<< SEARCH kernel.cu\n{search}=======\n{replace}>>>>>>> REPLACE\n",
+                   f"<<<<<<< SEARCH\n```cuda\n{search}```\n=======\n```cuda\n{replace}```\n>>>>>>> REPLACE\n"):
+        r = rig([{"response": answer}])
+        prop = r.propose(PARENT)
+        assert prop is not None and "s(i) + 0.0f" in prop.source, (answer, r.attempts[-1].problems)
+        assert r.attempts[-1].notes, "what was tolerated is noted"
 
 
 def test_a_duplicate_is_said_plainly_with_the_earlier_outcome(rig):

@@ -118,3 +118,22 @@ def test_a_task_whose_prompt_fits_no_model_fails_the_dry_run(compiles, tmp_path)
     assert res.exit_code == 1, res.output
     (line,) = [ln for ln in res.output.splitlines() if ln.startswith("prompt kb19_relu")]
     assert "FAILED: fits no model" in line and "gpt: TOO LARGE" in line
+
+
+@pytest.mark.parametrize("fake, model, api, fix", [
+    ({"dialect": "vllm", "api_key": "sk-right"}, "gpt-4.1", "auto", "check the variable key_env names"),
+    ({"dialect": "openai", "models": ["gpt-4.1"]}, "gpt-4o-typo", "auto", "check model and base_url"),
+    ({"dialect": "openai", "responses_only": ["o3-pro"]}, "o3-pro", "chat", 'set api = "responses"'),
+], ids=["vllm-401", "unknown-model", "chat-only-pinned"])
+def test_a_fatal_probe_failure_is_one_line_with_its_fix(monkeypatch, fake, model, api, fix):
+    """The endpoint's own text often names no fix (vLLM's 401 is {"error": "Unauthorized"}):
+    the dry run's line adds the fix a stopped model's line names."""
+    from evo.engine.llm_check import ModelProbe
+
+    monkeypatch.setenv("EVO_TEST_FC_KEY", "sk-wrong")
+    with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), **fake) as srv:
+        spec = ModelSpec("gpt", srv.base_url, model, key_env="EVO_TEST_FC_KEY", max_output_tokens=64, api=api)
+        call = LLMClient(max_attempts=1).probe(spec)
+    line = ModelProbe("gpt", model, spec.base_url, call.error, call.latency_s).line()
+    assert "\n" not in line and ": FAILED: HTTP 4" in line and "[fatal:" in line, line
+    assert "(fix: " in line and fix in line, line

@@ -93,7 +93,12 @@ class ModelProbe:
         if self.transient:
             return (f"{where}: WARNING: {self.error} (transient: a real run retries this with backoff, "
                     "llm.max_retries times a call)")
-        return f"{where}: FAILED: {self.error}"
+        from mutators.llm.client.http_errors import FATAL_FIXES
+
+        fix = next((f for k, f in FATAL_FIXES.items() if f"[fatal:{k}]" in self.error), None)
+        if fix is None or "add /v1 to base_url?" in self.error:  # that hint is the fix already
+            return f"{where}: FAILED: {self.error}"
+        return f"{where}: FAILED: {self.error} (fix: {fix})"
 
 
 @dataclass(frozen=True)
