@@ -1,7 +1,7 @@
 """What each step of the judge's correctness and timing loops costs on a GPU (GPU machine only).
 
 For each task's largest shape: the judge's own steps (fresh inputs, the kept copies, the
-float64 ground truth, the tolerance check at two chunk sizes (its lean and full passes, with
+float64 ground truth, the tolerance check at three chunk sizes (its lean and full passes, with
 rows saying whether they agree, and again with one NaN in the output), the inputs-unchanged check, the
 determinism check, the poison scan of a timed call), each timed with a device synchronise
 around it, median of ``--reps``. The candidate is stood in by the eager reference (written
@@ -93,7 +93,7 @@ def main() -> int:
             timed("poison outputs", lambda: [poison_(o) for o in slots.outs])
             for o, e in zip(slots.outs, eager):
                 o.copy_(e)
-            for chunk in (1 << 23, 1 << 26):
+            for chunk in (1 << 21, 1 << 23, 1 << 26):   # 2^21: a lean chunk's temporaries fit in L2
                 res = {}
                 for lean in (False, True):
                     res[lean] = timed(f"tolerance check, {'lean' if lean else 'full'}, chunk 2^{chunk.bit_length() - 1}",

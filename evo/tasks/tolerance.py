@@ -13,7 +13,9 @@ harness calls it for every trial. An output passes when
 
 Everything is computed in float64, in chunks (bounded temporary memory even for the
 1.6 G-element activation tasks), with torch operations only, so it runs on the tensors'
-own device. ``out`` is moved to ``ref``'s device if they differ.
+own device. ``out`` is moved to ``ref``'s device if they differ. The eager check first
+assumes every entry finite (a few float64 passes per chunk) and redoes in full only the
+chunks where that fails, with the full rule's result bit for bit (``check(lean=...)``).
 
 Calibration (see docs/tasks.md, "Tolerances"): fp32 tasks must pass any legitimate fp32
 summation order (and fast-math ``__expf``-style few-ulp functions) and fail tf32 (relative
