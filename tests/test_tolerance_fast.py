@@ -201,16 +201,33 @@ def test_the_lean_passes_replace_the_full_ones_where_every_entry_is_finite(monke
     """The point of the lean path: finite chunks never reach the full passes; a chunk with a
     NaN (reference or output) does, and only that chunk."""
     calls: list[tuple[str, int]] = []
-    for fn in ("_ref_stats", "_out_stats"):
+    for fn in ("_ref_stats", "_out_stats", "_lean_out_stats"):
         real = getattr(T, fn)
         monkeypatch.setattr(T, fn, lambda *a, _r=real, _n=fn: calls.append((_n, a[0].numel())) or _r(*a))
     r = torch.randn(100, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     o = r.float()
-    assert T.check(o, r, T.FP32_ELEMENTWISE, chunk=16)[0] and calls == []
+    assert T.check(o, r, T.FP32_ELEMENTWISE, chunk=16)[0]
+    assert calls == [("_lean_out_stats", 16)] * 6 + [("_lean_out_stats", 4)]
+    calls.clear()
     o[40] = NAN                                       # chunk 2 (32..47) of the output
     assert not T.check(o, r, T.FP32_ELEMENTWISE, chunk=16)[0]
-    assert calls == [("_out_stats", 16)]
+    assert [c for c in calls if c[0] != "_lean_out_stats"] == [("_out_stats", 16)]
     calls.clear()
     r[99] = INF                                       # the last, short chunk of the reference
     T.check(o, r, T.FP32_ELEMENTWISE, chunk=16)
-    assert calls == [("_ref_stats", 4), ("_out_stats", 4), ("_out_stats", 16)]
+    assert [c for c in calls if c[0] != "_lean_out_stats"] == [("_ref_stats", 4), ("_out_stats", 4),
+                                                                ("_out_stats", 16)]
+
+
+def test_a_poisoned_output_is_checked_lean_once_then_in_full(monkeypatch):
+    """An unwritten (NaN) output: the first chunk shows it, the rest skip the lean pass."""
+    calls: list[str] = []
+    for fn in ("_out_stats", "_lean_out_stats"):
+        real = getattr(T, fn)
+        monkeypatch.setattr(T, fn, lambda *a, _r=real, _n=fn: calls.append(_n) or _r(*a))
+    r = torch.randn(100, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    o = torch.full((100,), NAN)
+    lean = T.check(o, r, T.FP32_ELEMENTWISE, chunk=16)
+    assert calls == ["_lean_out_stats"] + ["_out_stats"] * 7
+    assert repr(lean) == repr(T.check(o, r, T.FP32_ELEMENTWISE, chunk=16, lean=False))
+    assert lean[2]["n_nonfinite"] == 100

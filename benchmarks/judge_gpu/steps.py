@@ -2,7 +2,8 @@
 
 For each task's largest shape: the judge's own steps (fresh inputs, the kept copies, the
 float64 ground truth, the tolerance check at three chunk sizes (its lean and full passes, with
-rows saying whether they agree, and again with one NaN in the output), the inputs-unchanged check, the
+rows saying whether they agree, and again with one NaN in the output and with the poison of
+an unwritten output), the inputs-unchanged check, the
 determinism check, the poison scan of a timed call), each timed with a device synchronise
 around it, median of ``--reps``. The candidate is stood in by the eager reference (written
 into the output buffer), so no runner is involved: this measures the judge alone.
@@ -113,6 +114,16 @@ def main() -> int:
                                                          for o, r in zip(slots.outs, truth)])
                 agree(name, shape, "one NaN", res[True], res[False])
                 flat[mid] = keep
+            for o in slots.outs:          # an unwritten output: the poison everywhere
+                poison_(o)
+            res = {}
+            for lean in (False, True):
+                res[lean] = timed(f"tolerance check, {'lean' if lean else 'full'}, poisoned (unwritten) output",
+                                  lambda lean=lean: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), lean=lean)
+                                                     for o, r in zip(slots.outs, truth)])
+            agree(name, shape, "poisoned", res[True], res[False])
+            for o, e in zip(slots.outs, eager):
+                o.copy_(e)
             if not args.cpu or args.fused:
                 be = args.fused or "inductor"
                 t0 = time.perf_counter()   # the first fused check compiles: timed apart
