@@ -136,7 +136,8 @@ def _lean_out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor, rtol
                     zero_guard: bool) -> tuple[torch.Tensor, ...]:
     """One chunk of output against a reference chunk whose entries are all finite, lean:
     ``(sum of squared errors, max abs error, elementwise violations, worst error/allowed
-    ratio, its index in the chunk, exact)`` from two float64 temporaries, reused in place.
+    ratio, its index in the chunk, exact)`` from two float64 temporaries reused in place (and
+    a float64 copy of a narrower reference chunk).
 
     ``exact`` (a 0-dim bool) is true when the sum of squared errors is finite: then every
     error ``|out - ref|`` is finite, so every output is finite, and with a finite reference
@@ -167,8 +168,14 @@ def _lean_out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor, rtol
 
 
 def _host(*columns: list[torch.Tensor]) -> list[list[Any]]:
-    """Lists of 0-dim tensors (one dtype per list) as lists of Python numbers, one transfer each."""
-    return [torch.stack(c).tolist() if c else [] for c in columns]
+    """Lists of 0-dim tensors of one dtype as lists of Python numbers, in one transfer."""
+    full = [c for c in columns if c]
+    flat = torch.cat([torch.stack(c) for c in full]).tolist() if full else []
+    out, at = [], 0
+    for c in columns:
+        out.append(flat[at : at + len(c)])
+        at += len(c)
+    return out
 
 
 def _max_nan(a: float, b: float) -> float:
