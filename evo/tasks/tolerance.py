@@ -13,7 +13,9 @@ harness calls it for every trial. An output passes when
 
 Everything is computed in float64, in chunks (bounded temporary memory even for the
 1.6 G-element activation tasks), with torch operations only, so it runs on the tensors'
-own device. ``out`` is moved to ``ref``'s device if they differ.
+own device. ``out`` is moved to ``ref``'s device if they differ. The eager check first
+assumes every entry finite (a few float64 passes per chunk) and redoes in full only the
+chunks where that fails, with the full rule's result bit for bit (``check(lean=...)``).
 
 Calibration (see docs/tasks.md, "Tolerances"): fp32 tasks must pass any legitimate fp32
 summation order (and fast-math ``__expf``-style few-ulp functions) and fail tf32 (relative
@@ -118,6 +120,153 @@ def _out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor,
     return cnt, first, (d * d).sum(), d.max(), viol, ratio.max(), ratio.argmax()
 
 
+def _lean_ref_sumsq(rc: torch.Tensor) -> torch.Tensor:
+    """One chunk of the reference, lean: the sum of its squares (one temporary, no masks).
+
+    Finite exactly when every entry is finite and no square or partial sum overflowed (a
+    square is never negative, and NaN or Inf squares to itself); then every mask of
+    :func:`_ref_stats` is true, its sum adds the same values by the same reduction, bit for
+    bit, and its finite count is the chunk's length. Not finite: the caller runs
+    :func:`_ref_stats` on the chunk."""
+    rc = rc.to(torch.float64)
+    return (rc * rc).sum()
+
+
+def _lean_out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor, rtol: torch.Tensor,
+                    zero_guard: bool) -> tuple[torch.Tensor, ...]:
+    """One chunk of output against a reference chunk whose entries are all finite, lean:
+    ``(sum of squared errors, max abs error, elementwise violations, worst error/allowed
+    ratio, its index in the chunk, exact)`` from two float64 temporaries reused in place (and
+    a float64 copy of a narrower reference chunk).
+
+    ``exact`` (a 0-dim bool) is true when the sum of squared errors is finite: then every
+    error ``|out - ref|`` is finite, so every output is finite, and with a finite reference
+    every mask of :func:`_out_stats` is true (no bad non-finite output, ``both`` everywhere);
+    the other values are then :func:`_out_stats`' bit for bit (the same float64 operations
+    in the same rounding order, the same reductions over equal arrays). Otherwise (a NaN or
+    Inf output, an overflowing error) the caller discards them and runs :func:`_out_stats`.
+
+    ``zero_guard``: the bound ``atol + rtol |ref|`` may be 0 or NaN somewhere (``atol <= 0``
+    or ``rtol < 0`` or NaN), where an exact output's ratio 0/0 must read 0 as in
+    :func:`_out_stats`; with ``atol > 0`` and ``rtol >= 0`` the bound is positive and
+    ``0 / bound`` is already +0."""
+    rc = rc.to(torch.float64)        # may be the caller's reference itself: read, never written
+    d = torch.sub(oc, rc)            # float64 by promotion; widening oc is exact
+    d.abs_()
+    mx = d.max()
+    allowed = torch.abs(rc)
+    allowed.mul_(rtol)
+    allowed.add_(atol)
+    viol = (d > allowed).sum()
+    ratio = torch.div(d, allowed, out=allowed)
+    if zero_guard:
+        ratio = torch.where(d > 0, ratio, 0.0)
+    at = ratio.argmax()
+    worst = torch.take(ratio, at)    # ratio.max() without another pass
+    sq = d.mul_(d).sum()
+    return sq, mx, viol, worst, at, torch.isfinite(sq)
+
+
+def _host(*columns: list[torch.Tensor]) -> list[list[Any]]:
+    """Lists of 0-dim tensors of one dtype as lists of Python numbers, in one transfer."""
+    full = [c for c in columns if c]
+    flat = torch.cat([torch.stack(c) for c in full]).tolist() if full else []
+    out, at = [], 0
+    for c in columns:
+        out.append(flat[at : at + len(c)])
+        at += len(c)
+    return out
+
+
+def _max_nan(a: float, b: float) -> float:
+    """``torch.maximum`` on two floats: NaN if either is NaN."""
+    return a if a != a else b if b != b else max(a, b)
+
+
+def _compare_lean(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
+                  chunk: int) -> tuple[bool, str, dict[str, Any]]:
+    """:func:`_compare`'s eager result (ok, reason, every metric, bit for bit) from fewer
+    full-size passes, for a floating reference.
+
+    The same chunks as the full passes, each checked first by :func:`_lean_ref_sumsq` and
+    :func:`_lean_out_stats`; a chunk whose assumptions fail (a non-finite reference or
+    output entry, an overflowing square) is done again by :func:`_ref_stats` /
+    :func:`_out_stats`. The per-chunk results come to the host once per pass and are
+    combined there in chunk order: sequential float64 additions and a NaN-propagating
+    maximum give the same numbers as the full path's device accumulators."""
+    n = ref.numel()
+    shape = tuple(ref.shape)
+    o = out.reshape(-1)
+    r = ref.reshape(-1)
+    dev = out.device
+    starts = range(0, n, chunk)
+
+    def rch(s: int) -> torch.Tensor:
+        return r[s : s + chunk].to(dev)
+    f64 = torch.float64
+
+    # Pass 1: the output scale; a chunk is all finite iff its finite count is its length.
+    (sums,) = _host([_lean_ref_sumsq(rch(s)) for s in starts])
+    counts = [min(chunk, n - s) for s in starts]
+    redo = [i for i, x in enumerate(sums) if not math.isfinite(x)]
+    if redo:
+        full = [_ref_stats(rch(starts[i])) for i in redo]
+        sq_full, cnt_full = _host([x[0] for x in full], [x[1] for x in full])
+        for i, sq, c in zip(redo, sq_full, cnt_full):
+            sums[i], counts[i] = sq, c
+    ref_sumsq = 0.0
+    for x in sums:
+        ref_sumsq += x
+    n_ref_finite = sum(counts)
+    rms = math.sqrt(ref_sumsq / n_ref_finite) if n_ref_finite else 0.0
+    atol_eff = tol.atol * rms if tol.atol_relative else tol.atol
+
+    # Pass 2: lean where the reference chunk is all finite, full elsewhere. The first lean
+    # chunk's answer is read at once: when its output is not all finite, the output is most
+    # likely the poison of an unwritten buffer throughout, and the later chunks go straight
+    # to the full passes instead of being checked twice (the result is the same either way).
+    atol_t = torch.tensor(atol_eff, dtype=f64, device=dev)
+    rtol_t = torch.tensor(tol.rtol, dtype=f64, device=dev)
+    zero_guard = not (atol_eff > 0 and tol.rtol >= 0)
+    k = len(starts)
+    stats: list[tuple[Any, ...]] = []   # per chunk: (cnt, first, sq, mx, viol, ratio, at)
+    exact: list[torch.Tensor] = []
+    lean_at: list[int] = []
+    try_lean = True
+    for i, s in enumerate(starts):
+        if try_lean and counts[i] == min(chunk, n - s):
+            sq, mx, viol, ratio, at, ok = _lean_out_stats(o[s : s + chunk], rch(s), atol_t, rtol_t, zero_guard)
+            stats.append((None, None, sq, mx, viol, ratio, at))
+            exact.append(ok)
+            lean_at.append(i)
+            if len(lean_at) == 1 and k > 1:
+                try_lean = bool(ok.item())
+        else:
+            stats.append(_out_stats(o[s : s + chunk], rch(s), atol_t, rtol_t))
+    (oks,) = _host(exact)
+    for i, ok in zip(lean_at, oks):
+        stats[i] = (0, -1, *stats[i][2:]) if ok else _out_stats(o[starts[i] : starts[i] + chunk], rch(starts[i]),
+                                                                  atol_t, rtol_t)
+    tensor_nf = [i for i in range(k) if isinstance(stats[i][0], torch.Tensor)]
+    cnt_t, first_t = _host([stats[i][0] for i in tensor_nf], [stats[i][1] for i in tensor_nf])
+    cnts, firsts = [x[0] for x in stats], [x[1] for x in stats]
+    for i, c, f in zip(tensor_nf, cnt_t, first_t):
+        cnts[i], firsts[i] = c, f
+    sqs, mxs, ratios = _host([x[2] for x in stats], [x[3] for x in stats], [x[5] for x in stats])
+    viols, ats = _host([x[4] for x in stats], [x[6] for x in stats])
+
+    diff_sumsq, max_abs = 0.0, 0.0
+    for sq, mx in zip(sqs, mxs):
+        diff_sumsq += sq
+        max_abs = _max_nan(max_abs, mx)
+    nbad = sum(cnts)
+    first_bad = next((f + s for f, s in zip(firsts, starts) if f >= 0), -1)
+    j = int(torch.tensor(ratios, dtype=f64).argmax())   # the first largest, NaN largest, as on the device
+    return _verdict(o, r, shape, tol, rms=rms, atol_eff=atol_eff, ref_sumsq=ref_sumsq, diff_sumsq=diff_sumsq,
+                    max_abs=max_abs, nbad=nbad, first_bad=first_bad, n_viol=sum(viols),
+                    worst_ratio=ratios[j], worst_flat=ats[j] + starts[j])
+
+
 class _FusedUnavailable(Exception):
     """The fused backend failed to compile or run a pass (raised once per process)."""
 
@@ -176,6 +325,7 @@ def check(
     dtype: torch.dtype | str | None = None,
     chunk: int = _DEFAULT_CHUNK,
     fused: str | None = None,
+    lean: bool = True,
 ) -> tuple[bool, str, dict[str, Any]]:
     """Compare ``out`` with ``ref`` under ``tol``.
 
@@ -192,6 +342,10 @@ def check(
         each input once. The first call per dtype pays the compile; a backend that fails
         gives the eager comparison (in ``chunk``-sized pieces) for the rest of the process.
         None: eager.
+      lean: eager only: check each chunk first on the assumption that its reference and
+        output entries are all finite (a few float64 temporaries instead of ~25), and
+        again in full where that fails; the result is the full passes', bit for bit.
+        False: the full passes on every chunk (tests and benchmarks compare the two).
 
     Returns ``(ok, reason, metrics)``. ``reason`` is ``"ok"`` or every failed criterion,
     ``"; "``-separated, naming the worst element (index, output, reference values).
@@ -225,17 +379,23 @@ def check(
             return _compare(out, ref, tol, max(chunk, _FUSED_CHUNK), fused)
         except _FusedUnavailable:
             pass   # the whole comparison again, eagerly, in the caller's (small) chunks
-    return _compare(out, ref, tol, chunk, None)
+    return _compare(out, ref, tol, chunk, None, lean)
 
 
 def _compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, chunk: int,
-             fused: str | None) -> tuple[bool, str, dict[str, Any]]:
+             fused: str | None, lean: bool = True) -> tuple[bool, str, dict[str, Any]]:
     """:func:`check`'s two passes over validated, non-empty tensors, each chunk through
     :func:`_call` on ``out``'s device: a reference held elsewhere (the host, when the device
-    had no room for a float64 ground truth) moves there one chunk at a time."""
+    had no room for a float64 ground truth) moves there one chunk at a time.
+
+    Eager (``fused`` None) and ``lean``: :func:`_compare_lean`, the same result from fewer
+    full-size passes; ``lean=False`` runs the full passes (:func:`_ref_stats`,
+    :func:`_out_stats`) on every chunk, the rule's definition that the lean path is tested
+    against."""
+    if fused is None and lean and ref.is_floating_point():
+        return _compare_lean(out, ref, tol, chunk)
     n = ref.numel()
     shape = tuple(ref.shape)
-    metrics: dict[str, Any] = {"numel": n}
     o = out.reshape(-1)
     r = ref.reshape(-1)
     dev = out.device
@@ -274,30 +434,41 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, chunk: int,
         n_viol += viol
         worst.append((ratio, at + s))
 
-    metrics["ref_rms"] = rms
-    metrics["atol_eff"] = atol_eff
-    metrics["max_abs_err"] = float(max_abs.item())
-    diff_sumsq_f = float(diff_sumsq.item())
-    if ref_sumsq_f > 0:
-        rel_l2 = math.sqrt(diff_sumsq_f / ref_sumsq_f)
-    else:
-        rel_l2 = 0.0 if diff_sumsq_f == 0 else math.inf
-    metrics["rel_l2"] = rel_l2
     nbad = int(n_bad_nf.item())
-    metrics["n_nonfinite"] = nbad
-    metrics["n_violations"] = int(n_viol.item())
+    first_bad = next(x for x in (int(t.item()) for t in first_nf) if x >= 0) if nbad else -1
     ratios = torch.stack([w[0] for w in worst])
     j = int(ratios.argmax().item())
-    wflat = int(worst[j][1].item())
-    metrics["worst_ratio"] = float(ratios[j].item())
-    metrics["worst_index"] = _unravel(wflat, shape)
-    metrics["worst_out"] = float(o[wflat].item())
-    metrics["worst_ref"] = float(r[wflat].item())
+    return _verdict(o, r, shape, tol, rms=rms, atol_eff=atol_eff, ref_sumsq=ref_sumsq_f,
+                    diff_sumsq=float(diff_sumsq.item()), max_abs=float(max_abs.item()), nbad=nbad,
+                    first_bad=first_bad, n_viol=int(n_viol.item()), worst_ratio=float(ratios[j].item()),
+                    worst_flat=int(worst[j][1].item()))
+
+
+def _verdict(o: torch.Tensor, r: torch.Tensor, shape: tuple[int, ...], tol: Tolerance, *, rms: float,
+             atol_eff: float, ref_sumsq: float, diff_sumsq: float, max_abs: float, nbad: int,
+             first_bad: int, n_viol: int, worst_ratio: float,
+             worst_flat: int) -> tuple[bool, str, dict[str, Any]]:
+    """The metrics and reasons of :func:`check` from the passes' totals (host numbers):
+    ``first_bad`` is the flat index of the first bad non-finite output (read when ``nbad``),
+    ``worst_flat`` the flat index of the worst error/allowed ratio; ``o`` and ``r`` are the
+    flattened output and reference, read at those two indices only."""
+    n = r.numel()
+    metrics: dict[str, Any] = {"numel": n, "ref_rms": rms, "atol_eff": atol_eff, "max_abs_err": max_abs}
+    if ref_sumsq > 0:
+        rel_l2 = math.sqrt(diff_sumsq / ref_sumsq)
+    else:
+        rel_l2 = 0.0 if diff_sumsq == 0 else math.inf
+    metrics["rel_l2"] = rel_l2
+    metrics["n_nonfinite"] = nbad
+    metrics["n_violations"] = n_viol
+    metrics["worst_ratio"] = worst_ratio
+    metrics["worst_index"] = _unravel(worst_flat, shape)
+    metrics["worst_out"] = float(o[worst_flat].item())
+    metrics["worst_ref"] = float(r[worst_flat].item())
 
     reasons = []
     if nbad:
-        firsts = [int(x.item()) for x in first_nf]
-        f = next(x for x in firsts if x >= 0)
+        f = first_bad
         reasons.append(
             f"non-finite output: {nbad} of {n} elements are NaN/Inf where the reference is "
             f"not (or differ from the reference's own NaN/Inf); first at "
