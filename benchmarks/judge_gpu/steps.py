@@ -39,8 +39,8 @@ def main() -> int:
     ap.add_argument("--shape", type=int, default=None,
                     help="shape index (default: the largest; with --cpu the smallest)")
     ap.add_argument("--cpu", action="store_true", help="host buffers, no GPU (checks the script itself)")
-    ap.add_argument("--fused", default=None, help="torch.compile backend of the fused check (default inductor on "
-                    "a GPU; on the CPU only when given, e.g. aot_eager)")
+    ap.add_argument("--fused", default=None, help="fused backend of the check: triton (the default on a GPU; on "
+                    "the CPU with TRITON_INTERPRET=1) or a torch.compile backend (inductor; aot_eager on the CPU)")
     args = ap.parse_args()
     import torch
 
@@ -125,7 +125,7 @@ def main() -> int:
             for o, e in zip(slots.outs, eager):
                 o.copy_(e)
             if not args.cpu or args.fused:
-                be = args.fused or "inductor"
+                be = args.fused or "triton"
                 t0 = time.perf_counter()   # the first fused check compiles: timed apart
                 first_fused = [check(o, r, task.tolerance, dtype=output_dtype(r, dt), fused=be)
                                for o, r in zip(slots.outs, truth)]
@@ -135,6 +135,10 @@ def main() -> int:
                 eager_v = [check(o, r, task.tolerance, dtype=output_dtype(r, dt)) for o, r in zip(slots.outs, truth)]
                 same = all(a[0] == b[0] and a[1] == b[1] for a, b in zip(first_fused, eager_v))
                 print(f"| {name} | {shape} | fused verdict == eager verdict | {same} |", flush=True)
+                from evo.tasks import tolerance as _tol
+
+                print(f"| {name} | {shape} | fused backend fell back to eager (compile or self-check failed) | "
+                      f"{_tol._FUSED_BROKEN} |", flush=True)
                 timed(f"tolerance check, fused ({be})",
                       lambda: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), fused=be)
                                for o, r in zip(slots.outs, truth)])

@@ -283,7 +283,8 @@ def _call(which: str, backend: str | None, *args: torch.Tensor) -> Any:
     try:
         key = (which, backend)
         if key not in _FUSED:
-            _FUSED[key] = torch.compile(eager, backend=backend, dynamic=True, fullgraph=True)
+            _FUSED[key] = _triton_pass(which, args[0].device) if backend == "triton" else \
+                torch.compile(eager, backend=backend, dynamic=True, fullgraph=True)
         return _FUSED[key](*args)
     except torch.OutOfMemoryError:
         raise
@@ -295,6 +296,17 @@ def _call(which: str, backend: str | None, *args: torch.Tensor) -> Any:
                                             type(e).__name__, first)
         _FUSED_BROKEN = True
         raise _FusedUnavailable from e
+
+
+def _triton_pass(which: str, device: torch.device) -> Any:
+    """The Triton kernels' ``which`` pass (:mod:`evo.tasks.tolerance_triton`), after its
+    self-check against the eager passes on ``device`` (once per process)."""
+    from evo.tasks import tolerance_triton as tt
+
+    if not _FUSED.get(("checked", "triton")):
+        tt.self_check(device)
+        _FUSED[("checked", "triton")] = True
+    return tt.ref_stats if which == "ref" else tt.out_stats
 
 
 def _dtype(d: torch.dtype | str | None) -> torch.dtype | None:
@@ -336,12 +348,13 @@ def check(
       dtype: the declared output dtype (``Task.dtype``); None skips the dtype check beyond
         "is floating point". ``ref`` may legitimately have a wider dtype.
       chunk: elements per float64 working chunk.
-      fused: a ``torch.compile`` backend (``"inductor"``) that fuses each pass into a few
-        kernels, for a long-lived caller (the judge) checking GB-sized outputs: the eager
-        passes move ~25 float64 temporaries per element through memory, the fused ones read
-        each input once. The first call per dtype pays the compile; a backend that fails
-        gives the eager comparison (in ``chunk``-sized pieces) for the rest of the process.
-        None: eager.
+      fused: for a long-lived caller (the judge) checking GB-sized outputs on a GPU:
+        ``"triton"`` (:mod:`evo.tasks.tolerance_triton`: each pass one kernel that reads its
+        inputs once; sums in another order, so the L2 metrics may differ in their last bits)
+        or a ``torch.compile`` backend (``"inductor"``) that fuses each pass. The first call
+        pays the compile (Triton: and a self-check against the eager passes); a backend that
+        fails gives the eager comparison (in ``chunk``-sized pieces) for the rest of the
+        process. None: eager.
       lean: eager only: check each chunk first on the assumption that its reference and
         output entries are all finite (a few float64 temporaries instead of ~25), and
         again in full where that fails; the result is the full passes', bit for bit.
@@ -417,6 +430,11 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, chunk: int,
     atol_eff = tol.atol * rms if tol.atol_relative else tol.atol
 
     # Pass 2: non-finite mismatches, elementwise bound, error norms, worst element.
+    if fused == "triton":
+        from evo.tasks.tolerance_triton import supported
+
+        if not supported(atol_eff, tol.rtol):
+            fused = None   # a degenerate bound: the kernels do not define its NaN ratios
     atol_t = torch.tensor(atol_eff, dtype=f64, device=dev)   # tensors, not constants: one
     rtol_t = torch.tensor(tol.rtol, dtype=f64, device=dev)   # compiled kernel for every task
     diff_sumsq = torch.zeros((), dtype=f64, device=dev)
