@@ -84,6 +84,7 @@ def load_bpe_openai(encoding: str) -> Any | None:
     except Exception as exc:  # a broken install: the estimate stays
         log.warning("bpe-openai cannot load the %s encoding (%s); prompt sizes are estimated", encoding, exc)
         return None
+    return enc
 
 
 class EncodingCounter:
