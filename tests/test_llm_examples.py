@@ -1,7 +1,8 @@
 """The example LLM configs (configs/examples/openai_reasoning.toml, vllm.toml) pass their dry
 run against the project's fake endpoint, with only base_url (and the database) pointed
 elsewhere: the OpenAI one in the openai dialect through the Responses API, the vLLM one in
-the vllm dialect with its window read from the server's model list."""
+the vllm dialect with its window read from the server's model list and its prompts counted
+by the server's /tokenize."""
 
 from __future__ import annotations
 
@@ -67,7 +68,12 @@ def test_vllm_example_takes_its_window_from_the_servers_model_list(compiles, tmp
                        context_tokens=max_model_len) as srv:
         res = _dry_run(_pointed_at("vllm.toml", srv.base_url, tmp_path))
         requests = list(srv.requests)
-    assert [r["path"] for r in requests] == ["/v1/chat/completions"] and requests[0]["body"]["top_k"] == 20
+        root = srv.base_url.removesuffix("/v1")
+    chat = [r for r in requests if r["path"] != "/tokenize"]
+    assert [r["path"] for r in chat] == ["/v1/chat/completions"] and chat[0]["body"]["top_k"] == 20
+    assert any(r["path"] == "/tokenize" and r["status"] == 200 for r in requests), "the server counted the prompts"
+    (counted,) = _lines(res.output, "tokens of model qwen-coder: ")
+    assert f"counted by the vLLM server's POST {root}/tokenize" in counted, counted
     (probe,) = _lines(res.output, "model qwen-coder ")
     assert f"window {max_model_len:,} tokens (max_model_len in the server's model list)" in probe, probe
     prompts = _lines(res.output, "prompt ")

@@ -137,3 +137,35 @@ def test_a_fatal_probe_failure_is_one_line_with_its_fix(monkeypatch, fake, model
     line = ModelProbe("gpt", model, spec.base_url, call.error, call.latency_s).line()
     assert "\n" not in line and ": FAILED: HTTP 4" in line and "[fatal:" in line, line
     assert "(fix: " in line and fix in line, line
+
+
+# ---- the probe comes before the compiles ---------------------------------------------------
+
+
+@pytest.mark.parametrize("fake, model, fix", [
+    ({"api_key": "sk-right"}, "gpt-4.1", "check the variable key_env names"),
+    ({"models": ["gpt-4.1"]}, "gpt-4o-typo", "check model and base_url"),
+], ids=["401", "unknown-model"])
+def test_a_fatal_probe_failure_stops_the_dry_run_before_any_compile(compiles, tmp_path, monkeypatch, fake, model,
+                                                                    fix):
+    monkeypatch.setenv("EVO_TEST_FC_KEY", "sk-wrong")
+    with FakeLLMServer(Cassette([{"response": "OK", "repeat": True}]), dialect="openai", **fake) as srv:
+        cfg = _config(tmp_path, srv.base_url)
+        cfg.write_text(cfg.read_text().replace('model = "gpt-4.1"', f'model = "{model}"'))
+        res = _dry_run(cfg)
+    assert res.exit_code == 1, res.output
+    assert compiles == [], "no seed was compiled"
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("model gpt ")]
+    assert ": FAILED: HTTP 4" in line and "(fix: " in line and line.endswith(f"{fix})"), line
+    assert "seeds through policy and compile" not in res.output and "stopped before compiling" in res.output
+
+
+def test_a_transient_probe_failure_is_said_before_the_compiles_which_go_on(compiles, tmp_path):
+    with FakeLLMServer(Cassette([{"status": 429, "repeat": True}])) as srv:
+        res = _dry_run(_config(tmp_path, srv.base_url))
+    assert res.exit_code == 0, res.output
+    assert [c.task for c in compiles] == ["kb19_relu"], "the seeds are compiled"
+    out = res.output.splitlines()
+    warned = next(i for i, ln in enumerate(out) if ln.startswith("model gpt ") and "WARNING: HTTP 429" in ln)
+    table = next(i for i, ln in enumerate(out) if "seeds through policy and compile" in ln)
+    assert warned < table, res.output

@@ -68,7 +68,8 @@ def search(
             with StepProgress("dry run: policy + nvcc", len(cfg.tasks.include) or 1,
                               enabled=progress_enabled(progress)) as bar:
                 report = engine_mod.dry_run(cfg, resume=resume, probe=probe, task_registry=task_registry,
-                                            on_progress=lambda t, i, n: bar.update(t, i, n))
+                                            on_progress=lambda t, i, n: bar.update(t, i, n),
+                                            on_probes=_print_probes)
         except engine_mod.SearchError as e:
             _fail(str(e))
         _print_dry_run(report, cfg, probe)
@@ -95,22 +96,30 @@ def search(
     console.print(f"inspect: evo top {summary.run_id} --db {cfg.run.db}")
 
 
+def _print_probes(probes: list) -> None:
+    """The probe's line per model, printed as soon as the models are probed (before any
+    compile; endpoint errors carry [brackets], so no markup)."""
+    for p in probes:
+        console.print(p.line(), markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_dry_run(report: dict, cfg, probe: bool) -> None:
     from evo.results.tables import table
 
-    t = table("dry run: seeds through policy and compile (no GPU used)",
-              [("task", "id"), ("policy", "word"), ("compile", "word"), ("seconds", "num"), "note"])
-    for row in report["seeds"]:
-        t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
-    console.print(t)
+    if report["seeds"]:  # none when a failed probe stopped the dry run before the compiles
+        t = table("dry run: seeds through policy and compile (no GPU used)",
+                  [("task", "id"), ("policy", "word"), ("compile", "word"), ("seconds", "num"), "note"])
+        for row in report["seeds"]:
+            t.add_row(row["task"], row["policy"], row["compile"], _fmt(row.get("seconds"), 1), row.get("note", ""))
+        console.print(t)
     lines: list[str] = []
-    if cfg.mutator.kind == "llm":  # one line per model and per task (endpoint errors carry [brackets])
+    if cfg.mutator.kind == "llm":  # one line per model and per task (the probes' lines are out already)
         if not probe:
             lines.append("LLM models: not probed (--no-probe)")
         elif cfg.llm.replay_run:
             lines.append(f"LLM models: not probed: the run replays the calls of run {cfg.llm.replay_run} and "
                          "calls no endpoint")
-        lines += [p.line() for p in report["probes"]]
+        lines += report.get("counters", [])
         lines += [s.line() for s in report["prompts"]]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

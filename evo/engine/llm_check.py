@@ -18,8 +18,12 @@ optimize and repair; a task without a seed: genesis) through the LLM mutator's o
 fits the model's window (``context_tokens - max_output_tokens``) whole, only after leaving
 optional parts out, or not at all. Later prompts carry more (other islands' kernels,
 earlier attempts, measured times, the profile); those are the parts the mutator leaves out
-first when a prompt is over the window. Token counts are the mutator's estimate from
-characters (:data:`mutators.llm.prompt.templates.BUDGET_CHARS_PER_TOKEN`), not a tokenizer's.
+first when a prompt is over the window. Token counts are the mutator's: counted by the
+token counter it is given where that knows the model's tokenizer (a vLLM server's
+``/tokenize``, an OpenAI encoding with ``bpe-openai`` installed:
+:mod:`mutators.llm.prompt.tokens`), else estimated from characters
+(:data:`mutators.llm.prompt.templates.BUDGET_CHARS_PER_TOKEN`); :func:`counter_lines` says
+which, one line per model.
 
 Neither is called for the offline (``knobs``) mutator.
 """
@@ -29,7 +33,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes", "missing_keys"]
+__all__ = ["ModelProbe", "ModelFit", "PromptSize", "probe_models", "prompt_sizes", "missing_keys", "counter_lines",
+           "token_counter"]
 
 log = logging.getLogger(__name__)
 
@@ -105,28 +110,32 @@ class ModelProbe:
 class ModelFit:
     """How a task's largest prompt meets one model's prompt budget, ``window`` =
     ``context_tokens - max_output_tokens`` (None: ``context_tokens`` unset, nothing is fitted);
-    ``tokens`` is the prompt as the mutator would send it to that model."""
+    ``tokens`` is the prompt as the mutator would send it to that model, counted by
+    ``counted_by`` (None: estimated)."""
 
     model: str
     window: int | None
     tokens: int
     fits: bool
     omitted: tuple[str, ...] = ()
+    counted_by: str | None = None
 
     def text(self) -> str:
         if self.window is None:
             return f"{self.model}: no context_tokens set, sent whole"
         room = f"{self.window:,} tokens (context_tokens - max_output_tokens)"
+        size = f"{self.tokens:,} tokens counted" if self.counted_by else f"~{self.tokens:,}"
         if not self.fits:
             return (f"{self.model}: TOO LARGE for {room} even with every optional part left out "
-                    f"(~{self.tokens:,}); calls for this task will not be sent")
-        if self.tokens > self.window:
+                    f"({size}); calls for this task will not be sent")
+        if self.tokens > self.window:  # estimated only: a counted prompt over the window does not fit
             left = f" after leaving out {', '.join(self.omitted)}" if self.omitted else ""
             return (f"{self.model}: MAY FIT {room}{left}: ~{self.tokens:,} tokens at 3 characters a token, under "
                     "the window at 4.5; sent on trial, the endpoint's count then sizes later prompts")
+        counted = f" ({size})" if self.counted_by else ""
         if self.omitted:
-            return f"{self.model}: fits {room} after leaving out {', '.join(self.omitted)}"
-        return f"{self.model}: fits {room}"
+            return f"{self.model}: fits {room} after leaving out {', '.join(self.omitted)}{counted}"
+        return f"{self.model}: fits {room}{counted}"
 
 
 @dataclass(frozen=True)
@@ -190,13 +199,41 @@ def probe_models(cfg) -> list[ModelProbe]:
     return out
 
 
+def token_counter(server: bool):
+    """The token counter a run uses (:func:`mutators.llm.prompt.tokens.default_counter`);
+    ``server`` False: none that sends a request (``--no-probe``, a replayed run)."""
+    from mutators.llm.prompt.tokens import default_counter
+
+    return default_counter(server=server)
+
+
+def counter_lines(cfg, counter) -> list[str]:
+    """One line per model: what counts its prompts' tokens (``counter``'s name for it), or
+    that they are estimated, and how to count them where a tokenizer could be known."""
+    from mutators.llm.prompt.tokens import ESTIMATE_NAME, encoding_for
+
+    out = []
+    for m in _model_specs(cfg):
+        name = counter.name(m) if counter is not None else None
+        if name is not None:
+            out.append(f"tokens of model {m.name}: counted by {name}")
+            continue
+        hint = ""
+        if encoding_for(m.model):
+            hint = (f"; {m.model} uses {encoding_for(m.model)}: pip install 'cute-evo[tokens]' (bpe-openai) to "
+                    "count them offline")
+        out.append(f"tokens of model {m.name}: {ESTIMATE_NAME}{hint}")
+    return out
+
+
 def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[str],
-                 windows: dict[str, int] | None = None, task_registry=None) -> list[PromptSize]:
+                 windows: dict[str, int] | None = None, task_registry=None, counter=None) -> list[PromptSize]:
     """Per task of ``tasks``, its largest starting prompt against every model's window
     (``seeds``: the tasks' seed source and params; a task without one starts at genesis;
     ``windows``: windows the probe read from the servers, by model name, for models whose
     ``context_tokens`` is unset; ``task_registry``: where the tasks are looked up, None: the
-    built-in tasks)."""
+    built-in tasks; ``counter``: the mutator's token counter, :func:`token_counter`, None:
+    every size estimated)."""
     import dataclasses
 
     from evo.engine.llm_context import task_info
@@ -211,7 +248,7 @@ def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[
     provider = SimpleContextProvider({t: task_info(t, gpu, task_registry) for t in tasks})
     client = _client(cfg, models)
     try:
-        mut = LLMMutator(client, models, provider, n_inspirations=cfg.llm.inspirations)
+        mut = LLMMutator(client, models, provider, n_inspirations=cfg.llm.inspirations, token_counter=counter)
         out = []
         for task in tasks:
             ctx = MutationContext(task, 0, 0)
@@ -228,7 +265,7 @@ def prompt_sizes(cfg, seeds: dict[str, tuple[str, dict[str, str]]], tasks: list[
                     fits.append(ModelFit(m.name, None, whole, True))
                     continue
                 r = mut.render(kind, parent, ctx, m)
-                fits.append(ModelFit(m.name, r.budget, r.tokens, r.fits, r.omitted))
+                fits.append(ModelFit(m.name, r.budget, r.tokens, r.fits, r.omitted, r.counted_by))
             out.append(PromptSize(task, kind, whole, tuple(fits)))
         return out
     finally:

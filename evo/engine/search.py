@@ -53,6 +53,7 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random, task_regis
     from mutators.llm.client.model_spec import ModelSpec
     from mutators.llm.client.health import ModelHealth
     from mutators.llm.mutator import LLMMutator, LLMMutatorSettings
+    from mutators.llm.prompt.tokens import default_counter
 
     from mutators.llm.client.model_spec import LLMConfigError
     from mutators.llm.client.served import with_server_windows
@@ -88,7 +89,11 @@ def _make_llm_mutator(cfg, *, store, run_id: str, rng: random.Random, task_regis
     settings = LLMMutatorSettings(max_response_kb=L.max_response_kb, n_inspirations=L.inspirations,
                                   repair_rounds=L.repair_rounds, repair_per_lineage=L.repair_per_lineage,
                                   concurrency=L.concurrency, max_failed_attempts=L.max_failed_attempts)
-    return LLMMutator(client, models, provider, settings, health=health, attempt_sink=recorder.attempt)
+    # prompts are counted where a tokenizer is known (a vLLM server's /tokenize, bpe-openai's
+    # OpenAI encodings); a replay asks no server
+    counter = default_counter(server=not L.replay_run)
+    return LLMMutator(client, models, provider, settings, health=health, attempt_sink=recorder.attempt,
+                      token_counter=counter)
 
 
 def _task_registry(cfg, task_registry):
@@ -174,7 +179,8 @@ def _check_llm_keys(cfg) -> None:
         raise SearchError("; ".join(missing))
 
 
-def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True, task_registry=None) -> dict:
+def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = True, task_registry=None,
+            on_probes=None) -> dict:
     """Everything a search does before the GPU: config, tasks, seeds, policy, compile, and
     for the ``llm`` mutator its models and prompts (:mod:`evo.engine.llm_check`).
 
@@ -186,12 +192,20 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
     ``task_registry``: the config's tasks (:func:`evo.config.load_tasks`; None: the built-in
     tasks plus ``cfg.tasks.files``).
 
-    Returns ``{"ok", "seeds", "plan", "probes", "prompts"}``: with the ``llm`` mutator,
-    ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny request each;
-    none with ``probe=False``) and ``prompts`` one :class:`evo.engine.llm_check.PromptSize` per
-    task; both are empty for the ``knobs`` mutator. ``ok`` is False when a seed fails policy
-    or compile, a probed model fails (not for a transient failure a real run retries), or a
-    task's starting prompt fits no model.
+    With the ``llm`` mutator the models are probed next, still before any compile, and
+    ``on_probes(probes)`` is called at once with the result (the CLI prints their lines): a
+    model whose probe fails for good (a wrong key, an unknown model id, a setting the model
+    refuses: not a transient failure a real run retries) stops the dry run there, with no
+    seed compiled, so the fix is known in seconds rather than after the compiles.
+
+    Returns ``{"ok", "seeds", "plan", "probes", "prompts", "counters"}``: with the ``llm``
+    mutator, ``probes`` holds one :class:`evo.engine.llm_check.ModelProbe` per model (one tiny
+    request each; none with ``probe=False``), ``prompts`` one
+    :class:`evo.engine.llm_check.PromptSize` per task and ``counters`` one line per model
+    saying what counts its prompts' tokens (:func:`evo.engine.llm_check.counter_lines`); all
+    are empty for the ``knobs`` mutator, and ``seeds`` is empty when a probe stopped the dry
+    run. ``ok`` is False when a seed fails policy or compile, a probed model fails (not for a
+    transient failure), or a task's starting prompt fits no model.
     """
     from evaluators.compile import compile_candidate
     from evaluators.policy import check_policy
@@ -226,6 +240,17 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
     names = _task_names(cfg, task_registry)
     cs = cfg.compile_settings()
     seeds = seeds_for(names, cfg.mutator.kind, task_registry)
+    probes, prompts, counters = [], [], []
+    if cfg.mutator.kind == "llm" and probe:  # before any compile: a wrong key or model id shows in seconds
+        from evo.engine.llm_check import probe_models
+
+        probes = probe_models(cfg)
+        if on_probes is not None:
+            on_probes(probes)
+        if not all(p.ok for p in probes):
+            return {"ok": False, "seeds": [], "probes": probes, "prompts": [], "counters": [],
+                    "plan": "dry run stopped before compiling the seeds: fix the model(s) whose probe FAILED "
+                            "(each line names its fix), then run it again."}
     for i, name in enumerate(names):
         if on_progress is not None:
             on_progress(name, i, len(names))
@@ -247,21 +272,21 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
         rows.append(row)
     if on_progress is not None:
         on_progress("", len(names), len(names))
-    probes, prompts = [], []
     if cfg.mutator.kind == "llm":
-        from evo.engine.llm_check import probe_models, prompt_sizes
+        from evo.engine.llm_check import counter_lines, prompt_sizes, token_counter
 
-        probes = probe_models(cfg) if probe else []
-        ok &= all(p.ok for p in probes)
+        # the run's counter; --no-probe (or a replayed run) sends no request to count tokens either
+        counter = token_counter(server=probe and not cfg.llm.replay_run)
         prompts = prompt_sizes(cfg, seeds, names, windows={p.model: p.window for p in probes if p.window},
-                               task_registry=task_registry)
+                               task_registry=task_registry, counter=counter)
+        counters = counter_lines(cfg, counter)
         ok &= all(p.fits_any for p in prompts)
     s = engine_settings(cfg)
     plan = (f"plan: {len(names)} task(s) x {s.islands_per_task} island(s), budget "
             f"{s.max_evaluations} evaluations or {s.max_wall_seconds / 60:.1f} min, mutator "
             f"{cfg.mutator.kind}, db {cfg.run.db}.{resumed} No GPU was used; run without --dry-run on a "
             "machine with an NVIDIA GPU to search.")
-    return {"ok": ok, "seeds": rows, "plan": plan, "probes": probes, "prompts": prompts}
+    return {"ok": ok, "seeds": rows, "plan": plan, "probes": probes, "prompts": prompts, "counters": counters}
 
 
 def run_search(cfg, *, address: str | None = None, resume: str | None = None,

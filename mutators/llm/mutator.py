@@ -72,6 +72,7 @@ from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
 from mutators.llm.prompt.builder import MAX_CHARS_PER_TOKEN, OPTIMISTIC_CHARS_PER_TOKEN, PromptBuilder
 from mutators.llm.prompt.context import PromptContextProvider
 from mutators.llm.prompt.text import RenderedPrompt, effective_source
+from mutators.llm.prompt.tokens import TokenCounter
 from mutators.llm.repairs import RepairQueue
 
 __all__ = ["LLMMutator", "LLMMutatorSettings", "OPTIMISTIC_CHARS_PER_TOKEN", "MAX_CHARS_PER_TOKEN"]
@@ -142,7 +143,10 @@ class LLMMutator:
 
     ``bandit`` / ``health``: the chooser's parts (default: a fresh :class:`ModelBandit` and
     :class:`ModelHealth` over ``models``); ``on_model_stop`` replaces the health's stop sink;
-    ``sleep`` is how the chooser waits when every breaker is open. The mutator's
+    ``sleep`` is how the chooser waits when every breaker is open; ``token_counter`` counts
+    prompts for the models whose tokenizer it knows
+    (:func:`mutators.llm.prompt.tokens.default_counter`; None: every prompt's size is
+    estimated from characters). The mutator's
     :attr:`concurrency`, how many proposals the engine keeps in flight, is
     ``settings.concurrency`` or the sum of the models' own ``concurrency`` (unset: the cap),
     whichever is less.
@@ -166,6 +170,7 @@ class LLMMutator:
         attempt_sink: AttemptSink | None = None,
         on_model_stop: StopSink | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        token_counter: TokenCounter | None = None,
         **overrides: Any,
     ) -> None:
         base = settings if settings is not None else LLMMutatorSettings()
@@ -186,7 +191,8 @@ class LLMMutator:
         self.chooser = ModelChooser(self.models, bandit=bandit, health=health, sleep=sleep, ledger_max=s.pending_max)
         if on_model_stop is not None:
             self.chooser.health.on_stop = on_model_stop
-        self.prompts = PromptBuilder(context_provider, self.memory, n_inspirations=s.n_inspirations)
+        self.prompts = PromptBuilder(context_provider, self.memory, n_inspirations=s.n_inspirations,
+                                     counter=token_counter)
         self.repairs = RepairQueue(s.repair_rounds, s.repair_per_lineage, s.pending_max)
         self._lock = threading.Lock()
         self.last_failure: AttemptRecord | None = None
@@ -303,6 +309,10 @@ class LLMMutator:
     def chars_per_token(self, model_name: str) -> float:
         """Characters per prompt token for this model (:meth:`PromptBuilder.chars_per_token`)."""
         return self.prompts.chars_per_token(model_name)
+
+    def counter_name(self, model: ModelSpec) -> str | None:
+        """What counts this model's prompts, None when they are estimated (:meth:`PromptBuilder.counter_name`)."""
+        return self.prompts.counter_name(model)
 
     def calibrated(self, model_name: str) -> bool:
         """Whether the endpoint's counts calibrated this model (:meth:`PromptBuilder.calibrated`)."""

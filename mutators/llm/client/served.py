@@ -20,7 +20,7 @@ import openai
 
 from mutators.llm.client.model_spec import LLMConfigError, ModelSpec
 
-__all__ = ["server_window", "with_server_windows", "WINDOW_SOURCE"]
+__all__ = ["server_window", "with_server_windows", "model_entry", "is_vllm_entry", "WINDOW_SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -39,23 +39,34 @@ def _listed(model: ModelSpec, timeout_s: float) -> list[dict[str, Any]]:
     return [e for e in entries or () if isinstance(e, dict)]
 
 
-def server_window(model: ModelSpec, *, timeout_s: float = 10.0) -> int | None:
-    """``max_model_len`` of ``model.model`` in its server's model list, or None when the
-    server does not say (or the list cannot be read: logged, not raised). Raises
-    :class:`LLMConfigError` only for the model's own key variable being unset."""
+def model_entry(model: ModelSpec, *, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """``model.model``'s entry in its server's model list, or None when it is not listed or
+    the list cannot be read (logged, not raised). Raises :class:`LLMConfigError` only for the
+    model's own key variable being unset."""
     try:
         entries = _listed(model, timeout_s)
     except LLMConfigError:
         raise
     except (openai.OpenAIError, ValueError) as exc:
-        log.info("model %s: could not read the model list at %s (%s); its window stays unknown", model.name,
-                 model.base_url, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        log.info("model %s: could not read the model list at %s (%s)", model.name, model.base_url,
+                 str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
         return None
-    for e in entries:
-        if e.get("id") == model.model:
-            n = e.get("max_model_len")
-            return int(n) if isinstance(n, (int, float)) and n > 0 else None
-    return None
+    return next((e for e in entries if e.get("id") == model.model), None)
+
+
+def is_vllm_entry(entry: dict[str, Any] | None) -> bool:
+    """A model-list entry of a vLLM server: vLLM's entries (its ``ModelCard``) always carry
+    ``max_model_len``, which api.openai.com, Ollama and llama.cpp do not send."""
+    return entry is not None and "max_model_len" in entry
+
+
+def server_window(model: ModelSpec, *, timeout_s: float = 10.0) -> int | None:
+    """``max_model_len`` of ``model.model`` in its server's model list, or None when the
+    server does not say (or the list cannot be read: logged, not raised; the window then
+    stays unknown). Raises :class:`LLMConfigError` only for the model's own key variable
+    being unset."""
+    n = (model_entry(model, timeout_s=timeout_s) or {}).get("max_model_len")
+    return int(n) if isinstance(n, (int, float)) and n > 0 else None
 
 
 def with_server_windows(models: Sequence[ModelSpec], *, timeout_s: float = 10.0) -> list[ModelSpec]:

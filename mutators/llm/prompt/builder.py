@@ -7,7 +7,9 @@ from what the :class:`mutators.llm.prompt.context.PromptContextProvider` knows
 outcomes, the feedback on a rejected answer), and keeps what each model's endpoint taught
 about sizes: its window when a context-length answer reported one smaller than configured
 (:meth:`PromptBuilder.learn_window`) and its characters per token from plausible counts
-(:meth:`PromptBuilder.calibrate`). Thread-safe.
+(:meth:`PromptBuilder.calibrate`). Where a :class:`mutators.llm.prompt.tokens.TokenCounter`
+knows the model's tokenizer (a vLLM server's ``/tokenize``, an OpenAI encoding), prompts are
+counted instead of estimated. Thread-safe.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.prompt.context import PromptContextProvider
 from mutators.llm.prompt.fields import prompt_fields
 from mutators.llm.prompt.templates import BUDGET_CHARS_PER_TOKEN, estimate_prompt_tokens, render_prompt
+from mutators.llm.prompt.tokens import TokenCounter
 from mutators.llm.prompt.text import RenderedPrompt
 
 __all__ = ["PromptBuilder", "OPTIMISTIC_CHARS_PER_TOKEN", "MAX_CHARS_PER_TOKEN"]
@@ -41,12 +44,15 @@ class PromptBuilder:
     """Renders attempts' prompts (see the module docstring). ``n_inspirations``: 0-3 other
     islands' kernels in optimize prompts."""
 
-    def __init__(self, provider: PromptContextProvider, memory: AttemptMemory, *, n_inspirations: int = 2) -> None:
+    def __init__(self, provider: PromptContextProvider, memory: AttemptMemory, *, n_inspirations: int = 2,
+                 counter: TokenCounter | None = None) -> None:
         if not 0 <= n_inspirations <= 3:
             raise ValueError(f"n_inspirations={n_inspirations}: must be within [0, 3]")
         self.provider = provider
         self.memory = memory
         self.n_inspirations = n_inspirations
+        #: Counts prompts where it knows the model's tokenizer (None: every size is estimated).
+        self.counter = counter
         self._lock = threading.Lock()
         self._cpt: dict[str, float] = {}
         self._windows: dict[str, int] = {}  # context windows endpoints reported, by model name
@@ -58,11 +64,13 @@ class PromptBuilder:
         """The prompt for an attempt, fitted to ``model``'s window when it is known.
 
         With ``model.context_tokens`` set, the budget is ``context_tokens -
-        max_output_tokens`` (tokens estimated by :meth:`chars_per_token`), and optional
-        parts are dropped, least useful first (other islands' kernels, the profile, older
-        attempts, the lineage's fitness history, ptxas, times, tunables; for a repair the
-        error text is shortened), until the prompt fits; the prompt's "Left out" section
-        names them. ``fits`` is False when even the shortest prompt is over the budget.
+        max_output_tokens``, and optional parts are dropped, least useful first (other
+        islands' kernels, the profile, older attempts, the lineage's fitness history, ptxas,
+        times, tunables; for a repair the error text is shortened), until the prompt fits;
+        the prompt's "Left out" section names them. Tokens are counted by :attr:`counter`
+        where it counts the model (``counted_by`` then names it), else estimated by
+        :meth:`chars_per_token`. ``fits`` is False when even the shortest prompt is over the
+        budget (an estimated one that could fit at a tokenizer's best is sent on trial).
         """
         fields, steps = prompt_fields(
             kind, parent, context, provider=self.provider, n_inspirations=self.n_inspirations,
@@ -75,15 +83,19 @@ class PromptBuilder:
             fields["omitted"] = (", ".join(omitted) + ". Ask for nothing of them; work with what is shown.") \
                 if omitted else None
             msgs = render_prompt(kind, **fields)
-            tokens = estimate_prompt_tokens(msgs, cpt)
+            counted = self.count(model, msgs) if budget is not None and model is not None else None
+            tokens = counted if counted is not None else estimate_prompt_tokens(msgs, cpt)
+            by = self.counter_name(model) if counted is not None and model is not None else None
             if budget is None or tokens <= budget:
-                return RenderedPrompt(msgs, tokens, budget, tuple(omitted), True)
+                return RenderedPrompt(msgs, tokens, budget, tuple(omitted), True, by)
             while steps:
                 label, fn = steps.pop(0)
                 if fn(fields):
                     omitted.append(label)
                     break
             else:
+                if counted is not None:  # measured: over is over
+                    return RenderedPrompt(msgs, tokens, budget, tuple(omitted), False, by)
                 # Not calibrated yet: the conservative estimate may be far off. Send what could
                 # fit at a tokenizer's plausible best (the endpoint's usage, or its 400 with the
                 # count, then calibrates this model).
@@ -135,6 +147,15 @@ class PromptBuilder:
         return fail[0] or "unknown", fail[1] or "failed", fail[2] or ""
 
     # ---- sizes -------------------------------------------------------------------------------
+
+    def count(self, model: ModelSpec, messages: Sequence[dict[str, str]]) -> int | None:
+        """The prompt's tokens as :attr:`counter` counts them for ``model``, or None (no
+        counter, or it does not count this model: the caller estimates)."""
+        return self.counter.count(model, messages) if self.counter is not None else None
+
+    def counter_name(self, model: ModelSpec) -> str | None:
+        """What counts ``model``'s prompts (None: they are estimated)."""
+        return self.counter.name(model) if self.counter is not None else None
 
     def window(self, model: ModelSpec) -> int | None:
         """The model's context window: ``context_tokens``, or less when its endpoint reported

@@ -21,13 +21,15 @@ __all__ = ["RenderedPrompt", "trim_error", "failing_lines", "error_lines", "elid
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """A rendered prompt, its estimated size, and what was left out to fit the budget."""
+    """A rendered prompt, its size in tokens, and what was left out to fit the budget.
+    ``counted_by`` names the tokenizer that counted ``tokens`` (None: estimated from characters)."""
 
     messages: list[dict[str, str]]
     tokens: int
     budget: int | None
     omitted: tuple[str, ...] = ()
     fits: bool = True
+    counted_by: str | None = None
 
 
 # --------------------------------------------------------------------------------------

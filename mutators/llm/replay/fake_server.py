@@ -38,6 +38,12 @@ it is a real HTTP server (``http.server.ThreadingHTTPServer`` in a background th
   /chat/completions)``).
 - ``GET /v1/models``: the models named in the cassette (or ``fake``), or ``models``; in the
   ``vllm`` dialect each entry carries ``max_model_len`` (``context_tokens``), as vLLM's does.
+- ``POST /tokenize`` (``vllm`` dialect only, at the root as vLLM serves it, unless
+  ``tokenize=False``: a vLLM behind a proxy that passes only ``/v1``): ``{"model",
+  "messages"}`` or ``{"model", "prompt"}`` -> ``{"count": N, "max_model_len": M, "tokens":
+  [...], "token_strs": null}``, N the same count the window check and the usage use; no key
+  asked (vLLM's ``--api-key`` guards only ``/v1``); an unknown model is vLLM's 404, a body
+  with neither field its 400 ``BadRequestError``.
 
 Dialects (how strictly requests are checked, and which error bodies are sent):
 
@@ -171,6 +177,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         path = self.path.rstrip("/")
+        if path == "/tokenize" and fake.dialect == "vllm" and fake.tokenize:
+            self._tokenize(body)
+            return
         if path not in ("/v1/chat/completions", "/v1/responses"):
             self._json(404, fake.no_route("POST", self.path))
             return
@@ -217,6 +226,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(entry, model, messages, req)
             return
         self._json(200, _completion(entry, model, messages), headers)
+
+    def _tokenize(self, body: bytes) -> None:
+        """vLLM's ``POST /tokenize`` (module docstring): no key asked (vLLM guards only /v1)."""
+        fake = self.server.fake
+        status, answer, req = fake.tokenize_answer(body)
+        fake._log_request(str(req.get("model") or ""), req.get("messages"), None, req, dict(self.headers), status,
+                          "/tokenize")
+        self._json(status, answer)
 
     # ---- server-sent events ------------------------------------------------------------
 
@@ -382,7 +399,7 @@ class FakeLLMServer:
 
     def __init__(self, cassette: Cassette | str | Path, host: str = "127.0.0.1", port: int = 0, *,
                  dialect: str = "lenient", api_key: str | None = None, models: Sequence[str] | None = None,
-                 context_tokens: int | None = None, responses_only: Sequence[str] = ()) -> None:
+                 context_tokens: int | None = None, responses_only: Sequence[str] = (), tokenize: bool = True) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"dialect={dialect!r}; known: {', '.join(DIALECTS)}")
         if context_tokens is not None and context_tokens < 1:
@@ -394,6 +411,7 @@ class FakeLLMServer:
         self.models = list(models) if models else []
         self.context_tokens = context_tokens
         self.responses_only = frozenset(responses_only)
+        self.tokenize = tokenize
         self._port = port
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -452,6 +470,29 @@ class FakeLLMServer:
         if self.dialect == "vllm":
             entry.update(owned_by="vllm", root=name, parent=None, max_model_len=self.context_tokens, permission=[])
         return entry
+
+    def tokenize_answer(self, body: bytes) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """``(status, answer, request)`` of vLLM's ``POST /tokenize``: a body with ``messages``
+        (a chat prompt, counted as a chat request's prompt is) or ``prompt`` (a plain text,
+        ~4 characters a token plus a BOS) is answered ``{"count", "max_model_len", "tokens",
+        "token_strs"}``; a body that is neither is vLLM's 400, an unknown ``model`` its 404."""
+        try:
+            req = json.loads(body or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("the body is not a JSON object")
+            if isinstance(req.get("messages"), list):
+                n = prompt_tokens(req["messages"])
+            elif isinstance(req.get("prompt"), str):
+                n = len(req["prompt"]) // 4 + 1
+            else:
+                raise ValueError("1 validation error: a 'prompt' (string) or 'messages' (list) field is required")
+        except ValueError as exc:
+            return 400, self.error_body(400, str(exc), "BadRequestError"), {}
+        model = req.get("model")
+        if model is not None and self.models and model not in self.models:
+            return 404, self.error_body(404, self._no_model(str(model)), "NotFoundError"), req
+        return 200, {"count": n, "max_model_len": self.context_tokens, "tokens": [(7 * i) % 50_000 for i in range(n)],
+                     "token_strs": None}, req
 
     def check_request(self, req: dict[str, Any], authorization: str, *, api: str = "chat",
                       messages: Sequence[Any] | None = None) -> None:
