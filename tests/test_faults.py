@@ -152,7 +152,11 @@ def test_gpu_evaluator_killed_mid_evaluation_requeues_once(fault_dir, tmp_path):
     assert statuses[once.id] is Status.OK and _attempts(fault_dir, "gpu", once.id) == 2
     ev = store.get_evaluation(killer.id, run_id)
     assert ev.status is Status.CRASH and "died twice" in ev.failed_stage.reason
-    assert _attempts(fault_dir, "gpu", killer.id) == 2
+    # Two deaths charged to it; a death while it waited behind another request on a dying
+    # actor is a bystander's (not charged, one more attempt), and whether it was still
+    # queued then is Ray's timing (a loaded CI runner gave 3 attempts): at least 2, at most
+    # one more per other candidate that killed an actor.
+    assert 2 <= _attempts(fault_dir, "gpu", killer.id) <= 2 + 2
     assert summary.failures.get("correctness:crash", 0) >= 1
     store.close()
 
