@@ -13,6 +13,14 @@
   (``tests/test_engine.py::test_x@test_engine``); rerun it by the id without the ``@...``.
   Grouping needs pytest < 9.2 (pytest-dev/pytest-xdist#1386; the ``test`` extra pins it), and
   a warning says so when it did not take effect.
+* Order of hand-out: xdist hands out the groups first (most tests first), then the single tests
+  in collection order, which this file sorts so that the ``slow`` ones (nvcc builds of a
+  CUTLASS kernel, tens of seconds each) come before the rest (stable otherwise). The run then
+  ends on the many short tests, both workers busy to the end, instead of one worker building
+  the last kernels of the alphabet while the other waits. Mark a test ``slow`` when it takes
+  more than a few seconds; tests that share one build of the cache (tests/toolchain.py) and
+  would otherwise run side by side, one worker waiting on the other's lock, share an
+  ``xdist_group``.
 * Each pytest process gets its own Ray temp dir (``RAY_TMPDIR``, removed at its end): a Ray
   instance started by a test on one worker never sees another worker's (``ray.init()`` with no
   address joins the cluster recorded in ``<RAY_TMPDIR>/ray/ray_current_cluster``, which
@@ -76,6 +84,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             groups[item.nodeid] = group
+    # slow tests first (see the module docstring); sorted() is stable, so the order among the
+    # slow ones and among the rest stays the collection's, the same on every worker
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
     result = yield
     # xdist's worker hook marks a grouped test by appending "@<group>" to its node id; pytest
     # 9.2 ignores that (pytest-dev/pytest-xdist#1386) and the groups silently fall apart.

@@ -333,6 +333,7 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
     store.close()
 
 
+@pytest.mark.slow
 def test_small_soak_loses_nothing(tmp_path):
     """benchmarks/soak.py at 500 evaluations with 5% injected faults (its own Ray instance,
     in a subprocess): zero rows lost, every fault survived, the DB intact."""

@@ -142,12 +142,20 @@ _F32_BUILDS = sorted(FP32_TASKS) if _ALL else ["kb01_square"]
 _BF16_BUILDS = sorted(BF16_TASKS) if _ALL else ["gemm_bf16"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", _F32_BUILDS)
 def test_fp32_ffma_seed_compiles_for_sm90a(request, task):
     kernels = _check_build(request, task)
     assert any("gemm_f32_kernel" in k for k in kernels), list(kernels)
 
 
+#: The gemm_bf16 seed's build (its tunable defaults) is checked by the two tests below; one
+#: worker runs both, so the second reads the first's build instead of waiting for it.
+_GEMM_BF16_BUILD = pytest.mark.xdist_group("gemm_bf16_seed_build")
+
+
+@pytest.mark.slow
+@_GEMM_BF16_BUILD
 @pytest.mark.parametrize("task", _BF16_BUILDS)
 def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(request, task):
     kernels = [k for k in _check_build(request, task) if k.startswith("_ZN8evo_bf16")]
@@ -156,6 +164,7 @@ def test_bf16_seed_compiles_for_sm90a_with_both_producer_paths(request, task):
 
 
 @pytest.mark.slow
+@_GEMM_BF16_BUILD
 def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
     """Issue 8's SASS check for the bf16 seed: both instantiations (TMA producer and the
     predicated ld.global fallback) run their maths on HGMMA bf16 -> fp32, the TMA one loads with

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not __import__(
     "/usr/local/cuda/bin/nvcc"), reason="nvcc not installed")
 
 
+@pytest.mark.slow
 def test_run_search_from_config_with_real_compiles(tmp_path):
     from evaluators.compile import compile_candidate
 

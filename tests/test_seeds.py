@@ -124,6 +124,7 @@ def test_every_task_has_a_seed():
 COMPILE_ONE = ["kb25_swish", "kb23_softmax", "kb04_matvec"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMPILE_ONE)
 def test_seed_compiles_for_sm90a(name, request):
     compile_mod = pytest.importorskip("evaluators.compile")

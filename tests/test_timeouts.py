@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from evaluators.actor import GpuEvaluator
 from evaluators.base import HarnessSettings
 from evaluators.timeouts import TimeoutBudget
@@ -37,6 +39,7 @@ def test_passing_walls_set_per_process_timeouts_capped_by_the_upper_bound():
     assert b.settings_for("t", hs).timeout_check_s == 300.0  # never above timeout_s
 
 
+@pytest.mark.slow
 def test_a_hang_after_a_passing_candidate_is_killed_in_seconds(tmp_path):
     """With timeout_s = 300 (the default), the actor's first passing evaluation of the task
     sets the limit: the hanging candidate after it costs seconds, with the rule in its reason."""

@@ -112,6 +112,7 @@ def test_no_workspace_when_none_is_asked_or_exported(doubles):
     assert plain.launch([torch.zeros(10)], [r], [], 0) == 0 and r[0] == 1.0
 
 
+@pytest.mark.slow
 def test_bf16_gemm_asks_for_padded_operands_only_when_unaligned(request, tmp_path):
     """The template's evo_workspace_bytes (pure host code) against the documented formula:
     A and B copied with row strides rounded up to PAD_LD (64) elements, each copy 256-byte
