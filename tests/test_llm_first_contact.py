@@ -17,6 +17,7 @@ from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.replay.cassette import Cassette
 from mutators.llm.replay.fake_server import FakeLLMServer
 from tests.fakes.instant_compile import patch_compiles
+from tests.fakes.llm_config import write_llm_config
 
 
 
@@ -27,24 +28,7 @@ def compiles(monkeypatch):
 
 
 def _config(tmp_path: Path, base_url: str, key_env: str = "EVO_TEST_FC_KEY") -> Path:
-    path = tmp_path / "llm.toml"
-    path.write_text(f'''
-[run]
-db = "{tmp_path / 'evo.db'}"
-
-[tasks]
-include = ["kb19_relu"]
-
-[mutator]
-kind = "llm"
-
-[[llm.models]]
-name = "gpt"
-base_url = "{base_url}"
-model = "gpt-4.1"
-key_env = "{key_env}"
-''')
-    return path
+    return write_llm_config(tmp_path, [{"name": "gpt", "base_url": base_url, "model": "gpt-4.1", "key_env": key_env}])
 
 
 def _dry_run(cfg: Path, *extra: str):

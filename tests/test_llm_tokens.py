@@ -28,23 +28,19 @@ from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.client.tokenize import ServerTokenCounter
 from mutators.llm.mutator import LLMMutator
 from mutators.llm.prompt import tokens
-from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.prompt.context import SimpleContextProvider
 from mutators.llm.prompt.tokens import EncodingCounter, FirstCounter, encoding_for
 from mutators.llm.replay.cassette import Cassette
+from tests.fakes.llm_prompt import kernel_source, task_info
 from mutators.llm.replay.fake_server import FakeLLMServer, prompt_tokens
 from tests.fakes.instant_compile import patch_compiles
+from tests.fakes.llm_config import write_llm_config
 
 CTX = MutationContext("t", 0, 1)
 
 
-def _info():
-    return TaskInfo(reference_src="def add(a, b):\n    return a + b\n", abi_text="evo_launch(...)",
-                    shapes_text="N=1024", dtype="float32", tolerance_text="1e-5", description="Add two vectors.")
-
-
-def _src(n, k=1.0):
-    return "// kernel\n" + "".join(f"__device__ float f{i}(float x) {{ return x * {i * k}f + 1.0f; }}\n"
-                                    for i in range(n)) + "extern \"C\" int evo_launch() { return 0; }\n"
+_info = task_info
+_src = kernel_source
 
 
 PARENT = Member(candidate=Candidate.create("t", _src(60), {}, operator="seed"), fitness=1.0)
@@ -234,26 +230,9 @@ def test_a_known_encoding_decides_what_the_estimate_gets_wrong(cpt, divisor, sen
 
 
 def _dry_run_config(tmp_path, model):
-    path = tmp_path / "llm.toml"
-    path.write_text(f'''
-[run]
-db = "{tmp_path / 'evo.db'}"
-
-[tasks]
-include = ["kb19_relu"]
-
-[mutator]
-kind = "llm"
-
-[[llm.models]]
-name = "gpt"
-base_url = "http://127.0.0.1:9/v1"
-model = "{model}"
-key_env = "EVO_TEST_NO_KEY"
-context_tokens = 128000
-max_output_tokens = 8192
-''')
-    return path
+    return write_llm_config(tmp_path, [{"name": "gpt", "base_url": "http://127.0.0.1:9/v1", "model": model,
+                                        "key_env": "EVO_TEST_NO_KEY", "context_tokens": 128000,
+                                        "max_output_tokens": 8192}])
 
 
 @pytest.mark.parametrize("installed", [True, False])

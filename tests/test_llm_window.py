@@ -16,8 +16,9 @@ from mutators.llm.client.chat import LLMClient
 from mutators.llm.client.http_errors import classify_http_error, context_overflow
 from mutators.llm.client.model_spec import ModelSpec
 from mutators.llm.mutator import LLMMutator
-from mutators.llm.prompt.context import SimpleContextProvider, TaskInfo
+from mutators.llm.prompt.context import SimpleContextProvider
 from mutators.llm.replay.cassette import Cassette
+from tests.fakes.llm_prompt import kernel_source, task_info
 from mutators.llm.replay.fake_server import FakeLLMServer
 
 OPENAI_BODY = {"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages "
@@ -67,14 +68,8 @@ class _Provider(SimpleContextProvider):
     pass
 
 
-def _info():
-    return TaskInfo(reference_src="def add(a, b):\n    return a + b\n", abi_text="evo_launch(...)",
-                    shapes_text="N=1024", dtype="float32", tolerance_text="1e-5", description="Add two vectors.")
-
-
-def _src(n, k=1.0):
-    return "// kernel\n" + "".join(f"__device__ float f{i}(float x) {{ return x * {i * k}f + 1.0f; }}\n"
-                                    for i in range(n)) + "extern \"C\" int evo_launch() { return 0; }\n"
+_info = task_info
+_src = kernel_source
 
 
 def test_the_model_is_not_stopped_and_later_prompts_fit_the_reported_window():

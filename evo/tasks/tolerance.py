@@ -303,9 +303,7 @@ def _triton_pass(which: str, device: torch.device) -> Any:
     self-check against the eager passes on ``device`` (once per process)."""
     from evo.tasks import tolerance_triton as tt
 
-    if not _FUSED.get(("checked", "triton")):
-        tt.self_check(device)
-        _FUSED[("checked", "triton")] = True
+    tt.self_check_once(device)
     return tt.ref_stats if which == "ref" else tt.out_stats
 
 

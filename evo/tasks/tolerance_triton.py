@@ -121,6 +121,17 @@ def out_stats(oc: torch.Tensor, rc: torch.Tensor, atol: torch.Tensor,
             torch.take(rarg, j))
 
 
+_CHECKED: set[str] = set()
+
+
+def self_check_once(device: torch.device | str) -> None:
+    """:func:`self_check` on ``device``'s type the first time this process asks."""
+    kind = torch.device(device).type
+    if kind not in _CHECKED:
+        self_check(device)
+        _CHECKED.add(kind)
+
+
 def self_check(device: torch.device | str) -> None:
     """Both kernels against the eager passes on a crafted chunk on ``device`` (three blocks,
     NaN and Inf in either tensor, matching and not, violations, exact elements, a zero bound):
