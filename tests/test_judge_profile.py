@@ -226,9 +226,10 @@ def test_an_honest_kernel_is_profiled_by_ncu_in_front_of_a_sandboxed_runner(judg
     assert "gpu__time_duration.sum" in argv[argv.index("--metrics") + 1].split(",")
     assert not any(a.startswith(("--nvtx", "--launch-skip")) for a in argv)
     assert "-ncu-" in log.parent.name and "-profile-" not in str(log)
-    # its target: the sandbox wrapper, which execs the runner (seccomp required: no --no-seccomp)
+    # its target: the sandbox wrapper, which execs the runner (seccomp required: no --no-seccomp),
+    # keeping the fds ncu's injection opened before the runner's main
     target = argv[argv.index("--log-file") + 2:]
-    assert target[:4] == [sys.executable, "-I", "-S", "-c"] and target[-1] == str(judge._runner_argv()[0])
+    assert target[:4] == [sys.executable, "-I", "-S", "-c"] and target[-2:] == [str(judge._runner_argv()[0]), "--keep-fds"]
     # the runner ran below ncu, confined as any runner, its seccomp filter made for its own pid
     assert "env-scrub" in m["sandbox"] and "rlimits" in m["sandbox"] and "seccomp-required" in m["sandbox"]
     assert m["seccomp"].startswith("seccomp-bpf in the runner")

@@ -285,6 +285,36 @@ def test_the_line_reader_without_the_sandbox(runner):
     assert p.returncode == 0
 
 
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.timeout(60)
+def test_inherited_fds_are_closed_at_start_unless_keep_fds(runner, keep):
+    """A runner started with an fd above 2 (the judge's close_fds forgot one) closes it before
+    HELLO; with ``--keep-fds`` (started below ncu, whose injection connected to its frontend
+    before main) it keeps it. Read from /proc/<pid>/fd once it answered READY."""
+    r, w = os.pipe()
+    try:
+        argv = [str(runner), *(["--keep-fds"] if keep else [])]
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(w,))
+        try:
+            p.stdin.write(protocol.hello().encode() + b"\n")
+            p.stdin.flush()
+            assert isinstance(protocol.parse_reply(p.stdout.readline()), protocol.Ready)
+            fds = {int(x) for x in os.listdir(f"/proc/{p.pid}/fd")}
+            assert (w in fds) is keep, fds
+        finally:
+            p.stdin.close()
+            p.wait(timeout=10)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert p.returncode == 0
+
+
+def test_an_unknown_flag_is_usage_status_2(runner):
+    p = subprocess.run([str(runner), "--keep-everything"], input=b"", capture_output=True, timeout=20)
+    assert p.returncode == 2 and b"--keep-fds" in p.stderr
+
+
 def test_a_tensor_outside_its_buffer_is_refused(runner, sos, tmp_path):
     job, _ = relu_job(tmp_path, runner, sos["relu"], n=256)
     try:

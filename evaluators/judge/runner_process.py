@@ -199,6 +199,12 @@ class RunnerProcess:
         want_seccomp = bool(seccomp and s.enabled and s.seccomp)
         if not want_seccomp:
             argv.append("--no-seccomp")
+        if wrap:
+            # a profiler's injection library connects to its frontend before the runner's main:
+            # the runner keeps those fds (it would otherwise close every fd above 2 at start);
+            # what the candidate may do with them is bounded by seccomp (module docstring of
+            # evaluators.judge.profile)
+            argv.append("--keep-fds")
         jobdir = Path(jobdir)
         jobdir.mkdir(parents=True, exist_ok=True)
         base = runner_env(cuda_device=cuda_device) if env is None else dict(env)

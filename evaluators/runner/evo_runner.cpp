@@ -212,7 +212,8 @@ bool parse_f64(const std::string& t, double* v) {
 // --- the process -----------------------------------------------------------------------------
 
 // Every fd but 0, 1, 2 (what the process inherited by mistake; the judge starts it with
-// close_fds). Called at start, before CUDA opens its own, and before LOAD on the host backend.
+// close_fds). Called at start (unless --keep-fds), before CUDA opens its own, and before LOAD
+// on the host backend.
 void close_fds_from_3() {
 #ifdef SYS_close_range
   if (syscall(SYS_close_range, 3U, ~0U, 0U) == 0) return;
@@ -549,16 +550,21 @@ void cmd_call(const std::vector<std::string>& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  close_fds_from_3();
-  signal(SIGPIPE, SIG_IGN);  // a judge that went away: write() fails and we exit
+  // --keep-fds: started below a profiler (ncu), whose injection library opened its connection
+  // to the profiler before main; closing it leaves ncu blind (or crashes the injection).
+  bool keep_fds = false;
   for (int a = 1; a < argc; ++a) {
     if (strcmp(argv[a], "--no-seccomp") == 0) {
       S.no_seccomp = true;
+    } else if (strcmp(argv[a], "--keep-fds") == 0) {
+      keep_fds = true;
     } else {
-      fprintf(stderr, "usage: %s [--no-seccomp]  (protocol on stdin/stdout: evaluators/protocol.py)\n", argv[0]);
+      fprintf(stderr, "usage: %s [--no-seccomp] [--keep-fds]  (protocol on stdin/stdout: evaluators/protocol.py)\n", argv[0]);
       return 2;
     }
   }
+  if (!keep_fds) close_fds_from_3();
+  signal(SIGPIPE, SIG_IGN);  // a judge that went away: write() fails and we exit
   std::string line;
   for (;;) {
     int r = read_line(line);

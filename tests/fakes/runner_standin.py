@@ -188,7 +188,7 @@ class Standin:
 def main(argv: list[str]) -> int:
     args = list(argv)
     no_seccomp = "--no-seccomp" in args
-    args = [a for a in args if a != "--no-seccomp"]
+    args = [a for a in args if a not in ("--no-seccomp", "--keep-fds")]
     sleep_ms = None
     if "--sleep-ms" in args:
         j = args.index("--sleep-ms")
