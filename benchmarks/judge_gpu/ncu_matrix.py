@@ -109,11 +109,17 @@ def main() -> int:
                                         "torch.cuda.synchronize()"], ""),
     ]
     raw += _probe_rows(ncu, args.out)
+    # what ncu puts into its target's environment (its injection's paths: what Landlock's read
+    # set must hold for the injection to load in a sandboxed runner)
+    raw.append(("raw: the environment ncu adds to its target", [ncu, "--target-processes", "all", sys.executable, "-c",
+                "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k not in "
+                + repr(sorted(os.environ)) + "}))"], ""))
     for name, argv, stdin in raw:
         t0 = time.monotonic()
         p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
         text = (p.stdout + " / " + p.stderr).replace("\n", " / ")
-        print(f"{name} | exit {p.returncode} | {text[-600:]} | {time.monotonic() - t0:.1f} s", flush=True)
+        print(f"{name} | exit {p.returncode} | {text[-600 if 'environment' not in name else -3000:]} | "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
     src, params = seed_for("kb19_relu")
     cand = Candidate.create("kb19_relu", src, params)
     out = compile_candidate(cand, CompileSettings())
