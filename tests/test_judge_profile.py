@@ -55,10 +55,19 @@ while i < len(args) and args[i].startswith("--"):
     i += 2 if args[i] in VALUED else 1
 opts, target = args[:i], args[i:]
 mode = open(os.path.join(HERE, "mode.txt")).read().strip()
-log = open(opts[opts.index("--log-file") + 1], "w")   # ncu opens its log first, writes at the end
+# no --log-file: ncu's own lines go to stdout, among its target's (as the real one does)
+log = open(opts[opts.index("--log-file") + 1], "w") if "--log-file" in opts else sys.stdout
 log.write("==PROF== Connected to process (stand-in)\n")
 log.flush()
-env = dict(os.environ, CUDA_INJECTION64_PATH="/opt/nvidia/nsight-compute/stand-in/libcuda-injection.so")
+# the injection's environment, as ncu 2025.3 sets it: its libraries named in a directory
+# variable and in the process-tracking settings, under <install>/target/<platform>
+plat = os.path.join(HERE, "install", "target", "linux-x64")
+os.makedirs(plat, exist_ok=True)
+tracking = "tree-tracker-id: /tmp/stand-in\nlauncher-preload-prepend: %s/./libInterceptorInjectionTarget.so:%s/./libTreeLauncherTargetInjection.so\n" % (plat, plat)
+env = dict(os.environ, CUDA_INJECTION64_PATH="/opt/nvidia/nsight-compute/stand-in/libcuda-injection.so",
+           NV_COMPUTE_PROFILER_PERFWORKS_DIR=plat + "/.", **{{"NVIDIA-PROCESS-TRACKING-CONFIGURATION": tracking}})
+if mode == "silent" and log is sys.stdout:
+    sys.exit(1)                                # an ncu that fails before starting its target
 p = subprocess.Popen(target, env=env)          # stdin and stdout: the judge's pipes, passed through
 with open(os.path.join(HERE, "calls.jsonl"), "a") as f:
     f.write(json.dumps({{"argv": args, "pid": os.getpid(), "child": p.pid}}) + "\n")
@@ -67,6 +76,8 @@ if mode == "perm":
     log.write("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
               "Performance Counters on the target device 0.\n")
     sys.exit(1)
+if log is sys.stdout:
+    sys.exit(rc)
 if mode == "nokernel":
     log.write("==WARNING== No kernels were profiled.\n")
 else:
@@ -217,7 +228,8 @@ def test_an_honest_kernel_is_profiled_by_ncu_in_front_of_a_sandboxed_runner(judg
     assert m["kernels"] == 1 and m["kernel"].startswith("void unary_kernel<4>") and m["ncu_capped"] is False
     assert m["bound"] == "memory-bound" and m["shape"] == {"N": 4096} and "gpu__time_duration.sum" not in m["missing"]
     # the ncu command line: every kernel of the process (no NVTX filter, no skip), the log outside the job
-    (call,) = fake_ncu.calls()
+    # the profile's call (the other: ncu over the environment printer, ncu_injection_dirs)
+    (call,) = [c for c in fake_ncu.calls() if "--log-file" in c["argv"]]
     argv = call["argv"]
     log = Path(argv[argv.index("--log-file") + 1])
     assert argv[:argv.index("--metrics")] == ["--clock-control", "none", "--target-processes", "all",
@@ -235,6 +247,29 @@ def test_an_honest_kernel_is_profiled_by_ncu_in_front_of_a_sandboxed_runner(judg
     assert m["seccomp"].startswith("seccomp-bpf in the runner")
     assert made_for == [call["child"]] and call["child"] != call["pid"]
     assert not list(judge._workdir.iterdir()), "the job and log directories go with the runner"
+
+
+def test_the_runner_may_read_where_ncu_says_its_injection_lives(fake_ncu, caplog):
+    """ncu's libraries are found from the environment ncu gives its target (the toolkit's
+    ``bin/ncu`` is a launcher script, so its own directory is not where they are): the
+    platform directory and the install root above ``target`` join the runner's read set."""
+    from evaluators.judge.profile import ncu_injection_dirs, ncu_readable
+
+    here = fake_ncu.path.parent
+    plat, root = here / "install" / "target" / "linux-x64", here / "install"
+    got = ncu_injection_dirs(str(fake_ncu.path))
+    assert got == (os.path.realpath(plat), os.path.realpath(root))
+    assert set(got) <= set(ncu_readable(str(fake_ncu.path))) and str(here) in ncu_readable(str(fake_ncu.path))
+    # an ncu that prints no environment: nothing added, said once
+    silent = here / "silent"
+    silent.mkdir()
+    (silent / "mode.txt").write_text("silent")
+    exe = silent / "ncu"
+    exe.write_text(fake_ncu.path.read_text().replace(repr(str(here)), repr(str(silent))))
+    exe.chmod(0o755)
+    with caplog.at_level("WARNING", logger="evaluators.judge.profile"):
+        assert ncu_injection_dirs(str(exe)) == ()
+    assert "printed no environment" in caplog.text
 
 
 def test_a_kernel_that_skips_its_work_under_ncu_is_incorrect(judge, sos, fake_ncu):

@@ -85,11 +85,17 @@ report), after which the process group is killed and the stage is ``timeout``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import json
+import logging
 import os
+import re
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,7 +109,9 @@ from evaluators.profile.settings import CORE_METRICS, STAGE, ProfileError, Profi
 from evaluators.protocol import Done, Loaded
 from evo.core.records import StageResult, Status
 
-__all__ = ["profile_with_runner", "ncu_wrap", "ncu_readable", "NETWORK_ISOLATION", "DURATION_METRIC"]
+__all__ = ["profile_with_runner", "ncu_wrap", "ncu_readable", "ncu_injection_dirs", "NETWORK_ISOLATION", "DURATION_METRIC"]
+
+log = logging.getLogger(__name__)
 
 #: The ncu metric ``ncu_kernel_ms`` is summed from (added to the list when missing).
 DURATION_METRIC = CORE_METRICS["duration_ns"]
@@ -132,13 +140,75 @@ def ncu_wrap(ncu: str, settings: ProfileSettings, log_file: Path, metrics: Seque
 def ncu_readable(ncu: str) -> list[str]:
     """What the runner must be able to read for ncu to profile it: ncu's install directory
     (ncu injects its libraries from there into its target). ``ncu`` resolved through links;
-    a ``bin`` directory (a toolkit's ``bin/ncu``) stands for its parent, the toolkit."""
+    a ``bin`` directory (a toolkit's ``bin/ncu``) stands for its parent, the toolkit; and the
+    directories ncu itself names in its target's environment (:func:`ncu_injection_dirs`),
+    which is where its libraries really are when ``ncu`` is a launcher script (the CUDA
+    toolkit's ``bin/ncu`` starts ``/opt/nvidia/nsight-compute/<version>/ncu``)."""
     real = Path(os.path.realpath(ncu))
     d = real.parent
     out = [str(d)]
     if d.name == "bin":
         out.append(str(d.parent))
+    out += [x for x in ncu_injection_dirs(ncu) if x not in out]
     return out
+
+
+#: Environment variables of ncu's target that name its injection's files: a directory, or
+#: text with ``.so`` paths in it (a preload list, a YAML of tracking settings).
+_INJECTION_ENV = ("NV_COMPUTE_PROFILER_PERFWORKS_DIR", "CUDA_INJECTION64_PATH", "LD_PRELOAD",
+                  "NVIDIA-PROCESS-TRACKING-CONFIGURATION")
+_SO_PATH = re.compile(r"(/[^\s:'\"]+?\.so(?:\.[0-9.]+)?)(?=[\s:'\"]|$)")
+#: The one-liner ncu is started over: prints its environment as one JSON line.
+_ENV_PRINTER = "import json, os; print('EVO-ENV ' + json.dumps(dict(os.environ)))"
+
+
+@functools.lru_cache(maxsize=8)
+def ncu_injection_dirs(ncu: str) -> tuple[str, ...]:
+    """The directories of the libraries ``ncu`` injects into its target, as ncu says itself:
+    ncu is started over a Python one-liner (no CUDA, no kernel: about a second, once per
+    process and ncu) that prints the environment ncu gave it, and every directory named by
+    :data:`_INJECTION_ENV` (a directory, or the directory of a ``.so`` path) is returned,
+    with the install root above a ``target`` directory (ncu's layout:
+    ``<root>/target/<platform>/lib*.so``). Empty, with a warning, when ncu does not run or
+    prints no environment: the profile then goes on with :func:`ncu_readable`'s other paths
+    (and the engine's profiler-blind rule stops profiling that sees nothing)."""
+    try:
+        p = subprocess.run([ncu, "--target-processes", "all", sys.executable, "-I", "-S", "-c", _ENV_PRINTER],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("ncu's injection directories: %s did not run (%s)", ncu, e)
+        return ()
+    env = None
+    for line in p.stdout.splitlines():
+        if line.startswith("EVO-ENV "):
+            try:
+                env = json.loads(line[len("EVO-ENV "):])
+            except ValueError:
+                pass
+    if not isinstance(env, dict):
+        log.warning("ncu's injection directories: %s printed no environment of its target (exit %s): %s",
+                    ncu, p.returncode, (p.stderr or p.stdout).strip()[-300:])
+        return ()
+    out: list[str] = []
+
+    def add(d: str) -> None:
+        d = os.path.realpath(d)
+        if os.path.isdir(d) and d not in out:
+            out.append(d)
+
+    for k in _INJECTION_ENV:
+        v = env.get(k)
+        if not isinstance(v, str) or not v:
+            continue
+        if k == "NV_COMPUTE_PROFILER_PERFWORKS_DIR":
+            add(v)
+        for so in _SO_PATH.findall(v):
+            add(os.path.dirname(so))
+    for d in list(out):
+        parts = Path(d).parts
+        if "target" in parts[1:]:
+            add(str(Path(*parts[:len(parts) - 1 - parts[::-1].index("target")])))
+    return tuple(out)
 
 
 def _shape_index(task: Any, shape: int | Mapping[str, int]) -> int:
