@@ -87,7 +87,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import logging
 import os
 import re
@@ -158,8 +157,10 @@ def ncu_readable(ncu: str) -> list[str]:
 _INJECTION_ENV = ("NV_COMPUTE_PROFILER_PERFWORKS_DIR", "CUDA_INJECTION64_PATH", "LD_PRELOAD",
                   "NVIDIA-PROCESS-TRACKING-CONFIGURATION")
 _SO_PATH = re.compile(r"(/[^\s:'\"]+?\.so(?:\.[0-9.]+)?)(?=[\s:'\"]|$)")
-#: The one-liner ncu is started over: prints its environment as one JSON line.
-_ENV_PRINTER = "import json, os; print('EVO-ENV ' + json.dumps(dict(os.environ)))"
+#: The one-liner ncu is started over: prints each of :data:`_INJECTION_ENV` on a line of its
+#: own (``EVO-ENV <name> <value, newlines as spaces>``).
+_ENV_PRINTER = ("import os\nfor k in %r:\n    print('EVO-ENV', k, os.environ.get(k, '').replace(chr(10), ' '))"
+                % (_INJECTION_ENV,))
 
 
 @functools.lru_cache(maxsize=8)
@@ -178,14 +179,13 @@ def ncu_injection_dirs(ncu: str) -> tuple[str, ...]:
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("ncu's injection directories: %s did not run (%s)", ncu, e)
         return ()
-    env = None
+    env: dict[str, str] = {}
     for line in p.stdout.splitlines():
-        if line.startswith("EVO-ENV "):
-            try:
-                env = json.loads(line[len("EVO-ENV "):])
-            except ValueError:
-                pass
-    if not isinstance(env, dict):
+        tag, _, rest = line.partition(" ")
+        if tag == "EVO-ENV" and rest.split(" ", 1)[0] in _INJECTION_ENV:
+            k, _, v = rest.partition(" ")
+            env[k] = v
+    if not env:
         log.warning("ncu's injection directories: %s printed no environment of its target (exit %s): %s",
                     ncu, p.returncode, (p.stderr or p.stdout).strip()[-300:])
         return ()
@@ -197,8 +197,8 @@ def ncu_injection_dirs(ncu: str) -> tuple[str, ...]:
             out.append(d)
 
     for k in _INJECTION_ENV:
-        v = env.get(k)
-        if not isinstance(v, str) or not v:
+        v = env.get(k, "").strip()
+        if not v:
             continue
         if k == "NV_COMPUTE_PROFILER_PERFWORKS_DIR":
             add(v)
