@@ -142,3 +142,66 @@ def test_the_engine_lends_its_helpers_a_read_only_seen_and_never_writes_the_prop
     for counter in ("claimed", "failed_attempts", "fill_failures"):
         with pytest.raises(AttributeError):
             setattr(eng.proposer, counter, 0)
+
+
+def _kinds(rt, d) -> list[str]:
+    """The kind of each GPU request submitted so far: m(utation), t(rial), p(rofile)."""
+    trials = {p.candidate.id for p in d._tune}  # noqa: SLF001 - the test's own bookkeeping
+    return ["p" if s[0] == "profile" else ("t" if s[3] in trials else "m") for s in rt.submitted if s[0] != "compile"]
+
+
+def test_trials_and_profiles_get_their_turn_while_mutations_wait():
+    """Compiles outpace the GPU: mutations always wait. Trials still get one request in
+    TRIAL_EVERY and profiles one in PROFILE_EVERY, neither starved nor in a burst."""
+    from evo.engine.dispatch import PROFILE_EVERY, TRIAL_EVERY
+
+    rt, d = _dispatch(n_gpus=1)
+    rt.gpu_slots = 24
+    muts = [_pending(f"m{i}") for i in range(24)]
+    trials = [_pending(f"t{i}") for i in range(24)]
+    for p in muts:
+        d.compiled(p, trial=False)
+    for p in trials:
+        d.compiled(p, trial=True)
+    d.add_profiles([ProfileJob(muts[0].candidate, b"so", 0) for _ in range(24)])
+    ids = {p.candidate.id: k for k, ps in (("m", muts), ("t", trials)) for p in ps}
+    d.fill_gpus()
+    got = ["p" if s[0] == "profile" else ids[s[3]] for s in rt.submitted]
+    assert len(got) == 24
+    assert got.count("t") == 24 // TRIAL_EVERY and got.count("p") >= 24 // PROFILE_EVERY - 1, got
+    # no two trials closer than TRIAL_EVERY requests
+    at = [i for i, k in enumerate(got) if k == "t"]
+    assert all(b - a >= TRIAL_EVERY for a, b in zip(at, at[1:])), got
+    assert got.count("m") >= 24 // 2, got
+
+
+def test_a_queue_that_filled_late_gets_its_turn_and_no_burst():
+    from evo.engine.dispatch import TRIAL_EVERY
+
+    rt, d = _dispatch(n_gpus=1)
+    rt.gpu_slots = 10
+    muts = [_pending(f"m{i}") for i in range(20)]
+    for p in muts:
+        d.compiled(p, trial=False)
+    d.fill_gpus()                       # ten mutations, no trial waiting
+    trials = [_pending(f"t{i}") for i in range(6)]
+    for p in trials:
+        d.compiled(p, trial=True)
+    for s in list(rt.submitted):        # the ten finish
+        rt.results[s[1]] = "r"
+        d.take(s[1])
+    d.fill_gpus()
+    tid = {p.candidate.id for p in trials}
+    got = ["t" if s[3] in tid else "m" for s in rt.submitted[10:]]
+    assert got[0] == "t" and got.count("t") == len(range(0, 10, TRIAL_EVERY)), got
+
+
+def test_without_mutations_profiles_come_before_trials():
+    rt, d = _dispatch(n_gpus=1)
+    trial, job = _pending("t"), ProfileJob(_pending("x").candidate, b"so", 0)
+    d.compiled(trial, trial=True)
+    d.add_profiles([job])
+    rt.gpu_slots = 1
+    d.fill_gpus()
+    # the first request: the trial's turn has not come (no request yet), no mutation: the profile
+    assert [s[0] for s in rt.submitted] == ["profile"]

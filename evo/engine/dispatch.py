@@ -8,7 +8,15 @@ first:
 
 1. mutations: compiled candidates, oldest first (a requeued candidate goes to the front);
 2. profiles: delayed profiles of survivors (:class:`evo.engine.survivors.ProfileJob`);
-3. trials: compiled tuning trials (lowest priority).
+3. trials: compiled tuning trials.
+
+Mutations come first, but neither of the other queues can starve: while trials wait, at least
+one GPU request in :data:`TRIAL_EVERY` is a trial, and while profiles wait, one in
+:data:`PROFILE_EVERY` is a profile (counted over the requests since that queue's last one,
+so a queue that was empty for long gets no burst when it fills). Compiles outpace the GPU
+in most runs, so a queue served only when no mutation waits would be served almost never:
+a tuning study would ask for trials that never run, and the run would end with its studies
+unfinished. When a queue is empty its turn goes to the next in the order above.
 
 It submits through the runtime and counts each GPU's load. Its containers are its own: the
 engine asks through methods (:meth:`Dispatch.waiting`, :meth:`Dispatch.pending`, the counts)
@@ -29,7 +37,7 @@ from evo.engine.bookkeeping import Pending
 from evo.engine.recovery import GpuFaults
 from evo.engine.survivors import ProfileJob
 
-__all__ = ["Dispatch", "Completion", "CompileDone", "CompileFailed", "GpuDone", "GpuFailed", "ProfileDone",
+__all__ = ["Dispatch", "TRIAL_EVERY", "PROFILE_EVERY", "Completion", "CompileDone", "CompileFailed", "GpuDone", "GpuFailed", "ProfileDone",
            "ProfileFailed"]
 
 
@@ -85,6 +93,11 @@ class ProfileFailed:
     error: BaseException
 
 
+#: While tuning trials wait, one GPU request in this many is a trial (module docstring).
+TRIAL_EVERY = 3
+#: While delayed profiles wait, one GPU request in this many is a profile (module docstring).
+PROFILE_EVERY = 6
+
 #: What :meth:`Dispatch.take` answers for a finished request.
 Completion = Union[CompileDone, CompileFailed, GpuDone, GpuFailed, ProfileDone, ProfileFailed]
 
@@ -102,6 +115,9 @@ class Dispatch:
         self._refs: dict[Any, tuple[int, Pending]] = {}
         self._profile_refs: dict[Any, tuple[int, ProfileJob]] = {}
         self._load: list[int] = []
+        # GPU requests since the last trial / profile (module docstring: no queue starves)
+        self._since_trial = 0
+        self._since_profile = 0
 
     def start(self, n_gpus: int) -> None:
         self._load = [0] * n_gpus
@@ -146,7 +162,7 @@ class Dispatch:
         self._queue.appendleft(pending)
 
     def add_profiles(self, jobs) -> None:
-        """Queue delayed profiles (served after mutations, before tuning trials)."""
+        """Queue delayed profiles (served in their turn, :data:`PROFILE_EVERY`)."""
         self._profiles.extend(jobs)
 
     def abandon_unstarted(self) -> list[Pending]:
@@ -196,20 +212,35 @@ class Dispatch:
             return GpuFailed(g, pending, e)
 
     def fill_gpus(self) -> None:
-        """Mutations first, then delayed profiles, then tuning trials (lowest priority)."""
+        """Fill every free GPU slot: mutations first, with a turn for trials and profiles
+        (module docstring: :data:`TRIAL_EVERY`, :data:`PROFILE_EVERY`)."""
         while self._queue or self._profiles or self._tune:
             slots = self._rt.gpu_slots
             free = [g for g, load in enumerate(self._load) if load < slots and not self._faults.is_down(g)]
             if not free:
                 return
             g = min(free, key=lambda i: self._load[i])
-            if self._queue or (self._tune and not self._profiles):
-                pending = (self._queue or self._tune).popleft()
-                pending.gpu_attempts += 1
-                pending.gpu_seq = self._faults.next_seq()
-                self._refs[self._rt.submit_gpu(g, pending.candidate, pending.so_bytes)] = (g, pending)
-            else:
+            kind = self._next_kind()
+            self._since_trial = 0 if kind == "trial" else self._since_trial + 1
+            self._since_profile = 0 if kind == "profile" else self._since_profile + 1
+            if kind == "profile":
                 job = self._profiles.popleft()
                 self._profile_refs[self._rt.submit_profile(g, job.candidate, job.so_bytes, job.shape_idx,
                                                            self._profile)] = (g, job)
+            else:
+                pending = (self._tune if kind == "trial" else self._queue).popleft()
+                pending.gpu_attempts += 1
+                pending.gpu_seq = self._faults.next_seq()
+                self._refs[self._rt.submit_gpu(g, pending.candidate, pending.so_bytes)] = (g, pending)
             self._load[g] += 1
+
+    def _next_kind(self) -> str:
+        """Which queue the next GPU request comes from: a waiting trial or profile whose turn
+        has come (trials first), else a mutation, else a profile, else a trial."""
+        if self._tune and self._since_trial >= TRIAL_EVERY - 1:
+            return "trial"
+        if self._profiles and self._since_profile >= PROFILE_EVERY - 1:
+            return "profile"
+        if self._queue:
+            return "mutation"
+        return "profile" if self._profiles else "trial"

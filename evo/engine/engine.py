@@ -9,7 +9,8 @@ and is the only writer of the lineage store. Scheduling rules:
   cluster can evaluate; ``in_flight`` = 0 follows the measured compile and GPU rates
   (:func:`evo.engine.inflight.inflight_bound`), which keeps the slower pool busy;
 - GPUs first: whenever a GPU actor has a free slot, the oldest compiled candidate goes to
-  it, then delayed profiles, then tuning trials (:mod:`evo.engine.dispatch`, which also compiles);
+  it, with one turn in three for a waiting tuning trial and one in six for a delayed profile
+  (:mod:`evo.engine.dispatch`, which also compiles);
 - proposals off the loop: a mutator with ``concurrency`` > 1 has up to that many proposals
   on a thread pool, collected as they come between short waits on the cluster, so a slow
   model never holds a GPU result uncollected (:mod:`evo.engine.proposals`); others propose on the loop;

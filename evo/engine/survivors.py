@@ -358,7 +358,7 @@ class Survivors:
                 if c.source == cand.source and c.id in evs]
 
     def is_trial(self, cid: str) -> bool:
-        """Whether candidate ``cid`` is an open study's trial (it queues at tuning priority)."""
+        """Whether candidate ``cid`` is an open study's trial (it queues with the trials, served in their turn)."""
         return cid in self._trial_of
 
     @property
