@@ -72,6 +72,8 @@ class Row:
     funnel: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    best_params: dict[str, str] = field(default_factory=dict)  # the best correct candidate's tunables
+    hand_gap: str = ""  # how the best point differs from the hand-tuned one (:func:`hand_gap`)
 
 
 # ---------------------------------------------------------------------- config generation
@@ -172,6 +174,7 @@ def read_row(row: Row, db: Path) -> Row:
         evs = store.evaluations(rid)
         row.evaluations = len(evs)
         best = None
+        values: dict[str, set[str]] = {}  # tunable -> the values of every correct evaluated candidate
         for i, ev in enumerate(evs, 1):
             cand = cands.get(ev.candidate_id)
             op = cand.operator if cand is not None else "?"
@@ -188,10 +191,14 @@ def read_row(row: Row, db: Path) -> Row:
             row.correct += 1
             if op == "seed" and row.cold is None:
                 row.cold = ev.fitness
+            if cand is not None:
+                for k, v in cand.params_dict.items():
+                    values.setdefault(k, set()).add(str(v))
             if best is None or ev.fitness > best:
                 if best is not None:
                     row.improvements.append((i, op, ev.fitness))
                 best = ev.fitness
+                row.best_params = {k: str(v) for k, v in cand.params_dict.items()} if cand is not None else {}
             if row.evals_to_reach is None and row.hand_bench and ev.fitness >= REACH * row.hand_bench:
                 row.evals_to_reach = i
         row.best = best
@@ -214,8 +221,37 @@ def read_row(row: Row, db: Path) -> Row:
     if row.evaluations < row.budget:
         row.notes.append(f"stopped after {row.evaluations} of {row.budget} evaluations (wall-clock bound)")
     if row.hand_bench and row.best and row.evals_to_reach is None:
+        row.hand_gap = hand_gap(row.best_params, _hand_params(row.task), values)
         row.notes.append(_short_of(row))
     return row
+
+
+def _hand_params(task: str) -> dict[str, str]:
+    """The hand-tuned seed's tunables of built-in ``task`` ({} when it has none)."""
+    from evo.tasks.seeds import seed_params
+    from evo.tasks.registry import get_task
+
+    try:
+        t = get_task(task)
+        return {k: str(v) for k, v in seed_params(t.seed or task).items()}
+    except Exception:  # noqa: BLE001 - a diagnosis only: no hand point, no comparison
+        return {}
+
+
+def hand_gap(best: dict[str, str], hand: dict[str, str], values: dict[str, set[str]]) -> str:
+    """How the search's best point differs from the hand-tuned one, from the run's records:
+    the tunables where they differ (best vs hand) and which hand-tuned values no correct
+    candidate of the run ever had (the search never stood there). Empty without a hand point."""
+    if not hand or not best:
+        return ""
+    diff = [k for k in sorted(hand) if best.get(k) != hand[k]]
+    if not diff:
+        return "the best point has the hand-tuned tunables"
+    out = "best vs hand-tuned: " + ", ".join(f"{k} {best.get(k, '-')} vs {hand[k]}" for k in diff)
+    never = [f"{k}={hand[k]}" for k in diff if hand[k] not in values.get(k, set())]
+    if never:
+        out += "; never evaluated: " + ", ".join(never)
+    return out
 
 
 def _short_of(row: Row) -> str:
@@ -225,6 +261,11 @@ def _short_of(row: Row) -> str:
         parts.append("failures " + ", ".join(f"{k} {v}" for k, v in sorted(row.funnel.items())))
     if not row.optuna_evaluated:
         parts.append("no optuna trial evaluated")
+    elif row.optuna_trials > row.optuna_evaluated:
+        parts.append(f"optuna: {row.optuna_evaluated} of {row.optuna_trials} trials asked were evaluated, "
+                     f"{row.studies_finished} of {row.studies} studies finished")
+    if row.hand_gap:
+        parts.append(row.hand_gap)
     if not row.improvements:
         parts.append("no child beat the cold seed")
     return "; ".join(parts)

@@ -190,3 +190,31 @@ def test_versus_hand_pairs_the_champion_with_the_hand_tuned_seed_of_the_cold_tas
         rt.shutdown()
     text = sp.table([sp.Row(task="kb19_relu", budget=60, vs_hand=up)], command="x", budget=60)
     assert f"| faster {up['gain']['ratio']:.3f} [" in text
+
+
+def test_the_gap_to_the_hand_tuned_point_names_tunables_never_evaluated(sp):
+    hand = {"BLOCK": "512", "CLUSTER": "8", "VEC": "4"}
+    best = {"BLOCK": "1024", "CLUSTER": "4", "VEC": "4"}
+    values = {"BLOCK": {"128", "512", "1024"}, "CLUSTER": {"1", "2", "4"}, "VEC": {"4"}}
+    assert sp.hand_gap(best, hand, values) == ("best vs hand-tuned: BLOCK 1024 vs 512, CLUSTER 4 vs 8; "
+                                               "never evaluated: CLUSTER=8")
+    assert sp.hand_gap(hand, hand, values) == "the best point has the hand-tuned tunables"
+    assert sp.hand_gap(best, {}, values) == ""
+
+
+def test_a_short_row_of_a_built_in_task_compares_its_best_point_with_the_hand_tuned_one(sp, tmp_path):
+    from evo.tasks.seeds import cold_params, seed_params
+
+    db = tmp_path / "evo.db"
+    store = Store(db)
+    rid = store.create_run("r", {}, seed=0, config_hash="")
+    seed = Candidate.create("kb23_softmax_cold", "// s\n", cold_params("kb23_softmax"), operator=Operator.SEED,
+                            island=-1)
+    store.add_candidate(rid, seed)
+    store.add_evaluation(rid, Evaluation(seed.id, (StageResult("timing", Status.OK),), 1.0))
+    store.close()
+    row = sp.read_row(sp.Row(task="kb23_softmax", budget=1, hand_bench=2.0), db)
+    hand = seed_params("kb23_softmax")
+    assert row.best_params == {k: str(v) for k, v in cold_params("kb23_softmax").items()}
+    assert row.hand_gap.startswith("best vs hand-tuned: ") and f"BLOCK 128 vs {hand['BLOCK']}" in row.hand_gap
+    assert "never evaluated: BLOCK=512" in row.hand_gap and row.hand_gap in row.notes[-1]
