@@ -52,9 +52,9 @@ def _verdict(rep) -> str:
 
 def fitness_interval(harness: list[float], judge: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """The judge's fitness over the harness's, paired by round, as ``(ratio, low, high)``: the
-    engine's speedup interval (:func:`evo.engine.survivors.speedup_interval`, a t-interval on
+    engine's speedup interval (:func:`evo.engine.champions.speedup_interval`, a t-interval on
     the per-round log ratios) with time = 1 / fitness. "Within noise" is ``low <= 1 <= high``."""
-    from evo.engine.survivors import PairedTimings, speedup_interval
+    from evo.engine.champions import PairedTimings, speedup_interval
 
     n = min(len(harness), len(judge))
     iv = speedup_interval(PairedTimings(("fitness",), (tuple(1.0 / f for f in harness[:n]),),

@@ -325,12 +325,12 @@ def load_rows(out: Path) -> list[Row]:
 def versus_hand(rt, task: str, champion, fitness: float, *, pairs: int = 5) -> dict:
     """The run's champion against the hand-tuned seed, both built for the cold task, in
     ``pairs`` rounds of back-to-back fresh evaluations (the engine's champion confirmation,
-    :func:`evo.engine.survivors.confirm_champion`, with the hand-tuned seed as the baseline):
+    :func:`evo.engine.champions.confirm_champion`, with the hand-tuned seed as the baseline):
     ``{"verdict", "gain", "error"}``, ``gain`` the speedup interval of the champion over the
     hand-tuned seed. "Beats the hand-tuned seed outside its confidence interval" (issue 41)
     is ``verdict == "faster"``; ``"slower"`` when the whole interval is below 1."""
     from evo.core.records import Candidate, Operator
-    from evo.engine.survivors import confirm_champion
+    from evo.engine.champions import confirm_champion
     from evo.tasks.registry import get_task
     from evo.tasks.seeds import seed_params, seed_source
 

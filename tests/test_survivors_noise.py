@@ -1,4 +1,4 @@
-"""Noise-aware promotion (evo.engine.survivors): the speedup interval and champion confirmation."""
+"""Noise-aware promotion (evo.engine.champions): the speedup interval and champion confirmation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from evo.core.records import Candidate, Evaluation, StageResult, Status
-from evo.engine.survivors import (NO_SIGNIFICANT_GAIN, PairedTimings, SpeedupInterval, confirm_champion,
+from evo.engine.champions import (NO_SIGNIFICANT_GAIN, PairedTimings, SpeedupInterval, confirm_champion,
                            paired_from_evaluations, speedup_interval)
 
 
@@ -166,3 +166,34 @@ def test_a_baseline_that_fails_its_retiming_leaves_the_gain_unmeasured():
     rt.submit_gpu = flaky
     c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED)
     assert "gain" not in c.record and "not correct" in c.record["gain_error"] and c.crown == CHILD
+
+
+def _profile(shape, ncu_ms):
+    return {"shape": str(shape), "gpu": "H200", "metrics": {"shape": shape, "ncu_kernel_ms": ncu_ms}}
+
+
+def test_ncu_corroborates_a_timing_that_holds_its_kernels():
+    from evo.engine.champions import NCU_TOLERANCE, ncu_corroboration
+
+    shape = {"N": 4096, "M": 2}
+    ev = Evaluation("c", (StageResult("timing", Status.OK, metrics={"shapes": [
+        {"shape": {"M": 2, "N": 4096}, "median_ms": 1.0}]}),), fitness=1.0)
+    ok = ncu_corroboration(ev, [_profile(shape, 0.9)])
+    assert ok["agrees"] and ok["shapes"][0]["ratio"] == pytest.approx(1 / 0.9) and ok["tolerance"] == NCU_TOLERANCE
+    assert ncu_corroboration(ev, [_profile(shape, 5.0)])["agrees"] is False      # claims 1 ms, kernels took 5
+    # the newest profile of a shape counts; far above ncu (launch overhead) is no disagreement
+    assert ncu_corroboration(ev, [_profile(shape, 5.0), _profile(shape, 0.01)])["agrees"]
+    assert ncu_corroboration(ev, [_profile({"N": 1}, 5.0)]) is None            # no shape in common
+    assert ncu_corroboration(ev, [{"shape": "x", "metrics": {"ncu_kernels": 0}}]) is None
+
+
+def test_a_champion_whose_retiming_ncu_contradicts_is_invalid_and_the_seed_stays():
+    rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.50, 0.51, 0.49]})
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile("s0", 1.0)])
+    assert c.record["confirmed"] is False and "below ncu's kernel time" in c.record["timing_invalid"]
+    assert c.record["ncu"]["shapes"][0]["ncu_ms"] == 1.0 and c.record["ncu"]["shapes"][0]["timed_ms"] == 0.5
+    assert c.crown == SEED and c.champion(CHILD, 2.0)[0] == SEED.id
+    # the same champion whose kernels ncu timed at 0.45 ms: corroborated and crowned
+    rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.50, 0.51, 0.49]})
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile("s0", 0.45)])
+    assert c.record["confirmed"] and c.record["ncu"]["agrees"] and c.crown == CHILD

@@ -55,7 +55,8 @@ from evo.core.records import Candidate, Evaluation, Operator, StageResult
 from evo.engine.resume import plan_replay
 from evo.engine.seen import SeenIds
 from evo.engine.seams import ClusterRuntime, StoreWriter
-from evo.engine.survivors import Survivors, confirm_champion
+from evo.engine.champions import confirm_champion
+from evo.engine.survivors import Survivors
 from mutators import base as mut
 
 __all__ = ["Engine", "EngineSettings", "SearchSummary", "SearchError", "SearchFailed", "StoreFullError",
@@ -454,7 +455,8 @@ class Engine:
     def _confirm_champions(self) -> None:
         """Re-time each task's best in a fresh process; store the confirmation."""
         for task, (fitness, cand) in sorted(self.best.items()):
-            c = confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task))
+            c = confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task),
+                                 profiles=self.store.profiles(cand.id))
             if c.stop:
                 self._fail(c.stop, detail=c.detail)
             self.store.set_champion(self.run_id, task, *c.champion(cand, fitness), c.record)

@@ -10,8 +10,8 @@ Three kinds, all off the search's critical path:
   with every point of the same source the run has evaluated (:meth:`Survivors.known_points`),
   whose trials the engine sends through the same compile pool and GPU actors;
 - **champion confirmation**: at the end of a run each task's best is evaluated again in a
-  fresh process (:func:`confirm_champion`), in pairs with its task's seed, and the gain over
-  the seed gets a confidence interval (see "Noise-aware promotion" below).
+  fresh process, in pairs with its task's seed, and the gain over the seed gets a confidence
+  interval (:mod:`evo.engine.champions`).
 
 The rules (:func:`should_profile`, :func:`should_tune`, :func:`profile_visible`) are pure
 functions of the member, the island's ranking and what was already done: no I/O, no Ray, no
@@ -31,31 +31,14 @@ structure that is still wrong (tile shapes and launch parameters of a kernel who
 flow will change anyway), while the same numbers after the structure has stabilised (a few
 generations of correct descendants) guide real improvements. The default of 3 lets the
 seed's first children and grandchildren change structure first.
-
-Noise-aware promotion: a speedup of a fraction of a percent between two evaluations in two
-processes is inside run-to-run noise (issue 33: 0.1-0.9% "gains" were confirmed). The
-decision rule is :func:`speedup_interval`: from paired, interleaved timings of a baseline
-and a candidate (:class:`PairedTimings`, rounds ``r = 0..n-1``, each round timing both
-back to back), a Student-t interval of the mean per-round log ratio (averaged over shapes),
-exponentiated: the speedup ratio baseline / candidate with its confidence interval
-(:class:`SpeedupInterval`). The candidate is significantly faster only when the whole
-interval lies above 1 (``verdict == "faster"``); an interval that contains 1 is "no
-significant gain" and the older member stays. Why log ratios and a t-interval: timing noise
-is multiplicative, pairing cancels the drift common to both members of a round, and with
-the few rounds a confirmation can afford (3 pairs of processes) the t quantile, not the
-normal one, keeps the interval honest. :func:`confirm_champion` builds the rounds from
-fresh-process evaluations (one process per member per round, the order alternating); the
-harness's paired re-timing inside one process fills the same :class:`PairedTimings` with
-repetitions as rounds.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from evo.core.records import Candidate, Evaluation, Member, Operator, StageResult
 
@@ -68,13 +51,6 @@ __all__ = [
     "should_tune",
     "ProfileJob",
     "Survivors",
-    "Confirmation",
-    "confirm_champion",
-    "PairedTimings",
-    "SpeedupInterval",
-    "speedup_interval",
-    "NO_SIGNIFICANT_GAIN",
-    "CONFIRM_PAIRS",
 ]
 
 log = logging.getLogger(__name__)
@@ -409,213 +385,3 @@ class Survivors:
             "study": summ.study, "parent": study.parent.id, "best": summ.best_id,
             "best_fitness": summ.best_fitness, "parent_fitness": summ.parent_fitness,
             "improved": summ.improved, "evaluated": summ.evaluated})
-
-
-# ---------------------------------------------------------------------- noise
-
-#: The verdict of an interval that contains 1.
-NO_SIGNIFICANT_GAIN = "no significant gain"
-#: Rounds (pairs of fresh processes, baseline and champion) of a champion confirmation.
-CONFIRM_PAIRS = 3
-
-
-@dataclass(frozen=True)
-class PairedTimings:
-    """Times (ms) of a baseline and a candidate, per benchmark shape and round.
-
-    ``baseline_ms[s][r]`` and ``candidate_ms[s][r]`` are shape ``shapes[s]`` in round ``r``;
-    both members of a round are timed back to back on the same GPU and inputs (interleaved:
-    baseline, candidate, baseline, ... or alternating the order), so drift between rounds
-    hits both. This is what a paired re-timing must return: the harness's in-process one
-    (rounds = repetitions, each after an L2 flush) or :func:`confirm_champion`'s (rounds =
-    pairs of fresh processes, times = each process's per-shape median). At least 2 rounds;
-    every time positive and finite.
-    """
-
-    shapes: tuple[str, ...]
-    baseline_ms: tuple[tuple[float, ...], ...]
-    candidate_ms: tuple[tuple[float, ...], ...]
-
-    def __post_init__(self) -> None:
-        if not self.shapes or len(self.baseline_ms) != len(self.shapes) or len(self.candidate_ms) != len(self.shapes):
-            raise ValueError(f"PairedTimings: one row of baseline and candidate times per shape; got "
-                             f"{len(self.shapes)} shapes, {len(self.baseline_ms)} and {len(self.candidate_ms)} rows")
-        n = {len(r) for r in self.baseline_ms + self.candidate_ms}
-        if len(n) != 1 or n.pop() < 2:
-            raise ValueError("PairedTimings: every shape needs the same number (>= 2) of rounds for both members")
-        for row in self.baseline_ms + self.candidate_ms:
-            if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in row):
-                raise ValueError(f"PairedTimings: times must be positive and finite, got {row}")
-
-    @property
-    def rounds(self) -> int:
-        return len(self.baseline_ms[0])
-
-
-@dataclass(frozen=True)
-class SpeedupInterval:
-    """Speedup ratio baseline / candidate (> 1: the candidate is faster), geometric over
-    shapes, with its two-sided ``confidence`` interval [``low``, ``high``] from ``rounds``
-    paired rounds (``method``: how it was computed)."""
-
-    ratio: float
-    low: float
-    high: float
-    confidence: float
-    rounds: int
-    method: str = "paired-t-log"
-
-    @property
-    def significant(self) -> bool:
-        """Faster by more than the measured noise: the whole interval lies above 1."""
-        return self.low > 1.0
-
-    @property
-    def verdict(self) -> str:
-        """``faster``, ``slower`` (the whole interval below 1) or :data:`NO_SIGNIFICANT_GAIN`."""
-        if self.low > 1.0:
-            return "faster"
-        if self.high < 1.0:
-            return "slower"
-        return NO_SIGNIFICANT_GAIN
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ratio": self.ratio, "low": self.low, "high": self.high, "confidence": self.confidence,
-                "rounds": self.rounds, "method": self.method, "verdict": self.verdict}
-
-
-def speedup_interval(timings: PairedTimings, confidence: float = 0.95) -> SpeedupInterval:
-    """The speedup of ``timings``' candidate over its baseline with a t-interval (module
-    docstring, "Noise-aware promotion").
-
-    Per round r: ``x_r = mean over shapes of log(baseline_ms / candidate_ms)``; the interval
-    is ``exp(mean(x) +- t_{(1+confidence)/2, n-1} * sd(x) / sqrt(n))``. Identical rounds give
-    a zero-width interval at the ratio.
-    """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence = {confidence}: must be strictly between 0 and 1")
-    from scipy.stats import t as student_t
-
-    n = timings.rounds
-    xs = [sum(math.log(b[r] / c[r]) for b, c in zip(timings.baseline_ms, timings.candidate_ms)) / len(timings.shapes)
-          for r in range(n)]
-    mean = sum(xs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = float(student_t.ppf((1.0 + confidence) / 2.0, n - 1)) * sd / math.sqrt(n)
-    return SpeedupInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), confidence, n)
-
-
-def _shape_times(ev: Evaluation) -> dict[str, float]:
-    """Per-shape median times of a correct evaluation's timing stage; without per-shape rows
-    (a stage that reports only a speedup), ``{"fitness": 1 / fitness}`` (time is inverse to
-    speedup against the same reference)."""
-    timing = next((st for st in ev.stages if st.stage == "timing"), None)
-    rows = (timing.metrics.get("shapes") if timing is not None else None) or []
-    out = {str(r["shape"]): float(r["median_ms"]) for r in rows
-           if isinstance(r, Mapping) and isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0}
-    return out or {"fitness": 1.0 / float(ev.fitness)}
-
-
-def paired_from_evaluations(pairs: Sequence[tuple[Evaluation, Evaluation]]) -> PairedTimings:
-    """Rounds of (baseline, candidate) fresh-process evaluations as :class:`PairedTimings`
-    over the shapes both timed in every round."""
-    times = [(_shape_times(b), _shape_times(c)) for b, c in pairs]
-    shapes = [s for s in times[0][0] if all(s in b and s in c for b, c in times)]
-    if not shapes:
-        raise ValueError("the baseline and candidate evaluations timed no shape in common")
-    return PairedTimings(tuple(shapes), tuple(tuple(b[s] for b, _ in times) for s in shapes),
-                         tuple(tuple(c[s] for _, c in times) for s in shapes))
-
-
-# ---------------------------------------------------------------------- champions
-
-
-@dataclass(frozen=True)
-class Confirmation:
-    """The outcome of re-timing a champion: ``record`` is what ``set_champion`` stores
-    (``confirmed``, ``fitness_confirmed``, ``ratio``, ``gpu``; with a baseline also ``gain``,
-    :meth:`SpeedupInterval.as_dict` over the baseline, and ``verdict``); ``crown`` is the
-    candidate to store as the champion: the champion when its gain is significant (or there
-    was no baseline to compare), otherwise the baseline (the older member stays). ``stop``: a
-    one-line message when the confirmation failed on a failure of ours (the run stops
-    instead), with ``detail`` for the log."""
-
-    record: dict
-    stop: str = ""
-    detail: str = ""
-    crown: Candidate | None = None
-    crown_fitness: float | None = None
-
-    def champion(self, cand: Candidate, fitness: float) -> tuple[str, float]:
-        """``(candidate id, fitness)`` to store as the task's champion: ``cand`` with the
-        search's ``fitness``, or the baseline that stays (no significant gain) with the
-        geometric mean of its re-timed fitnesses."""
-        if self.crown is None or self.crown.id == cand.id or self.crown_fitness is None:
-            return cand.id, fitness
-        return self.crown.id, self.crown_fitness
-
-
-def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline: Candidate | None = None,
-                     pairs: int = CONFIRM_PAIRS, confidence: float = 0.95) -> Confirmation:
-    """Compile and evaluate ``cand`` again (fresh processes on GPU 0); confirmed when the
-    first new fitness is at least 90% of ``fitness``.
-
-    When ``baseline`` (the engine passes its task's seed candidate; None: the task has no
-    seed, so there is no gain to measure) is another candidate,
-    ``pairs`` rounds evaluate baseline and champion back to back (the order alternating)
-    and the record gets the speedup interval over the baseline
-    (:func:`paired_from_evaluations`, :func:`speedup_interval`); ``crown`` is the baseline
-    unless the gain is significant. A baseline that fails its re-timing leaves the gain
-    unmeasured (``gain_error``) and the champion crowned.
-    """
-    from evo.engine.recovery import infra_cause
-
-    note = {} if baseline is not None else {"gain_error": f"no baseline: task {task!r} has no seed kernel"}
-    compare = baseline is not None and baseline.id != cand.id
-
-    def evaluate(c: Candidate, so: bytes):
-        return rt.get(rt.submit_gpu(0, c, so)).evaluation
-
-    try:
-        built = {}
-        for c in (cand, baseline) if compare else (cand,):
-            outcome = rt.get(rt.submit_compile(c))
-            if not outcome.result.passed:
-                raise RuntimeError(f"{c.short_id}: {outcome.result.reason}")
-            built[c.id] = outcome.so_bytes
-        first = evaluate(cand, built[cand.id])
-        rounds: list[tuple[Evaluation, Evaluation]] = []
-        if compare and first.correct:
-            for r in range(pairs):  # order: (cand, base), (base, cand), (cand, base), ...
-                if r % 2 == 0:
-                    c_ev = first if r == 0 else evaluate(cand, built[cand.id])
-                    b_ev = evaluate(baseline, built[baseline.id])
-                else:
-                    b_ev = evaluate(baseline, built[baseline.id])
-                    c_ev = evaluate(cand, built[cand.id])
-                rounds.append((b_ev, c_ev))
-    except rt.remote_errors() + (RuntimeError,) as e:
-        infra = infra_cause(e)
-        if infra is not None:
-            return Confirmation({}, f"champion confirmation of {cand.short_id} ({task}) failed: {infra.one_line()}",
-                                getattr(infra, "detail", ""))
-        log.warning("champion confirmation of %s failed: %s", cand.short_id, e)
-        return Confirmation({"confirmed": False, "error": str(e)[:500]}, crown=cand)
-    again = first.fitness if first.correct else None
-    ok = again is not None and again >= 0.9 * fitness
-    record = {"confirmed": ok, "fitness_confirmed": again, "ratio": (again / fitness) if again else None,
-              "gpu": first.gpu, **note}
-    crown, crown_fitness = cand, None
-    if compare and rounds:
-        record["baseline_id"] = baseline.id
-        if all(b.correct and c.correct for b, c in rounds):
-            gain = speedup_interval(paired_from_evaluations(rounds), confidence)
-            record["gain"] = gain.as_dict()
-            record["verdict"] = gain.verdict
-            if not gain.significant:
-                crown = baseline
-                crown_fitness = math.exp(sum(math.log(b.fitness) for b, _ in rounds) / len(rounds))
-                record["baseline_fitness"] = crown_fitness
-        else:
-            record["gain_error"] = "a re-timing of the baseline or the champion was not correct"
-    return Confirmation(record, crown=crown, crown_fitness=crown_fitness)

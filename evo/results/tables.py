@@ -11,7 +11,7 @@ views keep their single "speedup" (the fitness) exactly as before.
 
 A champion's confirmed gain (:func:`gain_fields`, :func:`gain_text`): the speedup of the
 task's best over its seed from the champion confirmation's paired re-timing
-(:func:`evo.engine.survivors.speedup_interval`), its confidence interval and the verdict, as the
+(:func:`evo.engine.champions.speedup_interval`), its confidence interval and the verdict, as the
 store's champion row holds them; a task without that row, or a row without a measured gain,
 shows none of it.
 """
@@ -119,7 +119,7 @@ def speedup_cells(row: Mapping[str, Any], nd: int = 3) -> tuple[str, str]:
     return cells[0], cells[1]
 
 
-#: How the stored verdicts (:attr:`evo.engine.survivors.SpeedupInterval.verdict`) read in the views;
+#: How the stored verdicts (:attr:`evo.engine.champions.SpeedupInterval.verdict`) read in the views;
 #: "no significant gain" reads as stored.
 _VERDICT_WORDS = {"faster": "significant", "slower": "significantly slower"}
 

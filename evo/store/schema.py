@@ -220,7 +220,7 @@ def _m0001_initial(db: sqlite_utils.Database) -> None:
     )
 
 
-#: Columns of a champion's gain over its baseline (``evo.engine.survivors.SpeedupInterval``).
+#: Columns of a champion's gain over its baseline (``evo.engine.champions.SpeedupInterval``).
 CHAMPION_GAIN_COLUMNS: dict[str, type] = {
     "gain_ratio": float, "gain_low": float, "gain_high": float, "gain_confidence": float,
     "gain_rounds": int, "gain_method": str, "gain_baseline": str, "verdict": str,

@@ -510,7 +510,7 @@ class Store:
         """Make ``cid`` the run's champion for ``task`` (replacing the previous one) and log a
         ``champion`` event, so the history of champions stays in ``events``.
 
-        A ``confirmation`` with a ``gain`` (``evo.engine.survivors.SpeedupInterval.as_dict``: ratio,
+        A ``confirmation`` with a ``gain`` (``evo.engine.champions.SpeedupInterval.as_dict``: ratio,
         low, high, confidence, rounds, method) and ``baseline_id`` also fills the champion's
         gain columns, and its ``verdict``."""
         self._check_writable("set a champion")
