@@ -26,7 +26,7 @@ Contract:
 ::
 
     python benchmarks/merge_bench.py --targets benchmarks/targets.toml \\
-        --out benchmarks/results_h100/RESULTS.md benchmarks/results_h100/RESULTS_*.md
+        --out benchmarks/RESULTS.md benchmarks/results_h100/RESULTS_*.md
     python benchmarks/merge_bench.py ... --check    # exit 1 when the block is stale
 """
 

@@ -58,7 +58,7 @@ EXAMPLE_TASKS = ("kb19_relu", "kb23_softmax", "kb01_square")
 #: Windows of the table (tokens) and the answer tokens a prompt must leave room for.
 WINDOWS = (("8k", 8192), ("32k", 32768), ("128k", 131072), ("200k", 200000))
 OUTPUT_RESERVE = 4096
-#: Measured seed times (H200, benchmarks/RESULTS.md, commit cbba868): (shape, ours ms, torch ms, % of SOL).
+#: Measured seed times (H200, benchmarks/results_h200/RESULTS.md, commit cbba868): (shape, ours ms, torch ms, % of SOL).
 MEASURED = {
     "kb19_relu": ("R=4096 C=393216", 2.9941, 3.0263, 89.7),
     "kb23_softmax": ("R=4096 C=393216", 3.4367, 6.1758, 78.1),

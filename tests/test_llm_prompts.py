@@ -234,8 +234,8 @@ def test_the_budget_learns_the_endpoints_characters_per_token(rig, info):
 
 def _example_prompts(info: TaskInfo) -> tuple[str, str]:
     """The optimize prompt of the matvec seed and the repair prompt of its 'Mismatched Ranks'
-    child, from measured data only (H200 times of benchmarks/RESULTS.md, commit cbba868; the
-    ptxas report and nvcc log of this CPU machine)."""
+    child, from measured data only (H200 times of benchmarks/results_h200/RESULTS.md, commit
+    cbba868; the ptxas report and nvcc log of this CPU machine)."""
     seed = Member(candidate=Candidate.create(TASK, MATVEC, {}, operator="seed"), fitness=1.220)
     broken = Member(candidate=Candidate.create(TASK, RANKS_SRC, {}, parents=(seed.id,), operator="llm:m",
                                                generation=1), fitness=None, status=Status.COMPILE_ERROR)

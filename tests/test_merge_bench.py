@@ -1,10 +1,10 @@
 """benchmarks/merge_bench.py: several ``evo bench`` tables of one GPU merged into one, with the
 family geomeans (against eager and against torch.compile) over every row.
 
-The committed H100 tables (benchmarks/results_h100/) are the main fixture: the merged file must
-be what the script writes from them today, hold every input row exactly once, and its family
-geomeans must equal the geomeans computed here, independently, from the inputs' printed
-speedups. Inputs that cannot reproduce themselves (a row dropped or edited) are refused.
+The committed H100 tables (benchmarks/results_h100/) are the main fixture: the merged file
+(benchmarks/RESULTS.md) must be what the script writes from them today, hold every input row
+exactly once, and its family geomeans must equal the geomeans computed here, independently, from
+the inputs' printed speedups. Inputs that cannot reproduce themselves (a row dropped or edited) are refused.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ H100 = ROOT / "benchmarks" / "results_h100"
 INPUTS = [H100 / "RESULTS_modern.md", H100 / "RESULTS_kernelbench_l1_partial.md",
           H100 / "RESULTS_kernelbench_l1_tail.md"]
 TARGETS = ROOT / "benchmarks" / "targets.toml"
-OUT = H100 / "RESULTS.md"
+OUT = ROOT / "benchmarks" / "RESULTS.md"
 FIX = ("rerun `python benchmarks/merge_bench.py --targets benchmarks/targets.toml --out "
-       "benchmarks/results_h100/RESULTS.md benchmarks/results_h100/RESULTS_modern.md "
+       "benchmarks/RESULTS.md benchmarks/results_h100/RESULTS_modern.md "
        "benchmarks/results_h100/RESULTS_kernelbench_l1_partial.md benchmarks/results_h100/RESULTS_kernelbench_l1_tail.md`")
 
 

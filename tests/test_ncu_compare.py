@@ -1,6 +1,6 @@
 """benchmarks/lab/ncu_compare.py's CPU side: how the kernel rows of one profiled call combine into
 one table row (several torch kernels per call, metrics ncu left out), and the table's cells.
-(The ncu runs themselves need a GPU; benchmarks/RESULTS.md shows the table of one.)"""
+(The ncu runs themselves need a GPU; benchmarks/results_h200/RESULTS.md shows the table of one.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """benchmarks/lab/power.py's CPU side: nvidia-smi row parsing, per-loop summaries, variant syntax.
-(The GPU loop itself runs on the device machine; benchmarks/RESULTS.md shows its table.)"""
+(The GPU loop itself runs on the device machine; benchmarks/results_h200/RESULTS.md shows its table.)"""
 
 from __future__ import annotations
 
