@@ -41,7 +41,9 @@ Where ncu runs: in front of the sandbox, not inside it. The process tree is
 ``ncu [options] python -I -S -c <sandbox wrapper> <config> evo_runner``: the wrapper confines
 itself (rlimits, Landlock, signal scoping) and ``exec``s the runner, so the runner is confined
 exactly as any runner (the same :func:`~evaluators.sandbox.sandbox_launch`, with ncu's install
-directory added to what Landlock lets it read: ncu injects its libraries into its target), and
+directories added to what Landlock lets it read, :func:`ncu_readable`: ncu injects its libraries
+into its target; and with ``--keep-fds``, so the connection ncu's injection opened before the
+runner's ``main`` survives the runner's start-up, which closes inherited descriptors), and
 its seccomp filter is made for the runner's own pid (found below ncu once it answered
 ``READY``, :meth:`RunnerProcess.start <evaluators.judge.runner_process.RunnerProcess.start>`).
 ncu itself is NVIDIA's trusted program and never loads candidate code. Inside the sandbox it
