@@ -102,6 +102,10 @@ def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, 
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
     with torch.no_grad():
+        fill = getattr(task.make_inputs, "fill_", None)
+        if fill is not None:  # drawn into the buffers in place where it can (TensorInputs.fill_)
+            fill(slots.ins, dict(shape), gen, dist)
+            return [f.clone() for f in slots.ins] if keep else []
         fresh = tuple(task.make_inputs(dict(shape), gen, dist, dev))
         if len(fresh) != len(slots.ins):
             raise RuntimeError(f"task {task.name}: make_inputs gave {len(fresh)} inputs, {len(slots.ins)} expected")

@@ -123,6 +123,21 @@ def sample(
     raise ValueError(f"unknown distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
 
 
+def _sample_into(out: torch.Tensor, generator: torch.Generator, dist: str) -> None:
+    """:func:`sample` drawn into the float32 tensor ``out`` in place (the same draws: torch's
+    ``randn`` and ``rand`` are ``normal_`` and ``uniform_`` on a new tensor)."""
+    if dist in ("normal", "wide", "logits"):
+        out.normal_(generator=generator)
+        if dist != "normal":
+            out.mul_(10.0 if dist == "wide" else 30.0)
+    elif dist == "uniform":
+        out.uniform_(generator=generator).mul_(2.0).sub_(1.0)
+    elif dist == "kernelbench":
+        out.uniform_(generator=generator)
+    else:
+        raise ValueError(f"unknown distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One input tensor: its dims (names of the task's shape dict, or literal ints) and
@@ -189,15 +204,39 @@ class TensorInputs:
         if dist not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
         dtype = torch_dtype(self.dtype)
-        out = []
-        for spec in self.specs:
-            x = sample(spec.size(shape), generator, dist, device)
-            if spec.structure == "symmetric":
-                x = x.add(x.transpose(-1, -2)).mul_(0.5)
-            elif spec.structure == "upper":
-                x = torch.triu(x)
-            elif spec.structure == "lower":
-                x = torch.tril(x)
-            x = x.to(dtype).contiguous()
-            out.append(x)
-        return tuple(out)
+        return tuple(self._one(spec, shape, generator, dist, device, dtype) for spec in self.specs)
+
+    @staticmethod
+    def _one(spec: InputSpec, shape: Mapping[str, int], generator: torch.Generator, dist: str,
+             device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        x = sample(spec.size(shape), generator, dist, device)
+        if spec.structure == "symmetric":
+            x = x.add(x.transpose(-1, -2)).mul_(0.5)
+        elif spec.structure == "upper":
+            x = torch.triu(x)
+        elif spec.structure == "lower":
+            x = torch.tril(x)
+        return x.to(dtype).contiguous()
+
+    def fill_(self, bufs, shape: Mapping[str, int], generator: torch.Generator, dist: str) -> None:
+        """Write what ``self(shape, generator, dist, device)`` returns into ``bufs`` (one
+        contiguous tensor per input, of its size and dtype, on the generator's device), bit for
+        bit, drawing from ``generator`` as the call does. A dense float32 input is drawn in
+        place (no second tensor of its size, no copy: what a judge refilling large inputs
+        before every timed call saves); any other input is made as the call makes it and
+        copied in. Raises ValueError when ``bufs`` do not match the specs."""
+        check_generator_device(generator, bufs[0].device if len(bufs) else "cpu")
+        if dist not in DISTRIBUTIONS:
+            raise ValueError(f"unknown distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
+        if len(bufs) != len(self.specs):
+            raise ValueError(f"fill_: {len(bufs)} buffers for {len(self.specs)} inputs")
+        dtype = torch_dtype(self.dtype)
+        for k, (spec, b) in enumerate(zip(self.specs, bufs)):
+            size = spec.size(shape)
+            if tuple(b.shape) != size or b.dtype != dtype or not b.is_contiguous():
+                raise ValueError(f"fill_: input {k} buffer is {tuple(b.shape)} {b.dtype} "
+                                 f"(contiguous: {b.is_contiguous()}), the spec wants {size} {dtype}")
+            if spec.structure == "dense" and dtype == torch.float32:
+                _sample_into(b, generator, dist)
+            else:
+                b.copy_(self._one(spec, shape, generator, dist, b.device, dtype))
