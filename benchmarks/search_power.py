@@ -73,6 +73,8 @@ class Row:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     best_params: dict[str, str] = field(default_factory=dict)  # the best correct candidate's tunables
+    #: GPU seconds by kind of work (:func:`gpu_seconds`): mutations', Optuna trials' and ncu profiles'
+    gpu_s: dict[str, float] = field(default_factory=dict)
     hand_gap: str = ""  # how the best point differs from the hand-tuned one (:func:`hand_gap`)
 
 
@@ -211,6 +213,7 @@ def read_row(row: Row, db: Path) -> Row:
         row.studies = len({t["parent_id"] for t in trials})
         row.optuna_evaluated = row.operators.get("optuna", 0)
         events = store.events(rid)
+        row.gpu_s = gpu_seconds(evs, cands, events)
         row.studies_finished = sum(1 for e in events if e["kind"] == "tuning_done")
         for e in events:
             if e["kind"] == "profiling_off":
@@ -224,6 +227,26 @@ def read_row(row: Row, db: Path) -> Row:
         row.hand_gap = hand_gap(row.best_params, _hand_params(row.task), values)
         row.notes.append(_short_of(row))
     return row
+
+
+#: The stages that run on the GPU (the rest, policy and compile, run in the compile pool).
+GPU_STAGES = ("correctness", "timing")
+
+
+def gpu_seconds(evs, cands: dict, events) -> dict[str, float]:
+    """What held the GPU in a run, from its records: the correctness and timing stages of
+    evaluations by kind (``trials``: Optuna's, ``mutations``: every other, the seed included)
+    and ncu's wall time of every profile (``profiles``, the ``profile`` events'
+    ``ncu_wall_s``). Answers "does tuning or profiling starve the search" with seconds."""
+    out = {"mutations": 0.0, "trials": 0.0, "profiles": 0.0}
+    for ev in evs:
+        cand = cands.get(ev.candidate_id)
+        kind = "trials" if cand is not None and cand.operator == "optuna" else "mutations"
+        out[kind] += sum(float(st.seconds or 0.0) for st in ev.stages if st.stage in GPU_STAGES)
+    for e in events:
+        if e["kind"] == "profile":
+            out["profiles"] += float((e.get("payload") or {}).get("ncu_wall_s") or 0.0)
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def _hand_params(task: str) -> dict[str, str]:
@@ -283,8 +306,8 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
            f"Command: `{command}`", "",
            "| task | cold seed | best found | best (bench) | hand-tuned (bench) | evals to 95% | evaluations | "
            "improvements (eval: operator fitness) | champion vs cold seed | champion vs hand-tuned | profiled / correct | "
-           "optuna trials (evaluated, studies, finished) | notes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "optuna trials (evaluated, studies, finished) | GPU s: mutations / trials / profiles | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imp = ", ".join(f"{i}: {op} {f:.3f}" for i, op, f in r.improvements) or "-"
         gain = "-"
@@ -302,8 +325,14 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
         out.append(f"| {r.task} | {_x(r.cold)} | {_x(r.best)} | {_x(r.best_bench)} | {_x(r.hand_bench)} | "
                    f"{r.evals_to_reach if r.evals_to_reach is not None else '-'} | {r.evaluations} / {r.budget} | "
                    f"{imp} | {gain} | {vs} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}, {r.studies_finished}) | "
-                   f"{'; '.join(r.notes) or '-'} |")
+                   f"{_gpu(r.gpu_s)} | {'; '.join(r.notes) or '-'} |")
     return "\n".join(out) + "\n"
+
+
+def _gpu(g: dict[str, float]) -> str:
+    if not g:
+        return "-"
+    return " / ".join(f"{g.get(k, 0.0):.0f}" for k in ("mutations", "trials", "profiles"))
 
 
 def save(rows: list[Row], out: Path, *, command: str, budget: int) -> None:

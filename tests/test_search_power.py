@@ -97,12 +97,16 @@ def test_read_row_reports_improvements_by_operator_reach_profiles_and_trials(sp,
         if c is bad:
             store.add_evaluation(rid, Evaluation(c.id, (StageResult("compile", Status.COMPILE_ERROR, "x"),)))
         else:
-            store.add_evaluation(rid, Evaluation(c.id, (StageResult("timing", Status.OK),), fits[c.id]))
+            store.add_evaluation(rid, Evaluation(c.id, (StageResult("compile", Status.OK, seconds=9.0),
+                                                        StageResult("correctness", Status.OK, seconds=0.5),
+                                                        StageResult("timing", Status.OK, seconds=1.5)), fits[c.id]))
     store.add_profile(knob.id, shape="n=1", gpu="H200", metrics={"bound": "memory"})
     store.add_profile(cross.id, shape="n=1", gpu="H200", metrics={"bound": "memory"})
     store.add_tuning_trial(rid, knob.id, 0, {"A": "1"}, 1.5, "complete", knob.id)
     store.add_tuning_trial(rid, knob.id, 1, {"A": "2"}, 1.9, "complete", opt.id)
     store.log_event(rid, "tuning_done", {"parent": knob.id})
+    store.log_event(rid, "profile", {"id": knob.id, "status": "ok", "ncu_wall_s": 4.25})
+    store.log_event(rid, "profile", {"id": cross.id, "status": "ok", "ncu_wall_s": 4.5})
     store.log_event(rid, "profiling_off", {"reason": "ncu captured no kernel from the candidates' calls"})
     store.set_champion(rid, t, cross.id, 2.05, {"confirmed": True, "baseline_id": seed.id, "verdict": "faster",
                                                   "gain": {"ratio": 2.0, "low": 1.9, "high": 2.1, "confidence": 0.95,
@@ -119,7 +123,9 @@ def test_read_row_reports_improvements_by_operator_reach_profiles_and_trials(sp,
     assert any("5 of 60" in n for n in row.notes)
     text = sp.table([row], command="x", budget=60)
     assert "| kb19_relu | 1.000x | 2.050x |" in text and "faster 2.000 [1.900, 2.100]" in text
-    assert "| 2 / 4 | 2 (1, 1, 1) |" in text
+    # GPU seconds: correctness + timing (not compile) of 3 mutations and 1 trial; ncu's wall of 2 profiles
+    assert row.gpu_s == {"mutations": 6.0, "trials": 2.0, "profiles": 8.8}
+    assert "| 2 / 4 | 2 (1, 1, 1) | 6 / 2 / 9 |" in text
     assert "2: knobs 1.500, 4: optuna 1.900, 5: crossover 2.050" in text
 
 
