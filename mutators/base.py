@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 from evo.core.records import Member
 
 __all__ = ["Proposal", "MutationContext", "Mutator", "MutatorDefaults", "MutatorStopped", "wants_parents", "observe",
-           "is_exhaustive", "writes_genesis", "concurrency", "failed_attempt_cap"]
+           "is_exhaustive", "writes_genesis", "concurrency", "failed_attempt_cap", "reads_profiles"]
 
 
 class MutatorStopped(RuntimeError):
@@ -85,6 +85,11 @@ class Mutator(Protocol):
       seed. When False, a task without a seed stops the run before it starts.
     - ``max_failed_attempts`` [0]: the cap on failed attempts in a run (0: three times the
       evaluation budget, at least 10).
+    - ``reads_profiles`` [True], a class attribute: whether its proposals read survivors'
+      profile numbers (an LLM's prompts do). When False the engine profiles no survivor
+      while the run searches (ncu holds the GPU for seconds per profile, and nobody would
+      read the numbers) and profiles each task's champion only, before confirming it (ncu's
+      kernel time corroborates the re-timing: :func:`evo.engine.champions.ncu_corroboration`).
     - ``wants_parents()`` [1]: how many parents to select per proposal; asked before every
       proposal.
     - ``observe(candidate_id, fitness)`` [none]: called once for every evaluation the engine
@@ -147,6 +152,7 @@ class MutatorDefaults:
     exhaustive: bool = False
     genesis: bool = False
     max_failed_attempts: int = 0
+    reads_profiles: bool = True
 
     def wants_parents(self) -> int:
         return 1
@@ -182,6 +188,11 @@ def concurrency(mutator: object) -> int:
     on the loop)."""
     n = int(getattr(mutator, "concurrency", 1) or 1)
     return n if n > 1 and callable(getattr(mutator, "begin", None)) else 1
+
+
+def reads_profiles(mutator: object) -> bool:
+    """Whether ``mutator``'s proposals read survivors' profiles (its ``reads_profiles``, default True)."""
+    return bool(getattr(mutator, "reads_profiles", True))
 
 
 def failed_attempt_cap(mutator: object, max_evaluations: int) -> int:

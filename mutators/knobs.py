@@ -70,6 +70,8 @@ class KnobsMutator:
     name = "knobs"
     #: ``None`` from ``propose`` means these parents have no untried neighbour left.
     exhaustive = True
+    #: Tunable moves read fitness only: the engine profiles champions, not every survivor.
+    reads_profiles = False
 
     def __init__(self, crossover_rate: float = KnobsSettings.crossover_rate,
                  perturb_max: int = KnobsSettings.perturb_max, *, sweep_rate: float = KnobsSettings.sweep_rate,

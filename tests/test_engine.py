@@ -213,6 +213,36 @@ def check_resume_after_sigkill(tmp_path, on: str = "local"):
     store.close()
 
 
+def test_a_mutator_that_reads_no_profile_gets_its_champion_profiled_before_confirmation(tmp_path):
+    """The knobs mutator reads fitness only: no survivor is profiled while the run searches;
+    the champion is profiled once per benchmark shape as the run ends, before its
+    confirmation (which compares the profile's ncu time with the re-timing where both exist:
+    tests/test_survivors_noise.py)."""
+    from types import SimpleNamespace
+
+    from evaluators.profile import ProfileSettings
+    from mutators.knobs import KnobsMutator
+
+    synthetic = SimpleNamespace(get=lambda name: SimpleNamespace(bench_shapes=1, shapes=({"N": 1},)))
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("prof", {}, seed=2, config_hash="x")
+    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)).start()
+    settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=12, max_wall_seconds=120,
+                              confirm_champions=True, profile=ProfileSettings(enabled=True, top_k=3, cache_dir=""))
+    eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
+                 seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
+                 settings=settings, rng=random.Random(2), policy=ok_policy, task_registry=synthetic)
+    eng.run()
+    events = store.events(run_id)
+    profiled = [e["payload"]["id"] for e in events if e["kind"] == "profile"]
+    (champ,) = store.champions(run_id)
+    assert profiled == [champ["candidate_id"]], (profiled, champ)
+    kinds = [e["kind"] for e in events]
+    last_best = max(i for i, k in enumerate(kinds) if k == "new_best")
+    assert last_best < kinds.index("profile") < kinds.index("champion"), kinds
+    store.close()
+
+
 def test_profiling_and_tuning_through_the_engine(tmp_path):
     """Delayed profiling of top-k members and an Optuna study over a survivor's tunables,
     through the real engine: studies are opened, trials flow through the same compile
@@ -234,7 +264,12 @@ def test_profiling_and_tuning_through_the_engine(tmp_path):
                               profile=ProfileSettings(enabled=True, top_k=1, cache_dir=""),
                               tuning=TuningSettings(enabled=True, trials_per_survivor=8, top_k=1),
                               tuning_storage=str(tmp_path / "studies.journal"))
-    eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
+    class ReadingKnobs(KnobsMutator):
+        """Knobs whose proposals would read profiles (as an LLM's prompts do)."""
+
+        reads_profiles = True
+
+    eng = Engine(store=store, runtime=rt, mutator=ReadingKnobs(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
                  seeds={"synthetic_a": (fake.SOURCE, {"TILE": "32", "STAGES": "2", "VEC": "1"})},
                  settings=settings, rng=random.Random(2), policy=ok_policy, task_registry=synthetic)
     eng.run()

@@ -35,6 +35,7 @@ rebuilt from the store), :mod:`evo.engine.islands` (island state, the actor call
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -100,7 +101,8 @@ class Engine:
         self._rr = self._last_migration = 0
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
-                                   tuning_storage=settings.tuning_storage, rng=rng, task_registry=task_registry)
+                                   tuning_storage=settings.tuning_storage, rng=rng, task_registry=task_registry,
+                                   profile_survivors=mut.reads_profiles(mutator))
         self.breaker = recovery.Breaker()
         self.gpu_faults = recovery.GpuFaults()
         self.work = Dispatch(runtime, self.gpu_faults, settings.profile)
@@ -453,11 +455,36 @@ class Engine:
             self.on_progress(self.progress)
 
     def _confirm_champions(self) -> None:
-        """Re-time each task's best in a fresh process; store the confirmation."""
+        """Profile each task's best where it lacks a profile, re-time it in a fresh process
+        (ncu's time corroborating the re-timing) and store the confirmation."""
         for task, (fitness, cand) in sorted(self.best.items()):
+            self._profile_champion(cand)
             c = confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task),
                                  profiles=self.store.profiles(cand.id))
             if c.stop:
                 self._fail(c.stop, detail=c.detail)
             self.store.set_champion(self.run_id, task, *c.champion(cand, fitness), c.record)
 
+
+    def _profile_champion(self, cand: Candidate) -> None:
+        """The champion's missing profiles (:meth:`Survivors.champion_profiles`), one at a
+        time on GPU 0 as the run ends; a failing profiler is logged, as during the run."""
+        jobs = self.survivors.champion_profiles(cand)
+        if not jobs:
+            return
+        errors = self.rt.remote_errors()
+        try:
+            built = self.rt.get(self.rt.submit_compile(cand))
+        except errors as e:
+            log.warning("champion %s not profiled: its build failed (%s)", cand.short_id, e)
+            return
+        if not built.result.passed:
+            return
+        for job in jobs:
+            job = dataclasses.replace(job, so_bytes=built.so_bytes)
+            try:
+                stage = self.rt.get(self.rt.submit_profile(0, cand, built.so_bytes, job.shape_idx, self.s.profile))
+            except errors as e:
+                self.survivors.profile_failed(job, e)
+                continue
+            self.survivors.profiled(job, stage)

@@ -171,8 +171,11 @@ class Survivors:
     """
 
     def __init__(self, *, store, run_id: str, profile: Any, tuning: Any, tuning_storage: str,
-                 rng: random.Random, task_registry: Any = None) -> None:
+                 rng: random.Random, task_registry: Any = None, profile_survivors: bool = True) -> None:
         self.store, self.run_id, self.task_registry = store, run_id, task_registry
+        #: whether survivors are profiled while the run searches (False: the mutator reads no
+        #: profile, :func:`mutators.base.reads_profiles`; champions are still, :meth:`champion_profiles`)
+        self.profile_survivors = profile_survivors
         self.profile, self.tuning, self.tuning_storage = profile, tuning, tuning_storage
         self.rng = rng
         self._ranking: dict[int, list[tuple[float, str]]] = {}
@@ -210,7 +213,7 @@ class Survivors:
             rank.sort(key=lambda x: (-x[0], x[1]))
             del rank[max(ks):]  # only the top-k matter to the triggers
             topk = [i for _, i in rank]
-            if _enabled(prof) and self.profiling_off is None:
+            if _enabled(prof) and self.profiling_off is None and self.profile_survivors:
                 for shape_idx in range(self._task(cand.task).bench_shapes):
                     key = f"{cand.id}|{shape_idx}"
                     if should_profile(member, topk, prof, done=self._profiled, shape=str(shape_idx)) \
@@ -223,6 +226,16 @@ class Survivors:
         if _enabled(tun):
             self._tell_open_study(member)
         return jobs
+
+    def champion_profiles(self, cand: Candidate) -> list[ProfileJob]:
+        """The profiles a task's champion still lacks before its confirmation: one per
+        benchmark shape not profiled in this session (``so_bytes`` left empty: the engine
+        builds the champion again), none when profiling is disabled or switched off."""
+        if not _enabled(self.profile) or self.profiling_off is not None:
+            return []
+        task = self._task(cand.task)
+        shapes = range(task.bench_shapes) if task is not None else range(1)
+        return [ProfileJob(cand, b"", i) for i in shapes if f"{cand.id}|{i}" not in self._profiled]
 
     @property
     def ranked(self) -> int:
