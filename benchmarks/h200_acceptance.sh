@@ -97,7 +97,7 @@ PY
       # EVO_SELFTEST_TASKS narrow it.
       : > "$out/gpu_tests.txt"
       gpu_files test_harness_gpu test_export_gpu test_profile_gpu test_tasks_gpu test_row_stream_gpu \
-        test_adversarial_gpu test_user_task_search_gpu
+        test_adversarial_gpu test_user_task_search_gpu test_tolerance_fast_gpu test_inputs_fill_gpu
       selftest_shards ;;
     files)
       # Only the gpu test files named in EVO_GPU_TEST_FILES (space-separated, without .py).
