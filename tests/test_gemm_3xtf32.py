@@ -205,7 +205,7 @@ def test_integer_tf32_rounding_matches_cvt_rna():
 # ------------------------------------------------------------------------------------------
 
 
-from toolchain import build_cache, compile_shared, nvcc_cached, write_atomic  # noqa: E402  (tests/ is on sys.path)
+from toolchain import build_cache, build_ptx, compile_shared, nvcc_cached, write_atomic  # noqa: E402  (tests/ is on sys.path)
 
 
 def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int = 2):
@@ -233,8 +233,14 @@ def _distinct_seeds() -> list[str]:
     return sorted(seen.values())
 
 
+#: kb06's seed build is also the one whose PTX test_workspace_split_k_ptx_has_no_cluster_and_no_atomics
+#: reads: one worker runs both, so the second reads the first's build instead of waiting for it.
+_KB06_SEED_BUILD = pytest.mark.xdist_group("kb06_seed_build")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("task", _distinct_seeds())
+@pytest.mark.parametrize("task", [pytest.param(t, marks=_KB06_SEED_BUILD) if t == "kb06_large_k" else t
+                                  for t in _distinct_seeds()])
 def test_seed_compiles_for_sm90a_without_spills(request, task):
     src = _src(task)
     params = _defaults(src)
@@ -278,11 +284,25 @@ def _nvcc_cached(request, tag: str, args: list[str], source: str, suffix: str) -
     return out.read_text(errors="replace") if suffix == ".ptx" else str(out)
 
 
+#: kb01's seed on the mma.sync kernel (WGMMA = 0) with its default TF32_CVT = 0 is the build
+#: tests/test_workspace_f32.py::test_without_pad_or_wgmma_no_workspace[WGMMA=0] loads (kb08 renders
+#: as kb01): one worker runs both tests, the second reads the first's build.
+_KB01_MMA_SYNC_BUILD = pytest.mark.xdist_group("kb01_mma_sync_build")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cvt", ["0", "1"])
-def test_ptx_uses_tf32_tensor_core_mma(request, cvt):
+@pytest.mark.parametrize("cvt", [pytest.param("0", marks=_KB01_MMA_SYNC_BUILD), "1"])
+def test_ptx_uses_tf32_tensor_core_mma(request, tmp_path, cvt):
     src = _src()
-    ptx = _nvcc_cached(request, f"ptx-cvt{cvt}", ["-arch=sm_90a", "-ptx", f"-DTF32_CVT={cvt}"], src, ".ptx")
+    if cvt == "0":
+        # the PTX of the .so build of this configuration (kb01's seed with -DWGMMA=0 is _src()
+        # with its defaults: the same defines), not a second nvcc run
+        seed = _src("kb01_square")
+        params = {**_defaults(seed), "WGMMA": "0"}
+        assert params == {**_defaults(src), "TF32_CVT": cvt}
+        ptx = build_ptx(request, tmp_path, "kb01_square", seed, params)[1]
+    else:   # no test builds this configuration as a .so: PTX only (cicc; no ptxas, no host compile)
+        ptx = _nvcc_cached(request, f"ptx-cvt{cvt}", ["-arch=sm_90a", "-ptx", f"-DTF32_CVT={cvt}"], src, ".ptx")
     d = {k: int(v) for k, v in _defaults(src).items()}
     threads = 32 * d["WARPS_M"] * d["WARPS_N"]
     atoms = (d["BM"] * d["BN"]) // (16 * 8) // (threads // 32)      # atoms per warp per k-block
@@ -309,21 +329,23 @@ def test_split_k_ptx_reads_peers_through_dsmem(request):
 
 
 @pytest.mark.slow
-def test_workspace_split_k_ptx_has_no_cluster_and_no_atomics(request):
+@_KB06_SEED_BUILD
+def test_workspace_split_k_ptx_has_no_cluster_and_no_atomics(request, tmp_path):
     """kb06's seed (SPLIT_WS = 1): independent CTAs per K slice (no cluster launch, no
     distributed shared memory) whose partial tiles a second kernel sums in a fixed order, so
-    the result stays bitwise deterministic: no atomics anywhere."""
+    the result stays bitwise deterministic: no atomics anywhere. The PTX of the seed's .so
+    build (test_seed_compiles_for_sm90a_without_spills[kb06_large_k] checks its ptxas report)."""
     src = _src("kb06_large_k")
-    ptx = _nvcc_cached(request, "ptx-kb06-ws", ["-arch=sm_90a", "-ptx"], src, ".ptx")
+    _, ptx = build_ptx(request, tmp_path, "kb06_large_k", src, _defaults(src))
     assert "splitk_reduce_kernel" in ptx
     assert "ld.shared::cluster" not in ptx and "barrier.cluster" not in ptx
     assert not re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M), "atomics in the PTX"
 
 
 def _run_host_program(request, src: str, program: str, key: str, args: list[str], *,
-                      device_pass: bool = False) -> subprocess.CompletedProcess:
+                      device_pass: bool = False, argv: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Builds `program` (a host-only C++ program whose ``#include "KERNEL_FILE"`` pulls in the
-    rendered kernel `src`) with nvcc, cached under `key`, and runs it (no GPU needed).
+    rendered kernel `src`) with nvcc, cached under `key`, and runs it with `argv` (no GPU needed).
 
     Without ``device_pass`` the whole program is inside ``#ifndef __CUDA_ARCH__``: nvcc's device
     passes (cicc for compute_90 and compute_90a, ptxas) see an empty file, which takes a build
@@ -343,7 +365,7 @@ def _run_host_program(request, src: str, program: str, key: str, args: list[str]
     if not device_pass:
         text = "#ifndef __CUDA_ARCH__\n" + text + "\n#endif\n"
     exe = _nvcc_cached(request, key, args, text, "")
-    return subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    return subprocess.run([exe, *argv], capture_output=True, text=True, timeout=60)
 
 
 #: Device-pass flags of the host programs that need one: PTX for one virtual arch, no cubin.
@@ -601,9 +623,11 @@ def test_tma_store_sass(request, tmp_path):
 
 
 HOST_CHECK_WGMMA = r"""
-// Host-only checks of the hand-coded WGMMA = 1 mappings (kernel included with the same defines).
+// Host-only checks of the hand-coded WGMMA = 1 mappings (kernel included with the same defines);
+// with the argument `split-count`, the SPLIT_WS slice counts of split_count instead.
 #include "KERNEL_FILE"
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -627,7 +651,16 @@ static int wavefronts(const std::vector<long>& word_offsets, int width_words) {
   return total;
 }
 
-int main() {
+// The slice counts of the SPLIT_WS plan (no GPU, no device query): "work k_tiles sms count" lines.
+static int split_counts() {
+  const long long cases[][3] = {{4, 16384, 132}, {4, 16384, 64}, {66, 16384, 132}, {67, 16384, 132},
+                                {256, 128, 132}, {1, 8, 132}, {1, 7, 132}, {2, 1000, 132}, {0, 100, 132}};
+  for (auto& c : cases) std::printf("%lld %lld %lld %d\n", c[0], c[1], c[2], W::split_count(c[0], c[1], c[2]));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "split-count") == 0) return split_counts();
   constexpr bool kAK = evo_3xtf32::kAKMajor, kBK = evo_3xtf32::kBKMajor;
   W::TiledMma mma;
   auto idA = make_identity_tensor(make_shape(Int<BM>{}, Int<BK>{}));
@@ -790,48 +823,59 @@ int main() {
 
 #: Two builds cover both A kinds (K-major stage; M-major stage transposed by the producer),
 #: both B stage kinds (N-contiguous: transpose; K-major: register transpose) and 1 or 2 consumer
-#: warpgroups.
+#: warpgroups. The first also has kb06's SPLIT_WS = 1, which no layout or mapping reads (it picks
+#: the epilogue's partial-tile store and the host plan's split), so test_split_ws_slice_count
+#: runs the same program: one build for both.
 WGMMA_LAYOUT_CONFIGS = {
-    "ta0tb1-128x128": {"TRANS_A": "0", "TRANS_B": "1", "BM": "128", "BN": "128", "STAGES": "4"},
+    "ta0tb1-128x128": {"TRANS_A": "0", "TRANS_B": "1", "BM": "128", "BN": "128", "STAGES": "4", "SPLIT_WS": "1"},
     "ta1tb0-64x128": {"TRANS_A": "1", "TRANS_B": "0", "BM": "64", "BN": "128", "STAGES": "2", "WARPS_M": "2"},
 }
+#: The WGMMA layout program test_split_ws_slice_count runs (with the argument ``split-count``).
+SPLIT_COUNT_PROGRAM = "ta0tb1-128x128"
+#: The defines split_count reads (test_split_ws_slice_count checks this on the template's text).
+SPLIT_COUNT_DEFINES = ("SPLIT_WS", "SPLIT_K", "PERSIST")
+#: One worker runs the layout check and the slice count of SPLIT_COUNT_PROGRAM (one build).
+_SPLIT_COUNT_BUILD = pytest.mark.xdist_group("wgmma_host_split_count_build")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(WGMMA_LAYOUT_CONFIGS))
-def test_wgmma_host_layout_check(request, name):
+def _wgmma_host_program(request, name: str, *argv: str) -> subprocess.CompletedProcess:
+    """HOST_CHECK_WGMMA built with WGMMA_LAYOUT_CONFIGS[name] (and WGMMA = 1), run with ``argv``."""
     params = {**WGMMA_LAYOUT_CONFIGS[name], "WGMMA": "1"}
     ta, tb = int(params["TRANS_A"]), int(params["TRANS_B"])
     tunables = {k: v for k, v in params.items() if not k.startswith("TRANS_")}
     assert violated_constraints(_config_src(ta, tb), tunables) == []
     src = render(SeedSpec(TEMPLATE, (), "wgmma layout check"))
     args = [HOST_PROGRAM_ARCH, "-O1", *[f"-D{k}={v}" for k, v in params.items()]]
-    proc = _run_host_program(request, src, HOST_CHECK_WGMMA, f"wgmma-host-{name}", args, device_pass=True)
+    return _run_host_program(request, src, HOST_CHECK_WGMMA, f"wgmma-host-{name}", args, device_pass=True, argv=argv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_SPLIT_COUNT_BUILD) if n == SPLIT_COUNT_PROGRAM else n
+                                  for n in sorted(WGMMA_LAYOUT_CONFIGS)])
+def test_wgmma_host_layout_check(request, name):
+    proc = _wgmma_host_program(request, name)
     print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("OK"), (name, proc.stdout, proc.stderr)
 
 
-SPLIT_COUNT_CHECK = r"""
-// Host-only: the SPLIT_WS slice count of the rendered kernel (no GPU, no device query).
-#include "KERNEL_FILE"
-#include <cstdio>
-int main() {
-  using evo_3xtf32::wg::split_count;
-  const long long cases[][3] = {{4, 16384, 132}, {4, 16384, 64}, {66, 16384, 132}, {67, 16384, 132},
-                                {256, 128, 132}, {1, 8, 132}, {1, 7, 132}, {2, 1000, 132}, {0, 100, 132}};
-  for (auto& c : cases) std::printf("%lld %lld %lld %d\n", c[0], c[1], c[2], split_count(c[0], c[1], c[2]));
-  return 0;
-}
-"""
-
-
 @pytest.mark.slow
+@_SPLIT_COUNT_BUILD
 def test_split_ws_slice_count(request):
     """kb06's plan: 4 tiles on 132 SMs split 33 ways (one wave); splitting stops when the tiles
-    fill more than half of the SMs, and no slice is shorter than 4 k-tiles (K = 128)."""
-    src = _src("kb06_large_k")
-    proc = _run_host_program(request, src, SPLIT_COUNT_CHECK, "split-count", [HOST_PROGRAM_ARCH, "-O1"],
-                             device_pass=True)
+    fill more than half of the SMs, and no slice is shorter than 4 k-tiles (K = 128).
+
+    split_count reads only SPLIT_WS, SPLIT_K and PERSIST (checked below on the template's
+    text), so the WGMMA layout program SPLIT_COUNT_PROGRAM, built with kb06's values of those
+    three, computes kb06's counts: test_wgmma_host_layout_check's build, not one of its own."""
+    kb06 = _defaults(_src("kb06_large_k"))
+    built = {**_defaults(render(SeedSpec(TEMPLATE, (), "x"))), **WGMMA_LAYOUT_CONFIGS[SPLIT_COUNT_PROGRAM]}
+    assert {k: built[k] for k in SPLIT_COUNT_DEFINES} == {k: kb06[k] for k in SPLIT_COUNT_DEFINES}, built
+    body = re.search(r"constexpr int64_t kMinSliceKTiles.*?constexpr int split_count\(.*?\n\}\n",
+                     template_source(TEMPLATE), re.S)
+    assert body, "split_count not found in the template"
+    defines = set(TUNABLES) | {name for name, _ in F32_3XTF32_SEEDS["kb06_large_k"].defines}
+    assert set(re.findall(r"\b[A-Z][A-Z0-9_]*\b", body.group(0))) & defines == set(SPLIT_COUNT_DEFINES), body.group(0)
+    proc = _wgmma_host_program(request, SPLIT_COUNT_PROGRAM, "split-count")
     assert proc.returncode == 0, proc.stderr
     got = {tuple(map(int, line.split()[:3])): int(line.split()[3]) for line in proc.stdout.splitlines()}
     assert got == {

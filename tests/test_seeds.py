@@ -127,20 +127,9 @@ COMPILE_ONE = ["kb25_swish", "kb23_softmax", "kb04_matvec"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", COMPILE_ONE)
 def test_seed_compiles_for_sm90a(name, request):
-    compile_mod = pytest.importorskip("evaluators.compile")
-    from evaluators.base import CompileSettings
-    from evo.core.records import Candidate
+    from toolchain import compile_shared
 
-    try:
-        compile_mod.find_nvcc(CompileSettings())
-        compile_mod.cutlass_include_dir()
-    except (compile_mod.NvccNotFound, compile_mod.CutlassNotFound) as exc:
-        pytest.skip(f"no toolchain: {exc}")
-    cache = request.config.cache.mkdir("evo-seed-builds")
-    settings = CompileSettings(cache_dir=str(cache), timeout_s=600)
-    cand = Candidate.create(task=name, source=seeds.seed_source(name), params=seeds.seed_params(name))
-    outcome = compile_mod.compile_candidate(cand, settings)
-    assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    outcome = compile_shared(request, name, seeds.seed_source(name), seeds.seed_params(name))
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     # no spills in the seeds: they are the baseline the search starts from
     log = outcome.result.artifacts.get("ptxas", "")

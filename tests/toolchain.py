@@ -5,6 +5,10 @@ The suite's kernel builds (seeds, GEMM configs, SASS and PTX checks, host layout
 through :func:`compile_shared` (a candidate ``.so`` through
 ``evaluators.compile.compile_candidate``) or :func:`nvcc_cached` (PTX or a host program), both into
 :func:`build_cache`, one folder under pytest's cache dir (``.pytest_cache/d/evo-seed-builds``).
+One nvcc run per configuration gives everything the tests read of it: every suite ``.so`` also
+embeds its PTX (:func:`embed_ptx_flags`), so ptxas's report (``compile_candidate``'s metrics), the
+SASS (:func:`sass`) and the PTX (:func:`ptx`) of a configuration come from one build;
+:func:`nvcc_cached` ``-ptx`` is only for configurations no test builds as a ``.so``.
 Tests that build the same source with the same flags share one nvcc run, a rerun on an unchanged
 tree costs nothing, and the cache is safe under pytest-xdist: each key is built under an exclusive
 ``flock`` (a second worker wanting the same key waits for the first and then reads its result) and
@@ -66,13 +70,26 @@ def cuobjdump() -> str:
     pytest.skip("no cuobjdump + nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
-def sass(so_path: Path) -> str:
-    """The SASS of a shared object (``cuobjdump -sass``); skips the test without cuobjdump."""
+def _cuobjdump(args: list[str]) -> str:
+    """``cuobjdump *args`` (nvdisasm beside it on PATH); asserts it succeeded, returns stdout."""
     tool = cuobjdump()
     env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([tool, "-sass", str(so_path)], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([tool, *args], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def sass(so_path: Path) -> str:
+    """The SASS of a shared object (``cuobjdump -sass``); skips the test without cuobjdump."""
+    return _cuobjdump(["-sass", str(so_path)])
+
+
+def ptx(so_path: Path) -> str:
+    """The PTX embedded in a suite ``.so`` (``cuobjdump -ptx``; :func:`embed_ptx_flags` puts it there);
+    skips the test without cuobjdump, so call :func:`cuobjdump` before the costly build."""
+    text = _cuobjdump(["-ptx", str(so_path)])
+    assert ".entry" in text, f"no PTX in {so_path.name} (built without embed_ptx_flags?)"
+    return text
 
 
 def sass_functions(so_path: Path) -> dict[str, str]:
@@ -92,21 +109,46 @@ def build_sass(request, tmp_path: Path, task: str, source: str, params: dict[str
     return outcome, sass_functions(so)
 
 
+def build_ptx(request, tmp_path: Path, task: str, source: str, params: dict[str, str], timeout_s: int = 600):
+    """Like :func:`build_sass`, for the PTX: ``(CompileOutcome, ptx of its .so)`` from the one
+    cached build of ``source`` with ``params`` that the configuration's other tests read too."""
+    cuobjdump()
+    outcome = compile_shared(request, task, source, params, timeout_s)
+    so = tmp_path / f"{task}.so"
+    so.write_bytes(outcome.so_bytes)
+    return outcome, ptx(so)
+
+
 def build_cache(request) -> Path:
     """The suite's one nvcc build cache (see the module docstring); created on first use."""
     return Path(request.config.cache.mkdir(BUILD_CACHE))
 
 
+def embed_ptx_flags(arch: str) -> tuple[str, ...]:
+    """The extra nvcc flag that also embeds ``arch``'s PTX: ``-gencode`` for the same virtual
+    arch with ``code=compute_XX``. nvcc runs cicc once per virtual arch, so the build costs the
+    same (no second cicc, no second ptxas), and its SASS and ptxas's report are those of the
+    production build (``compile_candidate`` without extra flags); the PTX rides beside them."""
+    from evaluators.compile.nvcc import gencode_flags
+
+    (flag,) = gencode_flags(arch)
+    return (flag.replace(",code=sm_", ",code=compute_"),)
+
+
 def compile_shared(request, task: str, source: str, params: dict[str, str], timeout_s: float = 600):
-    """``compile_candidate`` of ``source`` with ``params`` into :func:`build_cache`; asserts the
-    build succeeded (the message is nvcc's errors) and returns the ``CompileOutcome``. Skips
-    without nvcc or CUTLASS. The cache key is the source, the params and the toolchain, not the
-    task name: two tasks whose seeds render the same source share one build."""
+    """``compile_candidate`` of ``source`` with ``params`` into :func:`build_cache` (its PTX
+    embedded: :func:`embed_ptx_flags`, for :func:`ptx`); asserts the build succeeded (the message
+    is nvcc's errors) and returns the ``CompileOutcome``. Skips without nvcc or CUTLASS. The
+    cache key is the source, the params and the toolchain, not the task name: two tasks whose
+    seeds render the same source share one build. Every suite build of a candidate goes through
+    here, so that tests of one configuration share one build."""
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
     from evo.core.records import Candidate
 
-    settings = CompileSettings(cache_dir=str(build_cache(request)), timeout_s=timeout_s)
+    arch = CompileSettings().arch
+    settings = CompileSettings(cache_dir=str(build_cache(request)), timeout_s=timeout_s,
+                               extra_flags=embed_ptx_flags(arch))
     outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=source, params=params), settings)
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
     return outcome
