@@ -10,6 +10,8 @@
 #   selftest  the self-test alone (every task's null / zero / copy / constant / half kernels must fail),
 #          split over EVO_SELFTEST_SHARDS (default 3) pytest processes on disjoint task lists at once
 #          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
+#   compile  every GEMM seed and variant configuration of the CPU compile tests (EVO_GEMM_COMPILE_ALL=1)
+#          -> $OUT/compile_all.txt
 #   judge  issue 40 on the GPU: benchmarks/judge_acceptance.py (seeds by the harness and by the judge,
 #          a hang's time to verdict, evo check start to verdict) -> $OUT/judge/; the demo search with
 #          [evaluator] isolation = "judge" (benchmarks/throughput.py, bounded by EVO_JUDGE_DEMO_S, default
@@ -104,6 +106,12 @@ PY
       gpu_files ${EVO_GPU_TEST_FILES:?set EVO_GPU_TEST_FILES} ;;
     selftest)
       selftest_shards ;;
+    compile)
+      # Every GEMM seed and every variant configuration of the CPU compile tests (CI builds a
+      # representative of each: tests/toolchain.py, "Variants"), on this machine's cores.
+      EVO_GEMM_COMPILE_ALL=1 timeout "${EVO_COMPILE_TIMEOUT:-540}" python -m pytest -q -n "$(nproc)" -m slow \
+        -p no:cacheprovider tests/test_gemm_seeds.py tests/test_gemm_3xtf32.py > "$out/compile_all.txt" 2>&1
+      echo "compile rc=$?: $(tail -n 1 "$out/compile_all.txt")" ;;
     judge)
       # EVO_JUDGE_PARTS narrows it (default: runner acceptance demo adversarial); the card's
       # memory and activity are sampled every second throughout -> $out/gpu_mem.csv
@@ -145,7 +153,7 @@ PY
       timeout 575 python -m evo.cli bench --targets benchmarks/targets.toml --profile-misses \
         --out "$out/RESULTS.md" --jobs 16 > "$out/bench_log.txt" 2>&1
       sed -n '/## Families/,/^$/p' "$out/RESULTS.md" ;;
-    *) echo "unknown step $step (seeds demo gemm tests files selftest judge bench)"; exit 2 ;;
+    *) echo "unknown step $step (seeds demo gemm tests files selftest compile judge bench)"; exit 2 ;;
   esac
   echo "$step rc=$? in $(( $(date +%s) - t0 )) s"
 done

@@ -1,14 +1,14 @@
 """GEMM seed templates: rendering, tunable declarations, and a real sm_90a compile of two seeds.
 
-The compile tests run nvcc for real (one fp32 and one bf16 seed; set EVO_GEMM_COMPILE_ALL=1 to
-build every distinct seed) into the suite's shared build cache (tests/toolchain.py), so a rerun
+The compile tests run nvcc for real (one fp32 and one bf16 seed, and a representative of each
+SASS property's configurations; set EVO_GEMM_COMPILE_ALL=1 to build every distinct seed and
+every configuration) into the suite's shared build cache (tests/toolchain.py), so a rerun
 on an unchanged tree costs nothing. They skip when nvcc or the CUTLASS wheel is
 missing. Correctness and speed need a GPU: benchmarks/lab/probe.py and `evo bench`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -137,7 +137,7 @@ def _check_build(request, task: str) -> dict[str, dict]:
     return m["kernels"]
 
 
-_ALL = os.environ.get("EVO_GEMM_COMPILE_ALL") == "1"
+from toolchain import COMPILE_ALL as _ALL, variants  # noqa: E402  (tests/ is on sys.path)
 _F32_BUILDS = sorted(FP32_TASKS) if _ALL else ["kb01_square"]
 _BF16_BUILDS = sorted(BF16_TASKS) if _ALL else ["gemm_bf16"]
 
@@ -195,8 +195,9 @@ def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "tiles"), [("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6", "CLUSTER_M": "1", "EPI_BF16X2": "0"}),
-                                            ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5", "CLUSTER_M": "1"})])
+@pytest.mark.parametrize(("task", "tiles"), variants([
+    ("gemm_bias_gelu_bf16", {"TILE_N": "128", "STAGES": "6", "CLUSTER_M": "1", "EPI_BF16X2": "0"}),
+    ("gemm_silu_mul_bf16", {"TILE_M": "64", "STAGES": "5", "CLUSTER_M": "1"})]))
 def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     """PINGPONG = 1: the TMA kernel's consumer warpgroups take turns through an order barrier
     (named barriers 1 and 2 of 256 threads: BAR.SYNC and BAR.ARV), still run HGMMA, and stay free of local
@@ -215,13 +216,13 @@ def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "cm", "cn"), [
+@pytest.mark.parametrize(("task", "cm", "cn"), variants([
     ("gemm_bf16", "2", "1"),
     ("gemm_silu_mul_bf16", "2", "1"),
     ("gemm_bf16", "1", "2"),
     ("gemm_bias_gelu_bf16", "2", "2"),
     ("gemm_silu_mul_bf16", "2", "2"),
-])
+], keep=(0, 3)))
 def test_bf16_cluster_multicast_sass(request, tmp_path, task, cm, cn):
     """CLUSTER_M = 2 (clusters along M sharing B) / CLUSTER_N = 2 (along N sharing A): the TMA
     kernel loads the shared operand by multicast TMA (both operands with 2 x 2 clusters: no
@@ -267,10 +268,10 @@ def _longest_branch_free_run(body: str, opcode: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "overrides", "values"), [
+@pytest.mark.parametrize(("task", "overrides", "values"), variants([
     ("gemm_bias_gelu_bf16", {"EPI_DEFER": "0", "EPI_BF16X2": "0"}, 128 * 256 // 256),     # 128 x 256 tile, 256 consumer threads
     ("gemm_silu_mul_bf16", {"EPI_DEFER": "0"}, 128 * 128 // 256),
-])
+]))
 def test_bf16_straight_line_epilogue_sass(request, tmp_path, task, overrides, values):
     """EPI_FAST (the default), immediate epilogue (EPI_DEFER = 0; the seeds defer theirs, see
     test_bf16_epi_defer_sass): the TMA kernel stores a tile that lies wholly inside C with no
@@ -305,7 +306,7 @@ def test_bf16_streamk_constraints():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["gemm_bf16", "gemm_bias_gelu_bf16"])
+@pytest.mark.parametrize("task", variants(["gemm_bf16", "gemm_bias_gelu_bf16"]))
 def test_bf16_streamk_sass(request, tmp_path, task):
     """STREAMK = 1: the TMA kernel publishes partial tiles with a release store and waits for
     them with acquire loads (gpu scope), syncs the 256 consumer threads on named barrier 1,
@@ -337,7 +338,7 @@ def test_bf16_dual_mma_constraints():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [{}, {"CLUSTER_M": "1"}, {"TILE_M": "64", "CLUSTER_M": "1"}])
+@pytest.mark.parametrize("overrides", variants([{}, {"CLUSTER_M": "1"}, {"TILE_M": "64", "CLUSTER_M": "1"}]))
 def test_bf16_dual_mma_sass(request, tmp_path, overrides):
     """DUAL_MMA = 1: the SwiGLU TMA kernel's main loop issues one 64 x 2 TILE_N HGMMA per
     k-step (no 64 x TILE_N ones: the two B tiles are one operand), stays free of local memory,

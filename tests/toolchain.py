@@ -19,6 +19,12 @@ limits; a timeout is never cached); the runs of tests/test_search.py and tests/t
 search / an export with the run's own ``[compile] cache_dir``: a few small kb19_relu builds);
 benchmarks/lab/precompile.py in tests/test_precompile.py (the project's ``.evo/cache``, what the
 script does); the two tiny plain-nvcc test doubles of tests/test_workspace_abi.py.
+
+Variants (:func:`variants`): where a SASS or register-budget test checks one property on several
+configurations of a template, the suite builds the representatives named per test and skips the
+rest, saying so; ``EVO_GEMM_COMPILE_ALL=1`` builds every one (as every GEMM seed, see
+tests/test_gemm_seeds.py). benchmarks/h200_acceptance.sh's ``compile`` step runs them all on the
+GPU machine's cores.
 """
 
 from __future__ import annotations
@@ -37,6 +43,22 @@ import pytest
 
 #: The folder (under pytest's cache dir) of the suite's one nvcc build cache.
 BUILD_CACHE = "evo-seed-builds"
+
+
+#: ``EVO_GEMM_COMPILE_ALL=1``: every GEMM seed and every variant of a SASS or register-budget
+#: test is built (module docstring, "Variants").
+COMPILE_ALL = os.environ.get("EVO_GEMM_COMPILE_ALL") == "1"
+
+
+def variants(values: list, keep: tuple[int, ...] = (0,)) -> list:
+    """``values`` for ``pytest.mark.parametrize``, with those whose index is not in ``keep``
+    skipped unless :data:`COMPILE_ALL` (a tuple value is one test's arguments)."""
+    if COMPILE_ALL:
+        return list(values)
+    skip = pytest.mark.skip(reason="a variant of a property the suite builds a representative of; "
+                                   "EVO_GEMM_COMPILE_ALL=1 builds every one")
+    return [v if i in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=skip)
+            for i, v in enumerate(values)]
 
 
 def toolchain():
