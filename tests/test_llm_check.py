@@ -14,6 +14,7 @@ from evo.cli import app
 from mutators.llm.replay.cassette import Cassette
 from mutators.llm.replay.fake_server import FakeLLMServer
 from tests.fakes.instant_compile import patch_compiles
+from tests.fakes.llm_config import write_llm_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,34 +31,12 @@ def server(monkeypatch):
 
 
 def _config(tmp_path: Path, base_url: str) -> Path:
-    path = tmp_path / "llm.toml"
-    path.write_text(f'''
-[run]
-db = "{tmp_path / 'evo.db'}"
-
-[tasks]
-include = ["kb19_relu"]
-
-[mutator]
-kind = "llm"
-
-[[llm.models]]
-name = "good"
-base_url = "{base_url}"
-model = "fake-coder"
-key_env = "EVO_TEST_GOOD_KEY"
-context_tokens = 32768
-max_output_tokens = 4096
-
-[[llm.models]]
-name = "bad"
-base_url = "{base_url}"
-model = "fake-coder"
-key_env = "EVO_TEST_BAD_KEY"
-context_tokens = 3328
-max_output_tokens = 256
-''')
-    return path
+    return write_llm_config(tmp_path, [
+        {"name": "good", "base_url": base_url, "model": "fake-coder", "key_env": "EVO_TEST_GOOD_KEY",
+         "context_tokens": 32768, "max_output_tokens": 4096},
+        {"name": "bad", "base_url": base_url, "model": "fake-coder", "key_env": "EVO_TEST_BAD_KEY",
+         "context_tokens": 3328, "max_output_tokens": 256},
+    ])
 
 
 def _dry_run(cfg: Path, *extra: str):

@@ -94,34 +94,28 @@ def main() -> int:
             timed("poison outputs", lambda: [poison_(o) for o in slots.outs])
             for o, e in zip(slots.outs, eager):
                 o.copy_(e)
+            def lean_vs_full(what: str, label: str, **kw) -> None:
+                """The full then the lean check of the outputs as they are, timed; rows saying
+                whether they agree."""
+                res = {lean: timed(f"tolerance check, {'lean' if lean else 'full'}, {what}",
+                                   lambda lean=lean: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), lean=lean, **kw)
+                                                      for o, r in zip(slots.outs, truth)])
+                       for lean in (False, True)}
+                agree(name, shape, label, res[True], res[False])
+
             for chunk in (1 << 21, 1 << 23, 1 << 26):   # 2^21: a lean chunk's temporaries fit in L2
-                res = {}
-                for lean in (False, True):
-                    res[lean] = timed(f"tolerance check, {'lean' if lean else 'full'}, chunk 2^{chunk.bit_length() - 1}",
-                                      lambda chunk=chunk, lean=lean: [
-                                          check(o, r, task.tolerance, dtype=output_dtype(r, dt), chunk=chunk, lean=lean)
-                                          for o, r in zip(slots.outs, truth)])
-                agree(name, shape, f"chunk 2^{chunk.bit_length() - 1}", res[True], res[False])
+                label = f"chunk 2^{chunk.bit_length() - 1}"
+                lean_vs_full(label, label, chunk=chunk)
             if slots.outs and slots.outs[0].is_floating_point() and slots.outs[0].numel():    # a failing output: one NaN, its chunk checked in full
                 flat = slots.outs[0].view(-1)
                 mid = flat.numel() // 2
                 keep = flat[mid].clone()
                 flat[mid] = float("nan")
-                res = {}
-                for lean in (False, True):
-                    res[lean] = timed(f"tolerance check, {'lean' if lean else 'full'}, one NaN in the output",
-                                      lambda lean=lean: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), lean=lean)
-                                                         for o, r in zip(slots.outs, truth)])
-                agree(name, shape, "one NaN", res[True], res[False])
+                lean_vs_full("one NaN in the output", "one NaN")
                 flat[mid] = keep
             for o in slots.outs:          # an unwritten output: the poison everywhere
                 poison_(o)
-            res = {}
-            for lean in (False, True):
-                res[lean] = timed(f"tolerance check, {'lean' if lean else 'full'}, poisoned (unwritten) output",
-                                  lambda lean=lean: [check(o, r, task.tolerance, dtype=output_dtype(r, dt), lean=lean)
-                                                     for o, r in zip(slots.outs, truth)])
-            agree(name, shape, "poisoned", res[True], res[False])
+            lean_vs_full("poisoned (unwritten) output", "poisoned")
             for o, e in zip(slots.outs, eager):
                 o.copy_(e)
             if not args.cpu or args.fused:
