@@ -144,12 +144,6 @@ def test_the_engine_lends_its_helpers_a_read_only_seen_and_never_writes_the_prop
             setattr(eng.proposer, counter, 0)
 
 
-def _kinds(rt, d) -> list[str]:
-    """The kind of each GPU request submitted so far: m(utation), t(rial), p(rofile)."""
-    trials = {p.candidate.id for p in d._tune}  # noqa: SLF001 - the test's own bookkeeping
-    return ["p" if s[0] == "profile" else ("t" if s[3] in trials else "m") for s in rt.submitted if s[0] != "compile"]
-
-
 def test_trials_and_profiles_get_their_turn_while_mutations_wait():
     """Compiles outpace the GPU: mutations always wait. Trials still get one request in
     TRIAL_EVERY and profiles one in PROFILE_EVERY, neither starved nor in a burst."""

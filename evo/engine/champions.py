@@ -145,11 +145,16 @@ def _shape_times(ev: Evaluation) -> dict[str, float]:
     """Per-shape median times of a correct evaluation's timing stage; without per-shape rows
     (a stage that reports only a speedup), ``{"fitness": 1 / fitness}`` (time is inverse to
     speedup against the same reference)."""
+    out = {str(r["shape"]): float(r["median_ms"]) for r in _timed_rows(ev)}
+    return out or {"fitness": 1.0 / float(ev.fitness)}
+
+
+def _timed_rows(ev: Evaluation) -> list[Mapping[str, Any]]:
+    """The per-shape rows of ``ev``'s timing stage that hold a shape and a positive median."""
     timing = next((st for st in ev.stages if st.stage == "timing"), None)
     rows = (timing.metrics.get("shapes") if timing is not None else None) or []
-    out = {str(r["shape"]): float(r["median_ms"]) for r in rows
-           if isinstance(r, Mapping) and isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0}
-    return out or {"fitness": 1.0 / float(ev.fitness)}
+    return [r for r in rows if isinstance(r, Mapping) and "shape" in r
+            and isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0]
 
 
 def paired_from_evaluations(pairs: Sequence[tuple[Evaluation, Evaluation]]) -> PairedTimings:
@@ -188,9 +193,7 @@ def ncu_corroboration(ev: Evaluation, profiles: Sequence[Mapping[str, Any]],
     ncu's time is a lower bound when its launch cap was reached (``ncu_capped``), which
     changes nothing here. A timed median far above ncu's is not a disagreement (launch
     overhead dominates tiny kernels). None when no shape has both numbers."""
-    timing = next((st for st in ev.stages if st.stage == "timing"), None)
-    timed = {_shape_key(r["shape"]): float(r["median_ms"]) for r in (timing.metrics.get("shapes") or [] if timing else [])
-             if isinstance(r, Mapping) and isinstance(r.get("median_ms"), (int, float)) and "shape" in r}
+    timed = {_shape_key(r["shape"]): float(r["median_ms"]) for r in _timed_rows(ev)}
     ncu: dict[str, float] = {}
     for p in profiles:  # oldest first: a newer profile of a shape replaces an older one
         m = p.get("metrics") or {}
