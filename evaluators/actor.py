@@ -63,6 +63,23 @@ class GpuResult:
     worker: str
     gpu_stage_s: float = 0.0
     activity: tuple[float, int] | None = None
+    #: when the actor's set-up began and ended (epoch seconds): the run's start-up, in its events
+    actor_init: tuple[float, float] | None = None
+
+
+def _warm_judge() -> None:
+    """The GPU actor's judge warmed (:meth:`evaluators.judge.judge.Judge.warm`); a failure is
+    only logged: the first evaluation meets it again, and reports it as ours."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        from evaluators.judge import judge_for
+
+        judge_for("cuda").warm()
+    except Exception as e:  # noqa: BLE001 - the first evaluation raises it for real
+        log.warning("warming the judge failed (the first evaluation will try again): %s", e)
 
 
 class GpuEvaluator:
@@ -77,6 +94,8 @@ class GpuEvaluator:
     def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings,
                  profile_fn: Callable | None = None, *, pooled: bool) -> None:
         self._profile = profile_fn
+        init_t0 = time.time()
+        default_evaluate = evaluate_fn is None
         if evaluate_fn is None:
             from evaluators.pipeline import evaluate_built
 
@@ -100,6 +119,10 @@ class GpuEvaluator:
             BUILTIN_TASKS.with_files(settings.task_files)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
         self.activity = ActivitySampler.for_visible_gpu()
+        if settings.isolation == "judge" and default_evaluate:
+            # the judge's CUDA context and check kernels, made while the first kernels compile
+            threading.Thread(target=_warm_judge, name="evo-judge-warm", daemon=True).start()
+        self._init = (init_t0, time.time())
 
     @staticmethod
     def concurrency(settings: HarnessSettings, *, pooled: bool) -> int:
@@ -129,7 +152,7 @@ class GpuEvaluator:
         log.debug("%s evaluated %s in %.2fs: %s", self._worker, candidate.short_id, t1 - t0, ev.status.value)
         gpu_s = sum(s.seconds for s in ev.stages if s.stage in GPU_STAGES)
         return GpuResult(evaluation=ev, started=t0, finished=t1, worker=self._worker,
-                         gpu_stage_s=gpu_s, activity=self.activity.mean())
+                         gpu_stage_s=gpu_s, activity=self.activity.mean(), actor_init=self._init)
 
     def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises

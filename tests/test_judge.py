@@ -191,7 +191,7 @@ def test_the_judges_own_out_of_memory_is_retried_once_then_ours_never_the_candid
     if times == 1:   # caches dropped, evaluated again: the candidate's verdict stands
         rep = judge.evaluate(_job(), _settings())
         assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
-        assert len(made) == 2
+        assert len([r for r in made if "LOAD" in r.log]) == 2   # one runner a try (and a spare, unused)
     else:            # twice: our failure, named, and no verdict at all
         with pytest.raises(HarnessError) as ei:
             judge.evaluate(_job(), _settings())
@@ -414,3 +414,52 @@ def test_the_judge_evicts_other_tasks_buffers_until_its_own_work_fits(tmp_path, 
     big = SimpleNamespace(ins=(torch.empty(1).expand(1 << 30),), outs=(torch.empty(1).expand(1 << 30),))
     judge._free_for_work(SimpleNamespace(name="mine"), {0: big})
     assert freed == ["old", "older_use"] and ("mine", 0) in judge._slots and ("new", 0) in judge._slots
+
+
+def test_a_spare_runner_serves_the_next_candidate_and_sees_only_that_one(tmp_path):
+    """From the second evaluation on, the judge starts the next candidate's runner while the
+    current one's correctness runs; the next candidate gets it (no start-up of its own), each
+    runner loads exactly one candidate, and closing the judge kills the unused spare."""
+    made: list = []
+    judge, _ = _judge(tmp_path, made)
+    first = judge.evaluate(_job(), _settings())
+    assert len(made) == 1 and first.env["runner"] == "started for it"   # one evaluation: no spare
+    second = judge.evaluate(_job(), _settings())
+    assert len(made) == 3   # the second's runner, and the spare started during its correctness
+    third = judge.evaluate(_job(), _settings())
+    assert third.env["runner"].startswith("spare") and len(made) == 4
+    for rep in (first, second, third):
+        assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
+    assert [r.log.count("LOAD") for r in made] == [1, 1, 1, 0]
+    assert all(r.closed for r in made[:3]) and not made[3].closed
+    judge.close()
+    assert made[3].closed
+    assert not list(tmp_path.glob("spare-*"))   # the spare's job directory went with it
+
+
+def test_a_spare_that_died_or_did_not_start_is_replaced_not_a_verdict(tmp_path):
+    made: list = []
+    starts = []
+    clock = FakeClock()
+
+    def start(*, jobdir, timeout_s, seccomp):
+        starts.append(jobdir)
+        if len(starts) == 3:   # the spare started during the second evaluation
+            from evaluators.judge.runner_process import RunnerStartError
+            raise RunnerStartError("no CUDA context (test)")
+        r = FakeRunner(relu_kernel, clock, Path(jobdir))
+        made.append(r)
+        return r
+
+    judge = Judge(backend="host", ops=FakeOps(clock), workdir=tmp_path, start_runner=start)
+    judge.evaluate(_job(), _settings())
+    judge.evaluate(_job(), _settings())
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
+    assert rep.env["runner"] == "started for it" and len(starts) == 5   # its own, then the next spare
+    made[-1]._dead = True   # that spare dies while idle
+    made[-1].returncode = -9
+    rep = judge.evaluate(_job(), _settings())
+    assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")] and rep.env["runner"] == "started for it"
+    assert made[-3].closed   # the dead spare was reaped, not used
+    judge.close()

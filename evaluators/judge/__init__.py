@@ -33,8 +33,10 @@ def judge_for(backend: str = "cuda") -> Any:
 
 
 def reset_judges() -> None:
-    """Forget this process's judges (tests)."""
+    """Close and forget this process's judges (tests)."""
     with _LOCK:
+        for judge in _JUDGES.values():
+            judge.close()
         _JUDGES.clear()
 
 

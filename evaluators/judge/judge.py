@@ -13,6 +13,12 @@ candidate at a time:
    timing (:mod:`evaluators.judge.timing`);
 4. kill the runner whatever happened.
 
+A judge that has evaluated before keeps one **spare runner**: started (``HELLO``, its CUDA
+context made) while the current candidate's correctness runs, so the next candidate skips the
+runner's start-up. A spare has never seen candidate code (it is handed exactly one candidate,
+then discarded like any runner), and the timing loop waits for it to be up: no runner starts
+while anything is timed.
+
 What the runner says is only ever the return codes and event time of one call, parsed
 strictly; whether the call was right, and how long it took, is decided here. A failure of ours
 (the runner or its CUDA context would not start, a buffer could not be mapped, the judge's own
@@ -106,6 +112,9 @@ class Judge:
         #: self-check failure falls back to the eager check for the process. Not inductor:
         #: its fused passes were slower than the eager ones (benchmarks/judge_gpu/steps.py).
         self._fused: str | None = "triton" if backend == "cuda" and _has_triton() else None
+        #: the next candidate's runner, starting or started (:class:`_Spare`); evaluations so far
+        self._spare: _Spare | None = None
+        self._evaluations = 0
 
     # ----------------------------------------------------------------- set-up (ours)
 
@@ -190,8 +199,9 @@ class Judge:
 
         work = max((WORK_FACTOR * 8 * sum(t.numel() for t in (*sl.ins, *sl.outs)) for sl in slots.values()),
                    default=0)
+        runners = 2 if self._evaluations else 1   # this candidate's and the spare started beside it
         for key in [k for k in self._slots if k[0] != task.name]:
-            if torch.cuda.mem_get_info()[0] >= work + RUNNER_RESERVE_BYTES:
+            if torch.cuda.mem_get_info()[0] >= work + runners * RUNNER_RESERVE_BYTES:
                 return
             self._evict(key)
 
@@ -231,6 +241,26 @@ class Judge:
         if key in self._compile_errors:
             env["reference_compile_error"] = self._compile_errors[key]
         return refs
+
+    def warm(self) -> None:
+        """Make the judge's CUDA state before the first candidate: the CUDA context and the
+        exchange, and the fused tolerance check's kernels for the common output dtypes (their
+        compile is seconds). The GPU actor calls it on a thread of its own as it starts, while
+        the first kernels compile; an evaluation that comes first waits for it (one lock).
+        Our failure raises, as the first evaluation's would."""
+        if self.backend != "cuda":
+            return
+        with self._lock:
+            import torch
+
+            from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
+
+            self._cuda_exchange()
+            if self._fused is not None:
+                ref = torch.linspace(-1.0, 1.0, 1 << 12, device="cuda", dtype=torch.float64)
+                for dt, tol in ((torch.float32, FP32_ELEMENTWISE), (torch.bfloat16, BF16_ELEMENTWISE)):
+                    check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
+            torch.cuda.synchronize()
 
     # ----------------------------------------------------------------- one candidate
 
@@ -294,7 +324,9 @@ class Judge:
         cuda = self.backend == "cuda"
         ops = self._device_ops(settings)
         self._workdir.mkdir(parents=True, exist_ok=True)
-        jobdir = Path(tempfile.mkdtemp(prefix=f"{job.candidate_id[:12]}-", dir=self._workdir))
+        spare = self._take_spare(sandbox)
+        jobdir = spare.jobdir if spare is not None else Path(
+            tempfile.mkdtemp(prefix=f"{job.candidate_id[:12]}-", dir=self._workdir))
         ex = self._cuda_exchange() if cuda else HostExchange(jobdir / "buffers")
         so = jobdir / "kernel.so"
         so.write_bytes(job.so_bytes)
@@ -325,10 +357,17 @@ class Judge:
                     self._free_for_work(task, slots)
             with phases("references"):
                 references = self._references(task, settings, slots, bench, env) if mode.times else []
-            runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox, phases=phases)
+            runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox, phases=phases,
+                                               started=spare)
+            spare = None   # the runner now; closed below whatever happens
+            if self._evaluations:   # a judge that has evaluated before will likely evaluate again
+                self._start_spare(settings, sandbox)
+            self._evaluations += 1
             stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
                                check_shapes, bench, env, progress, phases)
         finally:
+            if spare is not None:   # taken, but this evaluation failed before it became the runner
+                spare.kill()
             with phases("close"):
                 if runner is not None:
                     runner.close()
@@ -342,30 +381,71 @@ class Judge:
                 torch.cuda.empty_cache()
         return _report(stages, env, time.monotonic() - t0)
 
+    def _launch(self, jobdir: Path, timeout_s: float, sandbox: Any, seccomp: bool, wrap: Sequence[str] = ()) -> Any:
+        """Start one runner up to ``READY`` (raises ``RunnerStartError``)."""
+        from evaluators.judge.runner_process import RunnerProcess
+
+        if self._start is not None:
+            return self._start(jobdir=jobdir, timeout_s=timeout_s, seccomp=seccomp,
+                               **({"wrap": tuple(wrap)} if wrap else {}))
+        argv = self._runner_argv()
+        return RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir, sandbox=sandbox,
+                                   timeout_s=timeout_s, seccomp=seccomp, cuda_device=self._cuda_device, wrap=wrap)
+
+    def _start_spare(self, settings: HarnessSettings, sandbox: Any) -> None:
+        """Start the next candidate's runner in the background (see the module docstring)."""
+        from evaluators.sandbox import seccomp_wanted
+
+        if self._spare is not None:
+            return
+        jobdir = Path(tempfile.mkdtemp(prefix="spare-", dir=self._workdir))
+        self._spare = _Spare(lambda: self._launch(jobdir, settings.timeout_s, sandbox, seccomp_wanted()),
+                             jobdir=jobdir, key=(sandbox, seccomp_wanted()), timeout_s=settings.timeout_s)
+
+    def _take_spare(self, sandbox: Any) -> "_Spare | None":
+        """The spare, if it started and was started for this sandbox; else None (it is killed)."""
+        from evaluators.sandbox import seccomp_wanted
+
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        runner = spare.wait() if spare.key == (sandbox, seccomp_wanted()) else None
+        if runner is None or getattr(runner, "returncode", None) is not None:   # not for this sandbox, or gone
+            spare.kill()
+            return None
+        return spare
+
+    def _await_spare(self) -> None:
+        """Return once no runner is starting (called before anything is timed)."""
+        if self._spare is not None:
+            self._spare.wait()
+
+    def close(self) -> None:
+        """Kill the spare runner (the judge stays usable: the next evaluation starts its own)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.kill()
+
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
                       env: dict[str, str], sandbox: Any, wrap: Sequence[str] = (),
-                      phases: Phases | None = None) -> tuple[Any, Calibration]:
+                      phases: Phases | None = None, started: "_Spare | None" = None) -> tuple[Any, Calibration]:
         """A runner with every buffer mapped and its empty call timed; our failure if not.
         ``wrap``: a trusted program started in front of the sandboxed runner (ncu,
-        :mod:`evaluators.judge.profile`; :meth:`RunnerProcess.start`)."""
-        from evaluators.judge.runner_process import RunnerProcess, RunnerStartError
+        :mod:`evaluators.judge.profile`; :meth:`RunnerProcess.start`). ``started``: a spare
+        runner, already up, to use instead of starting one."""
+        from evaluators.judge.runner_process import RunnerStartError
         from evaluators.sandbox import seccomp_wanted
 
         phases = phases if phases is not None else Phases()
         want_seccomp = seccomp_wanted()
         try:
             with phases("runner_start"):
-                if self._start is not None:
-                    runner = self._start(jobdir=jobdir, timeout_s=settings.timeout_s, seccomp=want_seccomp,
-                                         **({"wrap": tuple(wrap)} if wrap else {}))
-                else:
-                    argv = self._runner_argv()
-                    runner = RunnerProcess.start(argv if len(argv) > 1 else Path(argv[0]), jobdir=jobdir,
-                                                 sandbox=sandbox, timeout_s=settings.timeout_s,
-                                                 seccomp=want_seccomp, cuda_device=self._cuda_device, wrap=wrap)
+                runner = (started.runner if started is not None
+                          else self._launch(jobdir, settings.timeout_s, sandbox, want_seccomp, wrap))
         except RunnerStartError as e:
             raise HarnessError(f"the runner did not start: {e}", kind="runner",
                                fix="run `evo check` on a seed kernel to see the runner's own error") from e
+        env["runner"] = "spare (started during the previous candidate's correctness)" if started else "started for it"
         try:
             env["sandbox"] = ", ".join(runner.layers)
             env["runner_backend"] = runner.backend
@@ -447,6 +527,7 @@ class Judge:
                 stages.append(StageResult("timing", Status.SKIPPED, skip))
                 return stages
             current = "timing"
+            self._await_spare()
             stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
                                       reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
                                       sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
@@ -456,6 +537,41 @@ class Judge:
             if current == "correctness":
                 stages.append(StageResult("timing", Status.SKIPPED, f"not run: correctness {f.status.value}"))
         return stages
+
+
+class _Spare:
+    """A runner being started on a thread of its own, for the judge's next candidate.
+
+    ``wait()`` gives the started runner, or None when its start failed (the failure is the
+    judge's to retry: the next evaluation starts a runner itself); ``kill()`` stops it and
+    removes its job directory. Made and used by the judge's evaluating thread only."""
+
+    def __init__(self, start: Callable[[], Any], *, jobdir: Path, key: tuple, timeout_s: float) -> None:
+        self.jobdir = jobdir
+        self.key = key
+        self.timeout_s = timeout_s
+        self.runner: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(start,), name="evo-spare-runner", daemon=True)
+        self._thread.start()
+
+    def _run(self, start: Callable[[], Any]) -> None:
+        try:
+            self.runner = start()
+        except BaseException as e:  # noqa: BLE001 - reported by wait(), never lost
+            self.error = e
+
+    def wait(self) -> Any:
+        self._thread.join()
+        if self.error is not None:
+            log.info("the spare runner did not start (the next candidate starts its own): %s", self.error)
+        return self.runner
+
+    def kill(self) -> None:
+        runner = self.wait()
+        if runner is not None:
+            runner.kill()
+        shutil.rmtree(self.jobdir, ignore_errors=True)
 
 
 def _is_oom(e: BaseException) -> bool:

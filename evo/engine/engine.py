@@ -331,6 +331,10 @@ class Engine:
 
     def _gpu_done(self, done: GpuDone) -> None:
         pending, res, g = done.pending, done.result, done.gpu
+        if not self.progress.evaluations:   # the run's start-up, read from its events
+            self.store.log_event(self.run_id, "first_gpu_result", {
+                "gpu": g, "actor_init": list(getattr(res, "actor_init", None) or ()),
+                "started": res.started, "finished": res.finished})
         self.breaker.ok("GPU evaluation")
         self.gpu_faults.finished(pending)
         self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
@@ -341,6 +345,9 @@ class Engine:
 
     def _compiled(self, pending: Pending, outcome) -> None:
         stage = outcome.result
+        if not self.rates.n_compiled:
+            self.store.log_event(self.run_id, "first_compiled", {"task": pending.candidate.task,
+                                                                 "seconds": stage.seconds})
         pending.pre_stages = pending.pre_stages + (stage,)
         self.rates.compiled(stage.seconds)
         if stage.passed and outcome.so_bytes:

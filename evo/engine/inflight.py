@@ -63,6 +63,10 @@ class RateMeter:
     _first: float | None = None
     _last: float | None = None
 
+    @property
+    def n_compiled(self) -> int:
+        return self._compiles
+
     def compiled(self, seconds: float) -> None:
         self._compiles += 1
         self._compile_sum += max(0.0, seconds)
