@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 
 from evo.engine.engine import Engine, EngineSettings, SearchError, SearchSummary
@@ -339,6 +340,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
             secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env),
         )
+        if stages is None and not resume and not (address or os.environ.get("RAY_ADDRESS")):
+            precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
         try:
             rt.start()
         except RuntimeError_ as e:
@@ -387,6 +390,33 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         raise
     finally:
         store.close()
+
+
+def precompile_seeds(seeds: dict, settings) -> list:
+    """Compile the seeds into the compile cache on threads of this process, while the local
+    Ray instance and its workers start (seconds): the engine's own compile of a seed, on a
+    worker of this machine, then finds it built, or waits on the cache entry's lock while it
+    is built, never building it twice. Returns the threads (daemons; a failure is only
+    logged: the engine's compile meets it again and records it). Nothing without a cache."""
+    import threading
+
+    from evaluators.compile import compile_candidate
+
+    if not settings.cache_dir:
+        return []
+
+    def build(cand: Candidate) -> None:
+        try:
+            compile_candidate(cand, settings)
+        except Exception as e:  # noqa: BLE001 - the engine's compile of the seed reports it
+            log.debug("precompiling the seed of %s failed: %s", cand.task, e)
+
+    threads = [threading.Thread(target=build, args=(Candidate.create(task, src, params),), daemon=True,
+                                name=f"evo-precompile-{task}")
+               for task, (src, params) in seeds.items()]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def _descriptor_fn():

@@ -1,0 +1,34 @@
+"""The seeds compile on the driver's threads while a local Ray instance starts
+(evo.engine.search.precompile_seeds): each seed once, from the source and parameters the engine
+submits (so the engine's compile finds the same cache entry), and nothing without a cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import evaluators.compile as compile_mod
+from evaluators.base import CompileSettings
+from evo.engine.search import precompile_seeds
+
+
+def test_each_seed_is_built_once_into_the_cache_and_none_without_one(monkeypatch, tmp_path):
+    built: list[tuple[str, str, dict, str]] = []
+    lock = threading.Lock()
+
+    def fake_compile(cand, settings):
+        with lock:
+            built.append((cand.task, cand.source, dict(cand.params), settings.cache_dir))
+        if cand.task == "broken":
+            raise RuntimeError("nvcc exploded (test)")   # logged, never raised into the search
+
+    monkeypatch.setattr(compile_mod, "compile_candidate", fake_compile)
+    seeds = {"a": ("__global__ void a() {}", {"VEC": "4"}), "broken": ("x", {})}
+    settings = CompileSettings(cache_dir=str(tmp_path / "cc"))
+    threads = precompile_seeds(seeds, settings)
+    for t in threads:
+        t.join(10)
+    assert sorted(built) == [("a", "__global__ void a() {}", {"VEC": "4"}, str(tmp_path / "cc")),
+                             ("broken", "x", {}, str(tmp_path / "cc"))]
+    built.clear()
+    assert precompile_seeds(seeds, dataclasses.replace(settings, cache_dir="")) == [] and built == []
