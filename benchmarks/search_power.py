@@ -64,8 +64,10 @@ class Row:
     profiled: int = 0
     correct: int = 0
     profiled_outside_topk: int = 0
-    optuna_trials: int = 0
+    optuna_trials: int = 0  # trials the studies asked for (:func:`study_counts`; known points are not asked)
     optuna_evaluated: int = 0
+    optuna_told: int = 0
+    optuna_sized: int | None = None  # the studies' trial budgets, as sized when they opened
     studies: int = 0
     studies_finished: int = 0
     vs_hand: dict | None = None  # the champion against the hand-tuned seed, paired rounds (:func:`versus_hand`)
@@ -208,13 +210,15 @@ def read_row(row: Row, db: Path) -> Row:
         row.profiled = len(profiled)
         correct_ids = {e.candidate_id for e in evs if e.fitness is not None}
         row.profiled_outside_topk = len(profiled - correct_ids)
-        trials = store.tuning_trials(rid)
-        row.optuna_trials = len(trials)
-        row.studies = len({t["parent_id"] for t in trials})
-        row.optuna_evaluated = row.operators.get("optuna", 0)
         events = store.events(rid)
+        tuning = study_counts(events, store.tuning_trials(rid), cands)
+        row.studies = tuning.studies
+        row.studies_finished = tuning.finished
+        row.optuna_trials, row.optuna_evaluated, row.optuna_told = tuning.asked, tuning.evaluated, tuning.told
+        row.optuna_sized = tuning.sized
+        if tuning.note:
+            row.notes.append(tuning.note)
         row.gpu_s = gpu_seconds(evs, cands, events)
-        row.studies_finished = sum(1 for e in events if e["kind"] == "tuning_done")
         for e in events:
             if e["kind"] == "profiling_off":
                 row.notes.append(f"profiling off: {str(e['payload'].get('reason', ''))[:160]}")
@@ -227,6 +231,59 @@ def read_row(row: Row, db: Path) -> Row:
         row.hand_gap = hand_gap(row.best_params, _hand_params(row.task), values)
         row.notes.append(_short_of(row))
     return row
+
+
+@dataclass(frozen=True)
+class TuningCounts:
+    """A run's Optuna studies, summed (the table's optuna column): ``studies`` opened,
+    ``finished`` by the rule of :attr:`evo.tuning.study_counts.StudyCounts.finished`, trials
+    ``asked`` (known points are not asked), ``evaluated`` (compile + GPU) and ``told`` (an
+    earlier evaluation of the same point, no compile), ``sized``: the studies' trial budgets
+    as sized when they opened (None when the records do not say); ``note``: how the counts
+    were read when not from the studies' own counts."""
+
+    studies: int = 0
+    finished: int = 0
+    asked: int = 0
+    evaluated: int = 0
+    told: int = 0
+    sized: int | None = None
+    note: str = ""
+
+
+def study_counts(events, trials, cands: dict) -> TuningCounts:
+    """:class:`TuningCounts` of a run from its events (``tuning_start`` for each study opened,
+    with its sized ``n_trials``; ``tuning_done`` when it finished, ``tuning_unfinished`` at the
+    end of the run for the others, both with the study's counts). A store written before
+    studies logged their counts is read from its trial records instead (``trials``: its
+    ``tuning_trials`` rows; ``cands``: its candidates by id): an asked trial is one that was
+    pruned, told an earlier trial's result (no candidate) or evaluated as a child of its
+    study's parent; the other records are known points."""
+    from evo.tuning.study_counts import StudyCounts
+
+    starts = [e["payload"] for e in events if e["kind"] == "tuning_start"]
+    ends = {e["payload"].get("parent"): e["payload"] for e in events
+            if e["kind"] in ("tuning_done", "tuning_unfinished")}
+    if starts and all("n_trials" in p for p in starts):
+        final = [StudyCounts.from_json(ends[p["parent"]]["counts"]) for p in starts
+                 if "counts" in ends.get(p["parent"], {})]
+        lost = len(starts) - len(final)
+        return TuningCounts(studies=len(starts), finished=sum(c.finished for c in final),
+                            asked=sum(c.asked for c in final), evaluated=sum(c.evaluated for c in final),
+                            told=sum(c.told for c in final), sized=sum(int(p["n_trials"]) for p in starts),
+                            note=f"{lost} stud{'y' if lost == 1 else 'ies'} logged no counts (the run did not "
+                                 "end normally): not counted as finished" if lost else "")
+    asked = evaluated = 0
+    for t in trials:
+        cand = cands.get(t["candidate_id"]) if t["candidate_id"] else None
+        mine = cand is not None and cand.operator == "optuna" and tuple(cand.parents) == (t["parent_id"],)
+        asked += t["candidate_id"] is None or t["status"] == "pruned" or mine
+        evaluated += mine
+    return TuningCounts(studies=len({t["parent_id"] for t in trials} | {p.get("parent") for p in starts}),
+                        finished=sum(1 for e in events if e["kind"] == "tuning_done"), asked=asked,
+                        evaluated=evaluated, told=asked - evaluated - sum(t["status"] == "pruned" for t in trials),
+                        note="optuna counts read from the trial records (the studies logged no counts)"
+                        if trials else "")
 
 
 #: The stages that run on the GPU (the rest, policy and compile, run in the compile pool).
@@ -284,9 +341,9 @@ def _short_of(row: Row) -> str:
         parts.append("failures " + ", ".join(f"{k} {v}" for k, v in sorted(row.funnel.items())))
     if not row.optuna_evaluated:
         parts.append("no optuna trial evaluated")
-    elif row.optuna_trials > row.optuna_evaluated:
-        parts.append(f"optuna: {row.optuna_evaluated} of {row.optuna_trials} trials asked were evaluated, "
-                     f"{row.studies_finished} of {row.studies} studies finished")
+    elif row.studies_finished < row.studies:
+        parts.append(f"optuna: {row.studies_finished} of {row.studies} studies finished ({row.optuna_evaluated} "
+                     f"trials evaluated and {row.optuna_told} told of {_sized(row)})")
     if row.hand_gap:
         parts.append(row.hand_gap)
     if not row.improvements:
@@ -306,7 +363,8 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
            f"Command: `{command}`", "",
            "| task | cold seed | best found | best (bench) | hand-tuned (bench) | evals to 95% | evaluations | "
            "improvements (eval: operator fitness) | champion vs cold seed | champion vs hand-tuned | profiled / correct | "
-           "optuna trials (evaluated, studies, finished) | GPU s: mutations / trials / profiles | notes |",
+           "optuna trials asked / evaluated / told / sized; studies / finished | GPU s: mutations / trials / profiles | "
+           "notes |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imp = ", ".join(f"{i}: {op} {f:.3f}" for i, op, f in r.improvements) or "-"
@@ -324,9 +382,14 @@ def table(rows: list[Row], *, command: str, budget: int) -> str:
                                                if r.profiled_outside_topk else "")
         out.append(f"| {r.task} | {_x(r.cold)} | {_x(r.best)} | {_x(r.best_bench)} | {_x(r.hand_bench)} | "
                    f"{r.evals_to_reach if r.evals_to_reach is not None else '-'} | {r.evaluations} / {r.budget} | "
-                   f"{imp} | {gain} | {vs} | {prof} | {r.optuna_trials} ({r.optuna_evaluated}, {r.studies}, {r.studies_finished}) | "
+                   f"{imp} | {gain} | {vs} | {prof} | {r.optuna_trials} / {r.optuna_evaluated} / {r.optuna_told} / "
+                   f"{_sized(r)}; {r.studies} / {r.studies_finished} | "
                    f"{_gpu(r.gpu_s)} | {'; '.join(r.notes) or '-'} |")
     return "\n".join(out) + "\n"
+
+
+def _sized(r: Row) -> str:
+    return "-" if r.optuna_sized is None else str(r.optuna_sized)
 
 
 def _gpu(g: dict[str, float]) -> str:

@@ -78,7 +78,10 @@ def test_parent_first_constraints_pruned_failures_recorded(tmp_path):
     # Without parent_fitness, the parent's values are evaluated (the parent itself, not a child).
     compiled = _compiled(log)
     assert compiled[0] == _parent().id
-    assert len(compiled) == len(set(compiled)) == st.issued == 12
+    # 12 trials, each evaluated once or told an earlier trial's result (a repeat costs no compile)
+    counts = st.counts()
+    assert len(compiled) == len(set(compiled)) == st.issued == counts.evaluated
+    assert counts.evaluated + counts.told == 12 and counts.finished
     by_id = {}
     for t in trials:
         if t.state is TrialState.PRUNED and "reason" in t.user_attrs and "constraint" in t.user_attrs["reason"]:
@@ -117,7 +120,10 @@ def test_known_parent_fitness_costs_no_compile_and_lookup_reuses_evaluations(tmp
     t0 = st.study.trials[0]
     assert t0.value == pytest.approx(PARENT_FIT) and t0.user_attrs["evaluated"] is False
     assert _parent().id not in _compiled(log) and known_child.id not in _compiled(log)
-    assert len(_compiled(log)) == 5
+    # the parent is a known point (free); the looked-up child is told and counts as a trial
+    counts = st.counts()
+    assert counts.known == 1 and counts.told >= 1 and len(_compiled(log)) == counts.evaluated
+    assert counts.evaluated + counts.told == 5 and counts.finished
     assert st.best()[1] == 9.0 and st.best()[0].id == known_child.id
 
 
@@ -168,8 +174,9 @@ def test_resume_continues_numbering_without_repeating(tmp_path):
     new = [t for t in b.study.trials if t.number > last_number]
     assert new and min(t.number for t in new) == last_number + 1
     compiled = _compiled(log)
-    assert len(compiled) == len(first) + 6 and len(set(compiled)) == len(compiled)
-    assert b.evaluated_trials == 12
+    assert len(compiled) == len(first) + b.counts().evaluated and len(set(compiled)) == len(compiled)
+    assert b.counts().spent == a.counts().spent == 6
+    assert b.evaluated_trials == a.counts().evaluated + b.counts().evaluated
 
 
 def test_stale_running_trial_of_a_killed_session_is_failed(tmp_path):
@@ -267,7 +274,8 @@ def test_study_through_the_runtime(tmp_path):
         trials = study_obj.study.get_trials()
         compiled = _compiled(log)
         assert {k: str(v) for k, v in trials[0].params.items()} == PARENT_PARAMS
-        assert compiled and len(compiled) == len(set(compiled)) == 20
+        assert compiled and len(compiled) == len(set(compiled)) == study_obj.counts().evaluated
+        assert study_obj.counts().spent == 20 and study_obj.finished
         id_params = {t.user_attrs["candidate_id"]: {k: str(v) for k, v in t.params.items()}
                      for t in trials if "candidate_id" in t.user_attrs}
         assert all(not violated_constraints(SOURCE, id_params[c]) for c in compiled)
@@ -288,7 +296,8 @@ def test_study_through_the_runtime(tmp_path):
         new = [t for t in again.study.get_trials() if t.number > last]
         assert new and min(t.number for t in new) == last + 1
         compiled2 = _compiled(log)
-        assert len(compiled2) == 25 and len(set(compiled2)) == 25
+        assert len(compiled2) == len(set(compiled2)) == len(compiled) + again.counts().evaluated
+        assert again.counts().spent == 5
     finally:
         rt.shutdown()
         store.close()

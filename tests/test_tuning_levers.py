@@ -51,7 +51,9 @@ def test_feasible_sampler_draws_only_feasible_points():
 def test_a_study_spends_no_trial_on_an_infeasible_point_and_counts_feasible_ones(tmp_path):
     parent = Candidate.create("t", SRC, {"A": "0", "B": "0"})
     records, seen = [], []
-    st = TuningStudy(tmp_path / "s.journal", "r", parent, seed=2, n_trials=50, on_trial=records.append)
+    # a budget the space runs out before: TPE repeats its points in so small a space, and each
+    # repeat, told at once, counts as a trial
+    st = TuningStudy(tmp_path / "s.journal", "r", parent, seed=2, n_trials=1000, on_trial=records.append)
     assert st.feasible_size == 10
     tune_once(st, _evaluate(seen))
     assert not [r for r in records if r.status == "pruned"]
@@ -71,7 +73,7 @@ def test_known_points_seed_the_study_and_are_never_evaluated_again(tmp_path):
     known.append(({"C": "1"}, known[0][1]))  # another source's tunables: skipped
     records, seen = [], []
     st = TuningStudy(tmp_path / "s.journal", "r", parent, seed=0, n_trials=50, on_trial=records.append)
-    st2 = TuningStudy(tmp_path / "k.journal", "r", parent, seed=0, n_trials=50, known=known, on_trial=records.append)
+    st2 = TuningStudy(tmp_path / "k.journal", "r", parent, seed=0, n_trials=1000, known=known, on_trial=records.append)
     # before any ask the seeded study holds the five known points as finished trials
     done = [t for t in st2.study.get_trials() if t.state.is_finished()]
     assert len(done) == 5 and {t.user_attrs["origin"] for t in done} == {"known"}

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from evo.engine import recovery
 from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
-from evo.engine.dispatch import (CompileDone, CompileFailed, Dispatch, GpuDone, GpuFailed, ProfileDone,
+from evo.engine.dispatch import (TRIAL_EVERY, CompileDone, CompileFailed, Dispatch, GpuDone, GpuFailed, ProfileDone,
                                  ProfileFailed)
 from evo.engine.engine_settings import EngineSettings
 from evo.engine.inflight import RateMeter, inflight_bound
@@ -102,7 +102,8 @@ class Engine:
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
                                    tuning_storage=settings.tuning_storage, rng=rng, task_registry=task_registry,
-                                   profile_survivors=mut.reads_profiles(mutator))
+                                   profile_survivors=mut.reads_profiles(mutator), budget_left=self._budget_left,
+                                   trial_every=TRIAL_EVERY)
         self.breaker = recovery.Breaker()
         self.gpu_faults = recovery.GpuFaults()
         self.work = Dispatch(runtime, self.gpu_faults, settings.profile)
@@ -118,6 +119,10 @@ class Engine:
         if self.items.ordered:
             return len(self.items)
         return len(self.work) + len(self.proposer)
+
+    def _budget_left(self) -> int:
+        """Evaluations the run can still propose: the budget less what was proposed or is being proposed."""
+        return self.s.max_evaluations - self.progress.proposed - self.proposer.claimed
 
     @property
     def max_inflight(self) -> int:
@@ -190,6 +195,7 @@ class Engine:
             pending = [p.candidate.id for p in self.work.pending()]
             log.warning("interrupted: %d candidates in flight stay pending for --resume", len(pending))
             self.store.log_event(self.run_id, "interrupted", {"pending": pending})
+        self.survivors.close()
         if not interrupted and self.s.confirm_champions:
             self._confirm_champions()
         self.store.set_run_status(self.run_id, "interrupted" if interrupted else "finished")
@@ -226,20 +232,29 @@ class Engine:
 
     def _fill_slots(self) -> None:
         self.proposer.new_fill()
+        self._propose_mutations()
+        if self.survivors.studies and not self._stop_reason:  # trials take free slots after mutations
+            owed, submitted = self.survivors.owed(), 0
+            for cand in self.survivors.trials(self.max_inflight, seen=self.seen.view(), room=lambda: (
+                    self.n_inflight < self.max_inflight and self.progress.proposed < self.s.max_evaluations)):
+                submitted += self._submit(cand)
+            if self.survivors.owed() < owed - submitted:  # told or done without an evaluation: back to the mutations
+                self._propose_mutations()
+
+    def _propose_mutations(self) -> None:
+        """Propose children while slots are free and the budget has room: what the open
+        studies are owed (:meth:`Survivors.owed`) is kept for their trials, so a study opened
+        within the budget finishes before the mutations spend it."""
         tries, n = 0, len(self.islands)
         limit = self.max_inflight - self.survivors.reserve(self.max_inflight)
         # ordered: the pool queues what it cannot run yet (its load would make fills depend on timing)
         while self.n_inflight < limit and tries < n and not self._stop_reason and \
                 (self.items.ordered or self.proposer.has_room()):
-            if self.progress.proposed + self.proposer.claimed >= self.s.max_evaluations:
-                return  # never propose more than the budget can evaluate
+            if self._budget_left() - self.survivors.owed() <= 0:
+                return  # never propose more than the budget can evaluate, less the studies' trials
             isl = self.islands[self._rr % n]
             self._rr += 1
             tries = 0 if not isl.exhausted and self.proposer.propose(isl) else tries + 1
-        if self.survivors.studies and not self._stop_reason:  # trials take free slots after mutations
-            for cand in self.survivors.trials(self.max_inflight, seen=self.seen.view(), room=lambda: (
-                    self.n_inflight < self.max_inflight and self.progress.proposed < self.s.max_evaluations)):
-                self._submit(cand)
 
     def _stop(self, reason: str, replace: bool = False) -> bool:
         """Set the run's stop reason unless one is set (``replace``: even then)."""

@@ -8,7 +8,11 @@ Three kinds, all off the search's critical path:
 - **tuning** (docs/tuning.md): a correct candidate in its island's top-k (``tuning.top_k``)
   that declares tunables opens an Optuna study (:class:`evo.tuning.tuning.TuningStudy`), seeded
   with every point of the same source the run has evaluated (:meth:`Survivors.known_points`),
-  whose trials the engine sends through the same compile pool and GPU actors;
+  whose trials the engine sends through the same compile pool and GPU actors. A study is
+  sized when it opens to what the run's evaluation budget can still pay for
+  (:func:`sized_trials`), and the engine keeps what the open studies are owed
+  (:meth:`Survivors.owed`) out of the mutations' share of the budget, so every study it
+  opens can finish before the budget is spent;
 - **champion confirmation**: at the end of a run each task's best is evaluated again in a
   fresh process, in pairs with its task's seed, and the gain over the seed gets a confidence
   interval (:mod:`evo.engine.champions`).
@@ -49,6 +53,7 @@ __all__ = [
     "profile_visible",
     "has_tunables",
     "should_tune",
+    "sized_trials",
     "ProfileJob",
     "Survivors",
 ]
@@ -144,6 +149,20 @@ def should_tune(member: Member, topk: Sequence[str], tuned_ids: Collection[str],
     return has_tunables(member.candidate.source)
 
 
+def sized_trials(configured: int, budget_left: int | None, trial_every: int) -> int:
+    """The trial budget of a study opened now: ``configured`` (``tuning.trials_per_survivor``),
+    or fewer when the evaluations the run can still propose and has not promised to other
+    studies (``budget_left``; None: no bound) pay for fewer at one evaluation in
+    ``trial_every`` (trials' share of the GPU while they wait,
+    :data:`evo.engine.dispatch.TRIAL_EVERY`). A study so sized can finish within the budget
+    and leaves the rest to the mutations; 0: there is no room for a study."""
+    if trial_every < 1:
+        raise ValueError(f"trial_every = {trial_every}: must be >= 1")
+    if budget_left is None:
+        return configured
+    return max(0, min(configured, budget_left // trial_every))
+
+
 # ---------------------------------------------------------------------- the run's survivors
 
 
@@ -168,11 +187,15 @@ class Survivors:
     ``rng``: the engine's generator (each study draws its sampler seed from it when it
     opens, so a seeded run opens the same studies with the same seeds). ``task_registry``:
     where a candidate's task is looked up (its benchmark shapes; None: the built-in tasks).
+    ``budget_left()``: evaluations the run can still propose (None: unbounded), with
+    ``trial_every`` the share trials get of them (:func:`sized_trials`).
     """
 
     def __init__(self, *, store, run_id: str, profile: Any, tuning: Any, tuning_storage: str,
-                 rng: random.Random, task_registry: Any = None, profile_survivors: bool = True) -> None:
+                 rng: random.Random, task_registry: Any = None, profile_survivors: bool = True,
+                 budget_left: Callable[[], int] | None = None, trial_every: int = 1) -> None:
         self.store, self.run_id, self.task_registry = store, run_id, task_registry
+        self.budget_left, self.trial_every = budget_left, trial_every
         #: whether survivors are profiled while the run searches (False: the mutator reads no
         #: profile, :func:`mutators.base.reads_profiles`; champions are still, :meth:`champion_profiles`)
         self.profile_survivors = profile_survivors
@@ -325,18 +348,28 @@ class Survivors:
 
         cand = member.candidate
         self._tuned_ids.add(cand.id)
+        configured = int(self.tuning.trials_per_survivor)
+        left = None if self.budget_left is None else self.budget_left() - self.owed()
+        n_trials = sized_trials(configured, left, self.trial_every)
+        if n_trials < 1:
+            self.store.log_event(self.run_id, "tuning_skipped", {
+                "parent": cand.id, "fitness": member.fitness, "budget_left": left,
+                "reason": f"{left} evaluation(s) of the budget left for new work: none for a study's trials "
+                          f"(one in {self.trial_every})"})
+            return
 
         def on_trial(rec) -> None:
             self.store.add_tuning_trial(self.run_id, cand.id, rec.number, rec.params, rec.value, rec.status,
                                         rec.candidate_id)
 
         study = TuningStudy(self.tuning_storage, self.run_id, cand, seed=self.rng.randrange(2**31),
-                            n_trials=self.tuning.trials_per_survivor, parent_fitness=member.fitness,
+                            n_trials=n_trials, parent_fitness=member.fitness,
                             lookup=lambda cid: self.store.get_evaluation(cid, self.run_id),
                             known=self.known_points(cand), on_trial=on_trial)
         self.studies[cand.id] = study
         self.store.log_event(self.run_id, "tuning_start", {"parent": cand.id, "study": study.name,
-                                                           "fitness": member.fitness})
+                                                           "fitness": member.fitness, "n_trials": n_trials,
+                                                           "configured": configured, "budget_left": left})
 
     def known_points(self, cand: Candidate) -> list[tuple[dict[str, str], Evaluation]]:
         """``(params, evaluation)`` of every candidate of the run with ``cand``'s task and
@@ -354,6 +387,11 @@ class Survivors:
     def in_flight(self) -> int:
         """Trials handed out and not told yet, over every open study."""
         return sum(s.in_flight for s in self.studies.values())
+
+    def owed(self) -> int:
+        """Trials the open studies may still hand out (their budgets not spent yet): the
+        evaluations the engine keeps for them, out of the mutations' share of the budget."""
+        return sum(s.owed for s in self.studies.values())
 
     def reserve(self, max_inflight: int) -> int:
         """Slots kept for tuning trials: at most a third of all, only while studies want them."""
@@ -378,23 +416,35 @@ class Survivors:
                 if cand.id in seen:
                     continue  # in flight already (a mutation proposed it): told when it lands
                 yield cand
-            if study.done:
+            if study.finished:
                 self._finish_study(study)
 
     def told(self, cid: str, ev: Evaluation) -> None:
         """Candidate ``cid`` was evaluated: tell every study that asked for it."""
         for study, number in self._trial_of.pop(cid, []):
             study.tell(number, ev)
-            if study.done:
+            if study.finished:
                 self._finish_study(study)
 
+    def close(self) -> None:
+        """The run ends: a ``tuning_unfinished`` event with the counts of every study still
+        open (its budget not spent, or trials of it never told back), so the run's records
+        say what each study did whether or not it finished."""
+        for study in list(self.studies.values()):
+            self._log_study("tuning_unfinished", study)
+
     def _finish_study(self, study) -> None:
+        """Log ``tuning_done`` once, when ``study`` finished (the rule:
+        :attr:`evo.tuning.study_counts.StudyCounts.finished`), and forget it."""
         key = study.parent.id
         if key not in self.studies:
             return
         del self.studies[key]
+        self._log_study("tuning_done", study)
+
+    def _log_study(self, kind: str, study) -> None:
         summ = study.summary()
-        self.store.log_event(self.run_id, "tuning_done", {
+        self.store.log_event(self.run_id, kind, {
             "study": summ.study, "parent": study.parent.id, "best": summ.best_id,
             "best_fitness": summ.best_fitness, "parent_fitness": summ.parent_fitness,
-            "improved": summ.improved, "evaluated": summ.evaluated})
+            "improved": summ.improved, "evaluated": summ.evaluated, "counts": study.counts().to_json()})

@@ -23,7 +23,9 @@ A survivor (a correct candidate that entered its island's top-k, see
   point) is told that trial's outcome again, also without a compile, and the nearest
   untried feasible point (one tunable moved) is enqueued as the next trial, so a TPE that
   has settled on its best keeps exploring around it; a point whose candidate id the caller
-  already evaluated (``lookup``) is told that evaluation;
+  already evaluated (``lookup``) is told that evaluation; such a told trial costs no
+  evaluation but counts against the study's ``n_trials`` (:mod:`evo.tuning.study_counts`
+  states what counts and when a study is finished);
 - **failures are data**: :meth:`tell` records compile errors, incorrect results, crashes
   and timeouts as ``FAIL`` trials with ``status``, ``stage`` and ``reason`` attributes;
   correct ones complete with value = fitness (maximised);
@@ -66,6 +68,7 @@ from optuna.trial import TrialState
 
 from evo.core.records import Candidate, Evaluation, Operator, canonical_params
 from evo.core.tunables import TunableError, constraint_checker, parse_tunables, resolve_params, violated_constraints
+from evo.tuning.study_counts import StudyCounts
 
 __all__ = [
     "TuningError",
@@ -219,8 +222,10 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
 class TuningStudy:
     """One Optuna study over ``parent``'s tunables (see the module docstring).
 
-    ``storage``: path of a journal file, an Optuna URL or storage. ``n_trials``: trials this
-    object may send to evaluation (resumed studies run ``n_trials`` more). ``parent_fitness``:
+    ``storage``: path of a journal file, an Optuna URL or storage. ``n_trials``: this object's
+    trial budget, trials evaluated or told an earlier evaluation of their point (pruned asks
+    and known points are free; :mod:`evo.tuning.study_counts`); a resumed study runs
+    ``n_trials`` more. ``parent_fitness``:
     the survivor's fitness when known (its trial is then told without an evaluation).
     ``lookup(candidate_id) -> Evaluation | None``: evaluations the caller already has
     (e.g. the run's store), told without re-evaluating. ``known``: ``(params, evaluation)``
@@ -287,6 +292,9 @@ class TuningStudy:
             self.study.set_user_attr("tunables", {t.name: list(t.choices) for t in self.tunables})
         self._running: dict[int, tuple[optuna.Trial, Candidate]] = {}
         self._issued = 0
+        self._told = 0  # asked points answered with an earlier evaluation (they spend the budget)
+        self._pruned = 0
+        self._known = 0
         self._asks = 0
         self.records: list[TrialRecord] = []
         # Trials a killed session left RUNNING can never be told: fail them so the study
@@ -332,6 +340,7 @@ class TuningStudy:
             self._emit(TrialRecord(number, dict(params), "complete" if good else "failed", value, ev.candidate_id,
                                    "known: evaluated outside the study", False))
             added += 1
+        self._known += added
         return added
 
     # ------------------------------------------------------------------ state
@@ -357,15 +366,32 @@ class TuningStudy:
     def _feasible_keys(self) -> set[tuple]:
         return {k for k in self._asked_points if self._ok(dict(k))}
 
+    def counts(self) -> StudyCounts:
+        """What this object's session did (:class:`evo.tuning.study_counts.StudyCounts`): its
+        budget ``n_trials``, the points it asked, evaluated, told and pruned, the known points
+        it was given, and the trials in flight."""
+        return StudyCounts(n_trials=self.n_trials, asked=self._issued + self._told + self._pruned,
+                           issued=self._issued, told=self._told,
+                           pruned=self._pruned, known=self._known, in_flight=len(self._running),
+                           out_of_points=self.exhausted or self._asks >= self.max_asks)
+
     @property
     def done(self) -> bool:
-        """No further :meth:`ask` will return a candidate."""
-        return self._issued >= self.n_trials or self.exhausted or self._asks >= self.max_asks
+        """No further :meth:`ask` will return a candidate: ``n_trials`` trials were evaluated
+        (or handed out) or told an earlier evaluation, or no new point is left to ask
+        (:attr:`StudyCounts.done <evo.tuning.study_counts.StudyCounts.done>`)."""
+        return self.counts().done
 
     @property
     def finished(self) -> bool:
-        """Done and nothing in flight: the study of this session is over."""
-        return self.done and not self._running
+        """Done and nothing in flight: the study of this session is over (the one rule,
+        :attr:`StudyCounts.finished <evo.tuning.study_counts.StudyCounts.finished>`)."""
+        return self.counts().finished
+
+    @property
+    def owed(self) -> int:
+        """Trials this session may still hand out for evaluation at most (0 once done)."""
+        return self.counts().owed
 
     @property
     def evaluated_trials(self) -> int:
@@ -393,8 +419,11 @@ class TuningStudy:
     def ask(self) -> tuple[int, Candidate] | None:
         """The next trial to evaluate as ``(trial number, candidate)``, or None when done.
 
-        Points that need no evaluation (constraint violations, repeats, known candidates)
-        are told here and skipped; only a candidate that must be compiled comes back.
+        Points that need no evaluation are finished here and skipped: constraint violations
+        and points still in flight are pruned (free), the parent with a known fitness is told
+        it (a known point, free); repeats of an earlier trial and candidates ``lookup`` knows
+        are told that evaluation and count against ``n_trials`` (a trial the sampler chose,
+        at no evaluation's cost). Only a candidate that must be compiled comes back.
         """
         while not self.done:
             self._asks += 1
@@ -407,22 +436,25 @@ class TuningStudy:
                 reason = "constraint violated: " + "; ".join(violated)
                 trial.set_user_attr("reason", reason)
                 self.study.tell(trial, state=TrialState.PRUNED)
+                self._pruned += 1
                 self._emit(TrialRecord(trial.number, params, "pruned", reason=reason))
                 continue
             prior = self._outcome.get(key)
             if prior is not None or any(_key(c.params_dict) == key for _, c in self._running.values()):
                 self._tell_repeat(trial, params, prior)
-                step = self._untried_neighbour(params)
+                step = None if self.done else self._untried_neighbour(params)
                 if step is not None:  # TPE keeps returning a known point: try next to it instead
                     self.study.enqueue_trial(step, user_attrs={"origin": f"neighbour of trial {trial.number}"})
                 continue
             cand = self._candidate(trial.number, params)
             if cand.id == self.parent.id and self.parent_fitness is not None:
                 trial.set_user_attr("origin", "parent")
+                self._known += 1  # the parent's own fitness: a known point, not one the sampler chose
                 self._complete(trial, cand, float(self.parent_fitness), evaluated=False)
                 continue
             known = self.lookup(cand.id) if self.lookup is not None else None
             if known is not None:
+                self._told += 1
                 self._finish(trial, cand, known, evaluated=False)
                 continue
             self._running[trial.number] = (trial, cand)
@@ -452,9 +484,11 @@ class TuningStudy:
             reason = f"same point as trial {running}, still running"
             trial.set_user_attr("reason", reason)
             self.study.tell(trial, state=TrialState.PRUNED)
+            self._pruned += 1
             self._emit(TrialRecord(trial.number, params, "pruned", reason=reason))
             return
         state, value, number = prior
+        self._told += 1
         trial.set_user_attr("duplicate_of", number)
         if state is TrialState.COMPLETE:
             self.study.tell(trial, value)
