@@ -180,7 +180,7 @@ def _name_user_file(stage, kernel: Path):
 
 def tune(
     id: str = typer.Argument(..., help="Candidate id or unique prefix (a correct kernel with tunables)."),
-    trials: int = typer.Option(16, "--trials", help="Evaluated trials to run in this session."),
+    trials: int = typer.Option(16, "--trials", help="Trials in this session, each evaluated or told an earlier evaluation of its point."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take [compile]/[evaluator] settings from a config."),
     run: Optional[str] = typer.Option(None, "--run", help="Run (id or prefix) to record trials in (default: the candidate's latest run)."),
     db: Optional[str] = DbOpt,

@@ -20,8 +20,10 @@ class TuningSettings:
     survivor work, :mod:`evo.engine.survivors`, and :class:`evo.tuning.tuning.TuningStudy`).
 
     Config keys: ``enabled``: master switch, off by default (each study costs compiles and
-    GPU time). ``trials_per_survivor``: evaluated trials (compiles + GPU runs) per study;
-    pruned and repeated points are free (a record built by code with 0 tunes nothing).
+    GPU time). ``trials_per_survivor``: trials per study, each evaluated (compile + GPU run)
+    or told an earlier evaluation of its point; pruned and known points are free (a record
+    built by code with 0 tunes nothing). The engine sizes a study down to what the run's
+    evaluation budget left pays for (:func:`evo.engine.survivors.sized_trials`).
     ``top_k``: a correct member is tuned when it enters the best ``top_k`` of its island.
     ``max_concurrent``: trials of one study in flight at once (TPE learns from finished
     trials, so a few at a time is the sweet spot).
