@@ -82,6 +82,7 @@ def test_an_honest_kernel_passes_and_is_timed_by_the_judges_references(tmp_path)
     assert corr["judge_implied_ms"] == pytest.approx(1.0, abs=1e-9)
     # correctness: 2 shapes x 5 trials x 2 calls; timing: 1 warm-up + 10 reps
     assert made[0].calls == 2 * 5 * 2 + 1 + 10
+    judge.close()   # runners are closed on a thread; close() waits for them
     assert made[0].closed
     assert made[0].log[:2] == ["MAP", "MAP"] and "SECCOMP" in made[0].log
     assert made[0].log.index("SECCOMP") < made[0].log.index("LOAD") < made[0].log.index("CALL")
@@ -431,6 +432,7 @@ def test_a_spare_runner_serves_the_next_candidate_and_sees_only_that_one(tmp_pat
     for rep in (first, second, third):
         assert _statuses(rep) == [("correctness", "ok"), ("timing", "ok")]
     assert [r.log.count("LOAD") for r in made] == [1, 1, 1, 0]
+    judge._await_quiet()   # the used runners are closed on a thread; the spare waits
     assert all(r.closed for r in made[:3]) and not made[3].closed
     judge.close()
     assert made[3].closed

@@ -11,7 +11,8 @@ candidate at a time:
 2. give it the shape buffers to map, install its seccomp filter, then let it load the ``.so``;
 3. correctness (:mod:`evaluators.judge.trials`), then, by :func:`evaluators.protocol.timing_after`,
    timing (:mod:`evaluators.judge.timing`);
-4. kill the runner whatever happened.
+4. kill the runner whatever happened (on a thread: the next candidate need not wait for a
+   process to exit; nothing is timed until it has).
 
 A judge that has evaluated before keeps one **spare runner**: started (``HELLO``, its CUDA
 context made) while the current candidate's correctness runs, so the next candidate skips the
@@ -115,6 +116,8 @@ class Judge:
         #: the next candidate's runner, starting or started (:class:`_Spare`); evaluations so far
         self._spare: _Spare | None = None
         self._evaluations = 0
+        #: finished candidates' runners being closed (:meth:`_close_later`)
+        self._closing: list[threading.Thread] = []
 
     # ----------------------------------------------------------------- set-up (ours)
 
@@ -370,11 +373,12 @@ class Judge:
                 spare.kill()
             with phases("close"):
                 if runner is not None:
-                    runner.close()
+                    self._close_later(runner, jobdir)
             env["judge_phases"] = phases.dumps()
             for s in own:
                 free_slots(ex, s)
-            shutil.rmtree(jobdir, ignore_errors=True)
+            if runner is None:
+                shutil.rmtree(jobdir, ignore_errors=True)
             if cuda:   # the evaluation's temporaries back to the driver: the card is shared
                 import torch
 
@@ -415,16 +419,33 @@ class Judge:
             return None
         return spare
 
-    def _await_spare(self) -> None:
-        """Return once no runner is starting (called before anything is timed)."""
+    def _close_later(self, runner: Any, jobdir: Path) -> None:
+        """Close a finished candidate's runner, then delete its job directory unread, on a
+        thread: the next candidate's evaluation need not wait for a process to exit."""
+        def close() -> None:
+            try:
+                runner.close()
+            finally:
+                shutil.rmtree(jobdir, ignore_errors=True)
+
+        t = threading.Thread(target=close, name="evo-runner-close", daemon=True)
+        t.start()
+        self._closing.append(t)
+
+    def _await_quiet(self) -> None:
+        """Return once no runner is starting or exiting (called before anything is timed)."""
         if self._spare is not None:
             self._spare.wait()
+        while self._closing:
+            self._closing.pop().join()
 
     def close(self) -> None:
-        """Kill the spare runner (the judge stays usable: the next evaluation starts its own)."""
+        """Kill the spare runner and wait for the runners being closed (the judge stays
+        usable: the next evaluation starts its own runner)."""
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.kill()
+        self._await_quiet()
 
     def _start_runner(self, jobdir: Path, slots: dict[int, ShapeSlots], settings: HarnessSettings,
                       env: dict[str, str], sandbox: Any, wrap: Sequence[str] = (),
@@ -527,7 +548,7 @@ class Judge:
                 stages.append(StageResult("timing", Status.SKIPPED, skip))
                 return stages
             current = "timing"
-            self._await_spare()
+            self._await_quiet()
             stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
                                       reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
                                       sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
