@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import time
 
 from evo.engine.engine import Engine, EngineSettings, SearchError, SearchSummary
 from evo.core.records import Candidate
@@ -342,10 +343,13 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         )
         if stages is None and not resume and not (address or os.environ.get("RAY_ADDRESS")):
             precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
+        startup = {"process_age_s": _process_age_s()}   # imports, tasks, store: before Ray
+        t_rt = time.monotonic()
         try:
             rt.start()
         except RuntimeError_ as e:
             raise SearchError(str(e)) from e
+        startup["runtime_s"] = round(time.monotonic() - t_rt, 3)
         view = None
         try:
             descriptor = _descriptor_fn()
@@ -378,7 +382,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             else:
                 log.info("candidate sandbox: %s", sandbox)
             store.log_event(run_id, "start" if not resume else "resume_start",
-                            {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus, "sandbox": sandbox})
+                            {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus, "sandbox": sandbox,
+                             "startup": startup})
             return eng.run(resume=bool(resume))
         finally:
             if view is not None:
@@ -417,6 +422,18 @@ def precompile_seeds(seeds: dict, settings) -> list:
     for t in threads:
         t.start()
     return threads
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), for the run's start-up record."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _descriptor_fn():

@@ -1,6 +1,7 @@
-"""The seeds compile on the driver's threads while a local Ray instance starts
-(evo.engine.search.precompile_seeds): each seed once, from the source and parameters the engine
-submits (so the engine's compile finds the same cache entry), and nothing without a cache."""
+"""A search's start-up: the seeds compile on the driver's threads while a local Ray instance
+starts (evo.engine.search.precompile_seeds), each seed once, from the source and parameters the
+engine submits (so the engine's compile finds the same cache entry), and nothing without a
+cache; the `start` event records how old the process was when Ray started."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def test_each_seed_is_built_once_into_the_cache_and_none_without_one(monkeypatch
                              ("broken", "x", {}, str(tmp_path / "cc"))]
     built.clear()
     assert precompile_seeds(seeds, dataclasses.replace(settings, cache_dir="")) == [] and built == []
+
+
+def test_the_start_record_gives_the_process_age():
+    """The `start` event's ``startup.process_age_s``: seconds since the search's process
+    started (what its imports, task files and store took before Ray)."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(0.4); from evo.engine.search import _process_age_s; "
+            "print(_process_age_s())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.4 <= age < 30.0
