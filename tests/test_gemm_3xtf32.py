@@ -208,7 +208,9 @@ from toolchain import build_cache, build_ptx, compile_shared, nvcc_cached, varia
 
 
 def _build(request, task: str, src: str, params: dict[str, str], n_kernels: int = 2):
-    outcome = compile_shared(request, task, src, params)
+    """``src`` with ``params`` built and its ptxas report checked: a seed (``params`` its
+    defaults) as the full .so, a variant configuration device-only (tests/toolchain.py)."""
+    outcome = compile_shared(request, task, src, params, device_only=params != _defaults(src))
     assert outcome.so_bytes and outcome.so_bytes[:4] == b"\x7fELF"
     m = outcome.result.metrics
     # 16-byte and 4-byte cp.async instantiations (+ the TMA/wgmma kernel, the PAD row copy and the

@@ -179,14 +179,19 @@ def test_bf16_gemm_sass_uses_hgmma_and_tma(request, tmp_path):
 
 def _bf16_sass(request, tmp_path, task: str, **overrides: str) -> dict[str, str]:
     """SASS of the bf16 template's two GEMM instantiations (TMA: "Lb1E", fallback: "Lb0E") of a
-    seed built with its tunable defaults plus ``overrides``, by function name."""
+    seed built with its tunable defaults plus ``overrides``, by function name. The seed itself
+    is its full .so build (the one test_bf16_seed_compiles_for_sm90a_with_both_producer_paths
+    checks for gemm_bf16; host code included); a variant (overrides that change a default) is a
+    device-only build (tests/toolchain.py)."""
     from toolchain import build_sass
     from evo.core.tunables import parse_tunables, violated_constraints
 
     src = render(GEMM_SEEDS[task])
-    params = {t.name: t.default for t in parse_tunables(src)} | overrides
+    defaults = {t.name: t.default for t in parse_tunables(src)}
+    params = defaults | overrides
     assert violated_constraints(src, params) == []
-    outcome, functions = build_sass(request, tmp_path, task, src, params, timeout_s=900)
+    outcome, functions = build_sass(request, tmp_path, task, src, params, timeout_s=900,
+                                    device_only=params != defaults)
     assert not outcome.result.metrics.get("wgmma_serialized", False)
     kernels = {name: body for name, body in functions.items()
                if name.startswith("_ZN8evo_bf16") and "pad_rows" not in name}

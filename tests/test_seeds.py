@@ -164,7 +164,9 @@ def test_keep_exp_sass(request, tmp_path):
     src, params = seeds.seed_source(name), seeds.seed_params(name)
     counts = {}
     for keep in ("0", "1"):
-        _, functions = build_sass(request, tmp_path, name, src, {**params, "KEEP_EXP": keep})
+        # the seed (KEEP_EXP = 1) as its .so, the other value device-only (tests/toolchain.py)
+        _, functions = build_sass(request, tmp_path, name, src, {**params, "KEEP_EXP": keep},
+                                  device_only=keep != params["KEEP_EXP"])
         regs = {fn: body for fn, body in functions.items() if re.search(r"row_kernelILi\d+ELi0E", fn)}
         assert len(regs) == 2, list(functions)  # kRegs for V = VEC (8) and V = 1
         for fn, body in functions.items():
@@ -196,7 +198,8 @@ def test_row_stream_sass(name, override, request, tmp_path):
     policy = pytest.importorskip("evaluators.policy")
     verdict = policy.check_policy(src, params)
     assert verdict.status.value == "ok", verdict.reason
-    _, functions = build_sass(request, tmp_path, name, src, params)
+    # a variant (the override) device-only, the seed as its .so (tests/toolchain.py)
+    _, functions = build_sass(request, tmp_path, name, src, params, device_only=bool(override))
     stream = [body for fn, body in functions.items() if "row_stream_kernel" in fn]
     assert len(stream) == 1, list(functions)
     assert "UBLKCP" in stream[0] and "SYNCS.ARRIVE.TRANS64" in stream[0]

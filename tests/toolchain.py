@@ -20,6 +20,14 @@ search / an export with the run's own ``[compile] cache_dir``: a few small kb19_
 benchmarks/lab/precompile.py in tests/test_precompile.py (the project's ``.evo/cache``, what the
 script does); the two tiny plain-nvcc test doubles of tests/test_workspace_abi.py.
 
+Device-only builds (``device_only=True`` of :func:`compile_shared` / :func:`build_sass`): a
+variant configuration of a seed (tunable overrides) that no test loads is built ``nvcc -cubin``:
+the device passes alone (cicc, then ptxas with its report), no host compile (cudafe++ and the
+host C++ compiler: about a quarter of a CuTe GEMM build) and no link. Its SASS and ptxas report
+are the ``.so``'s (the same cicc and ptxas runs). What it leaves out is the host compile of
+that one configuration; the ``.so`` build of each seed still compiles its task's host code
+(``evo_launch``, ``evo_workspace_bytes``), with the seed's values.
+
 Variants (:func:`variants`): where a SASS or register-budget test checks one property on several
 configurations of a template, the suite builds the representatives named per test and skips the
 rest, saying so; ``EVO_GEMM_COMPILE_ALL=1`` builds every one (as every GEMM seed, see
@@ -119,14 +127,15 @@ def sass_functions(so_path: Path) -> dict[str, str]:
     return {chunk.split()[0]: chunk for chunk in sass(so_path).split("Function : ")[1:]}
 
 
-def build_sass(request, tmp_path: Path, task: str, source: str, params: dict[str, str], timeout_s: int = 600):
+def build_sass(request, tmp_path: Path, task: str, source: str, params: dict[str, str], timeout_s: int = 600,
+               *, device_only: bool = False):
     """Builds ``source`` with ``params`` for sm_90a into the pytest cache shared by the seed
     compile tests (a rerun costs nothing), asserts the build succeeded, and returns
-    ``(CompileOutcome, sass_functions of its .so)``. Skips without nvcc, CUTLASS or cuobjdump,
-    checking cuobjdump before the costly build."""
+    ``(CompileOutcome, sass_functions of its .so or, device_only, its cubin)``. Skips without
+    nvcc, CUTLASS or cuobjdump, checking cuobjdump before the costly build."""
     cuobjdump()
-    outcome = compile_shared(request, task, source, params, timeout_s)
-    so = tmp_path / f"{task}.so"
+    outcome = compile_shared(request, task, source, params, timeout_s, device_only=device_only)
+    so = tmp_path / (f"{task}.cubin" if device_only else f"{task}.so")
     so.write_bytes(outcome.so_bytes)
     return outcome, sass_functions(so)
 
@@ -146,6 +155,15 @@ def build_cache(request) -> Path:
     return Path(request.config.cache.mkdir(BUILD_CACHE))
 
 
+#: The extra nvcc flag of a device-only build: ``-cubin`` comes after ``compile_candidate``'s
+#: ``-shared``, the later output kind wins, so the run stops after ptxas (its ``-v`` report
+#: still parsed by ``compile_candidate``) and writes the cubin where the .so would go
+#: (:func:`compile_shared` asserts that it is one).
+DEVICE_ONLY_FLAGS = ("-cubin",)
+#: ELF ``e_machine`` of a cubin (an x86-64 .so has 62).
+EM_CUDA = 190
+
+
 def embed_ptx_flags(arch: str) -> tuple[str, ...]:
     """The extra nvcc flag that also embeds ``arch``'s PTX: ``-gencode`` for the same virtual
     arch with ``code=compute_XX``. nvcc runs cicc once per virtual arch, so the build costs the
@@ -157,22 +175,29 @@ def embed_ptx_flags(arch: str) -> tuple[str, ...]:
     return (flag.replace(",code=sm_", ",code=compute_"),)
 
 
-def compile_shared(request, task: str, source: str, params: dict[str, str], timeout_s: float = 600):
+def compile_shared(request, task: str, source: str, params: dict[str, str], timeout_s: float = 600,
+                   *, device_only: bool = False):
     """``compile_candidate`` of ``source`` with ``params`` into :func:`build_cache` (its PTX
     embedded: :func:`embed_ptx_flags`, for :func:`ptx`); asserts the build succeeded (the message
     is nvcc's errors) and returns the ``CompileOutcome``. Skips without nvcc or CUTLASS. The
-    cache key is the source, the params and the toolchain, not the task name: two tasks whose
-    seeds render the same source share one build. Every suite build of a candidate goes through
-    here, so that tests of one configuration share one build."""
+    cache key is the source, the params, the flags and the toolchain, not the task name: two
+    tasks whose seeds render the same source share one build. Every suite build of a candidate
+    goes through here, so that tests of one configuration share one build.
+
+    ``device_only``: ``nvcc -cubin`` (:data:`DEVICE_ONLY_FLAGS`, the module docstring's
+    "Device-only builds"): the outcome's metrics are ptxas's report as for the ``.so`` and its
+    ``so_bytes`` are the sm_90a cubin (an ELF that cuobjdump reads; not loadable, no PTX)."""
     compile_mod, _, _ = toolchain()
     from evaluators.base import CompileSettings
     from evo.core.records import Candidate
 
     arch = CompileSettings().arch
     settings = CompileSettings(cache_dir=str(build_cache(request)), timeout_s=timeout_s,
-                               extra_flags=embed_ptx_flags(arch))
+                               extra_flags=DEVICE_ONLY_FLAGS if device_only else embed_ptx_flags(arch))
     outcome = compile_mod.compile_candidate(Candidate.create(task=task, source=source, params=params), settings)
     assert outcome.ok, outcome.result.reason + "\n" + outcome.result.artifacts.get("errors", "")
+    if device_only:   # an ELF for the GPU (e_machine EM_CUDA), not a host object: no host compile ran
+        assert int.from_bytes(outcome.so_bytes[18:20], "little") == EM_CUDA, "device-only build is not a cubin"
     return outcome
 
 
