@@ -227,13 +227,14 @@ def test_bf16_pingpong_sass(request, tmp_path, task, tiles):
     ("gemm_bf16", "1", "2"),
     ("gemm_bias_gelu_bf16", "2", "2"),
     ("gemm_silu_mul_bf16", "2", "2"),
-], keep=(0, 3)))
+], keep=(1, 3)))
 def test_bf16_cluster_multicast_sass(request, tmp_path, task, cm, cn):
     """CLUSTER_M = 2 (clusters along M sharing B) / CLUSTER_N = 2 (along N sharing A): the TMA
     kernel loads the shared operand by multicast TMA (both operands with 2 x 2 clusters: no
     plain tensor load left), releases stages to its peers by remote mbarrier arrives, meets
     them at cluster barriers (start and exit), and stays free of local memory; the fallback
-    kernel is unchanged (no cluster)."""
+    kernel is unchanged (no cluster). The CLUSTER_M = 2 representative is the SwiGLU seed
+    itself (its defaults), whose build test_bf16_epi_defer_sass reads too."""
     kernels = _bf16_sass(request, tmp_path, task, CLUSTER_M=cm, CLUSTER_N=cn)
     for name, body in kernels.items():
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name} uses local memory"
