@@ -255,6 +255,6 @@ def test_concurrent_proposals_share_one_mutator_safely():
     finally:
         srv.stop()
     assert not errors and all(p is not None for p in out)
-    assert 0.9 <= elapsed < 3.0, elapsed
+    assert 0.9 <= elapsed < 5.0, elapsed   # at once: one after another would take 8 s
     assert sorted(r.attempt_key for r in recs) == sorted(f"optimize:{p.id}:1" for p in parents)
     assert mut.attempts == 8 and mut.bandit.stats()["m"]["pulls"] == 8

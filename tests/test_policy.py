@@ -147,7 +147,7 @@ def test_seed_kernels_pass():
 def test_tiny_compile_fixture_and_base_pass():
     assert check_policy(TINY.read_text()).passed
     res = check_policy(kernel())
-    assert res.passed and res.metrics["n_violations"] == 0 and res.seconds < 1.0
+    assert res.passed and res.metrics["n_violations"] == 0 and res.seconds < 3.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +489,7 @@ def test_size_limit_lines_boundary():
 
 def test_huge_source_short_circuits():
     res = check_policy("x" * (5 * MAX_SOURCE_BYTES))
-    assert rules_of(res) == {"size-limit"} and res.seconds < 1.0
+    assert rules_of(res) == {"size-limit"} and res.seconds < 3.0   # short-circuited: no scan of 5x the limit
 
 
 def test_param_values():
@@ -524,7 +524,7 @@ def test_performance_on_a_large_source():
     src = kernel("".join(chunks))
     assert src.count("\n") < MAX_SOURCE_LINES or True
     res = check_policy(src)
-    assert res.seconds < 2.0
+    assert res.seconds < 6.0   # linear: a backtracking scan of 180 kB takes minutes
     assert rules_of(res) <= {"size-limit"}, res.artifacts.get("violations", "")[:2000]
 
 

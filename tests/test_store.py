@@ -276,7 +276,7 @@ def test_ancestry_of_a_1000_deep_chain_is_fast_and_ordered(store, run):
     elapsed = time.perf_counter() - t0
     assert [c.id for c in anc] == [c.id for c in reversed(chain)]
     assert anc[0] == chain[-1] and anc[-1] == chain[0]
-    assert elapsed < 2.0, f"ancestry of a 1000-deep chain took {elapsed:.2f}s"
+    assert elapsed < 5.0, f"ancestry of a 1000-deep chain took {elapsed:.2f}s"
     assert store.ancestry(chain[0].id) == [chain[0]]
     assert store.children(chain[500].id) == [chain[501]]
 
