@@ -403,8 +403,9 @@ class Judge:
         if self._spare is not None:
             return
         jobdir = Path(tempfile.mkdtemp(prefix="spare-", dir=self._workdir))
-        self._spare = _Spare(lambda: self._launch(jobdir, settings.timeout_s, sandbox, seccomp_wanted()),
-                             jobdir=jobdir, key=(sandbox, seccomp_wanted()), timeout_s=settings.timeout_s)
+        seccomp = seccomp_wanted()
+        self._spare = _Spare(lambda: self._launch(jobdir, settings.timeout_s, sandbox, seccomp),
+                             jobdir=jobdir, key=(sandbox, seccomp))
 
     def _take_spare(self, sandbox: Any) -> "_Spare | None":
         """The spare, if it started and was started for this sandbox; else None (it is killed)."""
@@ -567,25 +568,21 @@ class _Spare:
     judge's to retry: the next evaluation starts a runner itself); ``kill()`` stops it and
     removes its job directory. Made and used by the judge's evaluating thread only."""
 
-    def __init__(self, start: Callable[[], Any], *, jobdir: Path, key: tuple, timeout_s: float) -> None:
+    def __init__(self, start: Callable[[], Any], *, jobdir: Path, key: tuple) -> None:
         self.jobdir = jobdir
         self.key = key
-        self.timeout_s = timeout_s
         self.runner: Any = None
-        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(start,), name="evo-spare-runner", daemon=True)
         self._thread.start()
 
     def _run(self, start: Callable[[], Any]) -> None:
         try:
             self.runner = start()
-        except BaseException as e:  # noqa: BLE001 - reported by wait(), never lost
-            self.error = e
+        except BaseException as e:  # noqa: BLE001 - ours, and retried: the next candidate starts its own
+            log.info("the spare runner did not start (the next candidate starts its own): %s", e)
 
     def wait(self) -> Any:
         self._thread.join()
-        if self.error is not None:
-            log.info("the spare runner did not start (the next candidate starts its own): %s", self.error)
         return self.runner
 
     def kill(self) -> None:

@@ -348,7 +348,7 @@ class Engine:
         pending, res, g = done.pending, done.result, done.gpu
         if not self.progress.evaluations:   # the run's start-up, read from its events
             self.store.log_event(self.run_id, "first_gpu_result", {
-                "gpu": g, "actor_init": list(getattr(res, "actor_init", None) or ()),
+                "gpu": g, "actor_init": list(res.actor_init or ()),
                 "started": res.started, "finished": res.finished})
         self.breaker.ok("GPU evaluation")
         self.gpu_faults.finished(pending)

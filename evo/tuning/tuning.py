@@ -306,9 +306,10 @@ class TuningStudy:
         # Outcome of every point already tried: params -> (state, value, number).
         self._outcome: dict[tuple, tuple[TrialState, float | None, int]] = {}
         self._asked_points: set[tuple] = set()
+        self._feasible_asked = 0   # of the asked points, those the constraints allow (counted when the space is)
         for t in self.study.get_trials(deepcopy=False):
             if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED):
-                self._asked_points.add(_key(t.params))
+                self._add_asked(_key(t.params))
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and _key(t.params) not in self._outcome:
                 self._outcome[_key(t.params)] = (t.state, t.value, t.number)
         self.add_known(known)
@@ -335,7 +336,7 @@ class TuningStudy:
             self.study.add_trial(optuna.trial.create_trial(
                 params=dict(params), distributions=self.distributions, value=value, state=state, user_attrs=attrs))
             number = len(self.study.get_trials(deepcopy=False)) - 1
-            self._asked_points.add(key)
+            self._add_asked(key)
             self._outcome[key] = (state, value, number)
             self._emit(TrialRecord(number, dict(params), "complete" if good else "failed", value, ev.candidate_id,
                                    "known: evaluated outside the study", False))
@@ -359,12 +360,16 @@ class TuningStudy:
         """Every point of the space was tried (or pruned), or every feasible point when the
         space is small enough to count them (:data:`COUNT_FEASIBLE_UP_TO`): the sampler
         never returns an infeasible one."""
-        tried = len(self._asked_points)
-        return tried >= self.space_size or (self.feasible_size is not None
-                                            and len(self._asked_points & self._feasible_keys()) >= self.feasible_size)
+        return len(self._asked_points) >= self.space_size or (self.feasible_size is not None
+                                                              and self._feasible_asked >= self.feasible_size)
 
-    def _feasible_keys(self) -> set[tuple]:
-        return {k for k in self._asked_points if self._ok(dict(k))}
+    def _add_asked(self, key: tuple) -> None:
+        """Record an asked point; feasible ones are counted as they come (``exhausted`` is read
+        on every fill of the engine, through :meth:`counts`)."""
+        if key not in self._asked_points:
+            self._asked_points.add(key)
+            if self.feasible_size is not None and self._ok(dict(key)):
+                self._feasible_asked += 1
 
     def counts(self) -> StudyCounts:
         """What this object's session did (:class:`evo.tuning.study_counts.StudyCounts`): its
@@ -430,7 +435,7 @@ class TuningStudy:
             trial = self.study.ask(self.distributions)
             params = {k: str(v) for k, v in trial.params.items()}
             key = _key(params)
-            self._asked_points.add(key)
+            self._add_asked(key)
             violated = violated_constraints(self.parent.source, params)
             if violated:
                 reason = "constraint violated: " + "; ".join(violated)
