@@ -1,0 +1,41 @@
+"""Print a run's start-up from its own events: seconds after the run was created for each event
+before the first evaluation landed, and the first and last evaluation times.
+
+usage: python3 benchmarks/judge_gpu/startup_events.py DB [RUN_ID]
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from datetime import datetime
+
+KINDS = ("start", "first_compiled", "first_gpu_result")
+
+
+def _t(s: str) -> float:
+    return datetime.fromisoformat(s).timestamp()
+
+
+def main(argv: list[str]) -> int:
+    db = sqlite3.connect(argv[0])
+    run_id, created = (db.execute("SELECT id, created FROM runs WHERE id=?", (argv[1],)).fetchone()
+                       if len(argv) > 1 else
+                       db.execute("SELECT id, created FROM runs ORDER BY created DESC LIMIT 1").fetchone())
+    t0 = _t(created)
+    print(f"run {run_id} created {created}")
+    for created_e, kind, payload in db.execute(
+            "SELECT created, kind, payload FROM events WHERE run_id=? ORDER BY id", (run_id,)):
+        if kind in KINDS:
+            print(f"  +{_t(created_e) - t0:7.2f} s  {kind:17s} {json.dumps(json.loads(payload))[:300]}")
+    rows = [r[0] for r in db.execute("SELECT created FROM evaluations WHERE run_id=? ORDER BY created", (run_id,))]
+    if rows:
+        first, last = _t(rows[0]) - t0, _t(rows[-1]) - t0
+        rate = 60 * (len(rows) - 1) / (last - first) if last > first else float("nan")
+        print(f"  evaluations: {len(rows)}; first +{first:.2f} s, last +{last:.2f} s; "
+              f"{rate:.2f} a minute after the first")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
