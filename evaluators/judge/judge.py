@@ -47,7 +47,7 @@ from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, Shap
 from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
-from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, time_shapes
+from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, ReferencePool, time_shapes
 from evaluators.judge.trials import CallFailed, run_correctness
 from evaluators.protocol import Done, Loaded, Mapped, Mode
 from evo.core.records import StageResult, Status
@@ -84,13 +84,15 @@ class Judge:
     operations (tests pass a :class:`~evaluators.judge.timing.CpuOps` with a fake clock).
     ``start_runner(jobdir=, timeout_s=, seccomp=)``: what starts a runner (default
     :meth:`RunnerProcess.start <evaluators.judge.runner_process.RunnerProcess.start>` on
-    ``runner``); tests pass in-process fakes with the same members.
+    ``runner``); tests pass in-process fakes with the same members. ``draw``: what draws
+    whether a timed call is checked (:func:`~evaluators.judge.timing.time_shape`; default the
+    operating system's randomness; tests pass a seeded one).
     """
 
     def __init__(self, *, backend: str = "cuda", runner: Sequence[str] | None = None,
                  workdir: str | os.PathLike[str] | None = None, ops: DeviceOps | None = None,
                  sandbox: Any = None, cuda_device: str | None = None,
-                 start_runner: Callable[..., Any] | None = None) -> None:
+                 start_runner: Callable[..., Any] | None = None, draw: Callable[[], float] | None = None) -> None:
         if backend not in ("cuda", "host"):
             raise ValueError(f"judge backend {backend!r}: expected 'cuda' or 'host'")
         self.backend = backend
@@ -106,6 +108,10 @@ class Judge:
         self._refs: dict[tuple[str, str, bool], list[Any]] = {}
         self._warm: dict[tuple[str, str, bool], set[int]] = {}
         self._compile_errors: dict[tuple[str, str, bool], str] = {}
+        #: the references' latest timings (:class:`~evaluators.judge.timing.ReferencePool`)
+        self._ref_pool = ReferencePool()
+        #: what draws whether a timed call is checked (None: the OS's randomness; tests pass one)
+        self._draw = draw
         self._flush_mb = 0
         #: The tolerance check's fused backend (evo.tasks.tolerance.check): on a GPU with Triton
         #: (it comes with torch's CUDA builds), the Triton kernels, which read each tensor once
@@ -553,7 +559,8 @@ class Judge:
             stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
                                       reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
                                       sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
-                                      progress=progress, phases=phases, fused=self._fused))
+                                      progress=progress, phases=phases, fused=self._fused, pool=self._ref_pool,
+                                      draw=self._draw))
         except CallFailed as f:
             stages.append(StageResult(current, f.status, f.reason, {}, f.artifacts))
             if current == "correctness":

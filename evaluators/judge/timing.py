@@ -4,17 +4,20 @@ Every timed call is driven by the judge, one round trip each, and every step a t
 on happens in the judge's process, on the device memory the candidate reads:
 
 1. fresh inputs written into the shape's buffers (new values every rep: no result can be
-   carried from one timed call to the next), the judge keeps copies;
-2. outputs poisoned;
-3. each reference (eager, then compiled when timed) after an L2 flush, between the judge's
-   own events: its time, and the eager output the candidate's is compared with;
-4. an L2 flush (and persisting lines reset), then a device synchronise: the candidate starts
-   from a cold cache it cannot warm from its own process;
-5. the runner calls the candidate once; the judge's clock runs around the round trip;
-6. the call's codes, the inputs unchanged, and the output fully written and equal to the
-   eager reference's within :data:`SANITY_REL_L2` (the first timed rep against the fp64
-   ground truth with the task's tolerance): a call that skipped work, or answered before its
-   work was done, fails here.
+   carried from one timed call to the next);
+2. outputs poisoned, an L2 flush (and persisting lines reset), a device synchronise: the
+   candidate starts from a cold cache it cannot warm from its own process;
+3. the runner calls the candidate once; the judge's clock runs around the round trip;
+4. after the call, and only then, whether this call is checked is drawn (always for the
+   first and the last; :data:`CHECK_SHARE` of the others once the reference pool is full):
+   steps 1-3 are the same for every call, so a candidate cannot tell a checked call from
+   another before it returns;
+5. a checked call's inputs drawn again from their seed (first and last: compared with the
+   buffers, bit for bit), each reference (eager, then compiled when timed) run on that copy
+   after an L2 flush, between the judge's own events (:class:`ReferencePool`), and the
+   call's output fully written and equal to the eager reference's within
+   :data:`SANITY_REL_L2` (the first against the fp64 ground truth with the task's
+   tolerance): a call that skipped work, or answered before its work was done, fails here.
 
 The candidate's time is the runner's event time, believed only when the judge's clock agrees
 (:func:`corroborate`): the median round trip minus the median round trip of the runner's own
@@ -39,13 +42,16 @@ from evaluators.judge.trials import Call, check_done, fill_inputs
 from evo.core.records import StageResult, Status
 
 __all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
-           "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]
+           "ReferencePool", "check_share", "CHECK_SHARE", "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]
 
 #: A timed output whose relative L2 distance to the eager reference's exceeds this was not
 #: computed (an unrelated or stale answer is ~1.4; a correct one is below 1e-2 in bf16).
 SANITY_REL_L2 = 0.05
 #: Elements of each timed output compared with the reference's (drawn afresh every call).
 SANITY_SAMPLE = 1 << 16
+#: The probability that a timed call between the first and the last is checked (its output
+#: compared with the reference's, the reference timed), once the judge's reference pool is full.
+CHECK_SHARE = 0.25
 #: Elements scanned at a time for unwritten poison (bounds the judge's temporaries).
 SANITY_CHUNK = 1 << 26
 #: The runner's median may fall short of the judge's implied time by this fraction...
@@ -244,26 +250,89 @@ def _sanity(task: Any, outs: Sequence[Any], refs: Sequence[Any], *, sample: int 
     return None
 
 
+class ReferencePool:
+    """The judge's latest reference samples, per task, shape and reference kind.
+
+    A candidate's timed calls are all timed, but the reference runs (and is timed) only after
+    the calls whose output the judge checks (:func:`time_shape`): its median is read over this
+    candidate's own samples and the latest earlier ones of the same judge, same GPU, same
+    code, up to the loop's ``reps``. Until the pool holds ``reps`` samples every call is
+    checked, so the first candidate of a task times the reference on every call, as a pool
+    of one candidate. The judge calls :meth:`prior` before a shape's loop and :meth:`add`
+    after it; nothing else changes the pool."""
+
+    #: samples kept per key (more than any loop reads)
+    KEEP = 512
+
+    def __init__(self) -> None:
+        self._s: dict[tuple, list[float]] = {}
+
+    @staticmethod
+    def key(task: str, shape: dict[str, int], kind: str) -> tuple:
+        return (task, tuple(sorted(shape.items())), kind)
+
+    def prior(self, key: tuple, n: int) -> list[float]:
+        """The latest ``n`` samples (oldest first)."""
+        return list(self._s.get(key, ())[-n:]) if n > 0 else []
+
+    def add(self, key: tuple, samples: Sequence[float]) -> None:
+        kept = self._s.setdefault(key, [])
+        kept.extend(float(x) for x in samples)
+        del kept[:-self.KEEP]
+
+
+def check_share(reps: int, pooled: int, share: float) -> float:
+    """The probability that a timed call between the first and the last is checked: ``share``,
+    or more while the reference pool holds fewer than ``reps`` samples (1.0 with none)."""
+    if reps <= 2:
+        return 1.0
+    need = max(0, int(reps) - int(pooled))
+    return min(1.0, max(float(share), need / float(reps)))
+
+
 def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int], references: Sequence[Any],
                reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                progress: Callable[[dict[str, Any]], None] = lambda p: None,
-               phases: Phases | None = None, fused: str | None = None) -> tuple[Any, StageResult | None, dict]:
+               phases: Phases | None = None, fused: str | None = None,
+               pool: ReferencePool | None = None, share: float = CHECK_SHARE,
+               draw: Callable[[], float] | None = None) -> tuple[Any, StageResult | None, dict]:
     """Warm-up and ``reps`` judge-driven timed calls of one shape.
+
+    Every call is prepared the same way (fresh inputs, outputs poisoned, L2 flushed) and
+    timed. The first and the last call are always checked; each call between them is
+    checked with probability :func:`check_share`, drawn by ``draw`` (default: the operating
+    system's randomness, which nothing the candidate sees can predict) *after* the call
+    returned, so nothing before a call differs between checked and unchecked ones. A checked
+    call's inputs are drawn again from their seed (first and last: compared with the
+    buffers, bit for bit), the reference runs on that copy after an L2 flush (its time
+    enters ``pool``) and the output is compared with it (:func:`_sanity`; the first call
+    also against the fp64 ground truth with the task's tolerance). A kernel that answers
+    wrongly on a fraction ``q`` of its calls escapes with probability about
+    ``(1 - share * q) ** (reps - 2)``, and moving the median takes ``q >= 1/2``.
 
     Returns ``(samples, failure, extra)``: the :class:`~evaluators.child.timing.ShapeSamples`
     and ``None``, or ``None`` and the failing StageResult (``incorrect`` or ``invalid``);
     ``extra`` holds the judge's wall samples and the corroboration numbers. Raises
     :class:`CallFailed` when a call fails.
     """
+    import secrets
+
     import torch
 
     from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits, trial_seed
     from evaluators.child.reference import warm_up
     from evaluators.child.timing import ShapeSamples
+    from evaluators.judge.trials import draw_inputs
 
     dist = task.distributions[0] if task.distributions else "normal"
     refs = list(references)
     ph = phases if phases is not None else Phases()
+    pool = pool if pool is not None else ReferencePool()
+    keys = [ReferencePool.key(task.name, shape, ref.kind) for ref in refs]
+    prior = [pool.prior(k, int(reps)) for k in keys]
+    p = check_share(int(reps), min((len(x) for x in prior), default=0), share)
+    if draw is None:
+        draw = secrets.SystemRandom().random
     progress({"stage": "timing", "shape": shape, "step": "warm-up"})
     with ph("timing_warmup"):
         fill_inputs(task, slots, shape, trial_seed(seed, 2000, 0), dist, keep=False)
@@ -271,28 +340,18 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
             warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
         for i in range(max(int(warmup), 1)):
             check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
-    cand, walls, ref_ms = [], [], [[] for _ in refs]
+    cand, walls, own_ms = [], [], [[] for _ in refs]
+    checked = 0
     progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
     last = int(reps) - 1
     for r in range(int(reps)):
         where = f"shape {shape}, timed call {r}"
-        # inputs compared after the first and the last timed call (correctness compared them
-        # after every call); the ones in between are fresh all the same
-        check_inputs = r in (0, last)
-        with ph("timing_inputs"):
-            saved = fill_inputs(task, slots, shape, trial_seed(seed, 1000 + r, 1), dist, keep=check_inputs)
+        rep_seed = trial_seed(seed, 1000 + r, 1)
+        with ph("timing_inputs"):   # the same for every call, checked or not
+            fill_inputs(task, slots, shape, rep_seed, dist, keep=False)
             with torch.no_grad():
                 for o in slots.outs:
                     poison_(o)
-            ops.sync()
-        with ph("timing_reference"), torch.no_grad():
-            eager_out = None
-            for j, ref in enumerate(refs):
-                ops.flush()
-                out, ms = ops.time_ms(lambda ref=ref: ref.fn(*slots.ins))
-                ref_ms[j].append(ms)
-                if j == 0:
-                    eager_out = out if isinstance(out, (tuple, list)) else (out,)
             ops.flush()
             ops.sync()
         with ph("timing_call"):
@@ -300,35 +359,58 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
         check_done(done, where)
         cand.append(done.ms)
         walls.append(wall)
+        ends = r in (0, last)
+        if not (ends or draw() < p):
+            continue
+        checked += 1
+        with ph("timing_reference"), torch.no_grad():
+            given = draw_inputs(task, slots.ins, shape, rep_seed, dist)
+            eager_out = None
+            for j, ref in enumerate(refs):
+                ops.flush()
+                out, ms = ops.time_ms(lambda ref=ref: ref.fn(*given))
+                own_ms[j].append(ms)
+                if j == 0:
+                    eager_out = out if isinstance(out, (tuple, list)) else (out,)
         with ph("timing_check"), torch.no_grad():
-            for k, (x, s) in enumerate(zip(slots.ins, saved)):
-                if not same_bits(x, s):
-                    return None, StageResult("timing", Status.INCORRECT,
-                                             f"{where}: the kernel modified input {k}"), {}
+            if ends:
+                for k, (x, s) in enumerate(zip(slots.ins, given)):
+                    if not same_bits(x, s):
+                        return None, StageResult("timing", Status.INCORRECT,
+                                                 f"{where}: the kernel modified input {k}"), {}
             wrong = _sanity(task, slots.outs, eager_out, seed=trial_seed(seed, 3000 + r, 0))
             if wrong is None and r == 0:
-                wrong = first_wrong_output(task, slots.outs, ground_truth(task, saved, host_fallback=True), fused=fused)
+                wrong = first_wrong_output(task, slots.outs, ground_truth(task, given, host_fallback=True), fused=fused)
+        del given, eager_out
         if wrong:
             return None, StageResult(
                 "timing", Status.INCORRECT,
                 f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
                 "passed: the kernel behaves differently when timed"), {}
     reason, nums = corroborate(shape, cand, walls, calib)
-    extra = {"wall_ms": walls, **nums}
+    extra = {"wall_ms": walls, **nums, "checked_calls": checked, "check_share": round(p, 4),
+             "reference_own": len(own_ms[0]) if own_ms else 0}
     if reason:
         return None, StageResult("timing", Status.INVALID, reason, {"shape": shape, "samples_ms": cand, **extra}), extra
-    compiled = next((tuple(x) for ref, x in zip(refs, ref_ms) if ref.kind == "compile"), ())
-    return ShapeSamples(shape, tuple(cand), tuple(ref_ms[0]), (), 1, None, (), compiled), None, extra
+    ref_ms = []
+    for k, old, own in zip(keys, prior, own_ms):
+        pool.add(k, own)
+        ref_ms.append(tuple((old + own)[-max(int(reps), len(own)):]))
+    extra["reference_pooled"] = len(ref_ms[0]) - len(own_ms[0]) if ref_ms else 0
+    compiled = next((x for ref, x in zip(refs, ref_ms) if ref.kind == "compile"), ())
+    return ShapeSamples(shape, tuple(cand), ref_ms[0] if ref_ms else (), (), 1, None, (), compiled), None, extra
 
 
 def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, shape_indices: Sequence[int],
                 references: Sequence[Any], reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                 sol_ms: Callable[[dict[str, int]], float | None], basis: str = "eager",
                 progress: Callable[[dict[str, Any]], None] = lambda p: None,
-                phases: Phases | None = None, fused: str | None = None) -> StageResult:
+                phases: Phases | None = None, fused: str | None = None, pool: ReferencePool | None = None,
+                share: float = CHECK_SHARE, draw: Callable[[], float] | None = None) -> StageResult:
     """The timing stage over the benchmark shapes: ``ok`` with fitness, or the first
     ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails. ``phases``
-    receives the judge's seconds per step of the loop."""
+    receives the judge's seconds per step of the loop; ``pool``, ``share`` and ``draw`` are
+    :func:`time_shape`'s."""
     from evaluators.child.timing import summarize
 
     t0 = time.monotonic()
@@ -337,14 +419,15 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
                                        warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress,
-                                       phases=phases, fused=fused)
+                                       phases=phases, fused=fused, pool=pool, share=share, draw=draw)
         if failure is not None and failure.status is Status.INVALID:
             # A host busy for the whole loop can still push every round trip up: one more
             # loop, and the timing stands only if it agrees (a liar fails both).
             first = failure
             s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
                                            reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
-                                           progress=progress, phases=phases, fused=fused)
+                                           progress=progress, phases=phases, fused=fused, pool=pool,
+                                           share=share, draw=draw)
             extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,

@@ -23,7 +23,8 @@ from evaluators.judge.slots import ShapeSlots
 from evaluators.protocol import Done
 from evo.core.records import StageResult, Status
 
-__all__ = ["CallFailed", "Call", "ask", "cuda_error_name", "check_done", "run_correctness", "fill_inputs"]
+__all__ = ["CallFailed", "Call", "ask", "cuda_error_name", "check_done", "run_correctness", "fill_inputs",
+           "draw_inputs"]
 
 
 class CallFailed(Exception):
@@ -96,27 +97,43 @@ def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, 
                 keep: bool = True) -> list[Any]:
     """Fresh inputs for ``seed`` written into the shape's input buffers; returns the judge's
     own copies (what the inputs must still be after the call), or ``[]`` without ``keep``."""
+    _draw_into(task, list(slots.ins), shape, seed, dist)
+    return [f.clone() for f in slots.ins] if keep else []
+
+
+def draw_inputs(task: Any, like: Sequence[Any], shape: dict[str, int], seed: int, dist: str) -> list[Any]:
+    """The inputs :func:`fill_inputs` writes for ``seed``, drawn again into new tensors shaped
+    ``like`` the buffers: the same generator from the same seed gives the same bits, so the
+    judge can re-create, after a call, what the call was given without keeping a copy before
+    it (a copy made only before some calls would be a clock signal the candidate could read)."""
     import torch
 
-    dev = slots.ins[0].device if slots.ins else torch.device("cpu")
+    bufs = [torch.empty_like(x) for x in like]
+    _draw_into(task, bufs, shape, seed, dist)
+    return bufs
+
+
+def _draw_into(task: Any, bufs: list[Any], shape: dict[str, int], seed: int, dist: str) -> None:
+    import torch
+
+    dev = bufs[0].device if bufs else torch.device("cpu")
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
     with torch.no_grad():
         fill = getattr(task.make_inputs, "fill_", None)
         if fill is not None:  # drawn into the buffers in place where it can (TensorInputs.fill_)
-            fill(slots.ins, dict(shape), gen, dist)
-            return [f.clone() for f in slots.ins] if keep else []
+            fill(bufs, dict(shape), gen, dist)
+            return
         fresh = tuple(task.make_inputs(dict(shape), gen, dist, dev))
-        if len(fresh) != len(slots.ins):
-            raise RuntimeError(f"task {task.name}: make_inputs gave {len(fresh)} inputs, {len(slots.ins)} expected")
-        for k, (b, f) in enumerate(zip(slots.ins, fresh)):
+        if len(fresh) != len(bufs):
+            raise RuntimeError(f"task {task.name}: make_inputs gave {len(fresh)} inputs, {len(bufs)} expected")
+        for k, (b, f) in enumerate(zip(bufs, fresh)):
             if tuple(b.shape) != tuple(f.shape) or b.dtype != f.dtype:
                 raise RuntimeError(f"task {task.name}: input {k} of shape {shape} is {tuple(f.shape)} {f.dtype} "
                                    f"in one trial and {tuple(b.shape)} {b.dtype} in another: make_inputs must "
                                    "give the same shapes and dtypes for a shape")
             b.copy_(f)
         del fresh
-        return [f.clone() for f in slots.ins] if keep else []
 
 
 def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, trials: int, seed: int,
