@@ -67,9 +67,10 @@ class GpuResult:
     actor_init: tuple[float, float] | None = None
 
 
-def _warm_judge() -> None:
-    """The GPU actor's judge warmed (:meth:`evaluators.judge.judge.Judge.warm`); a failure is
-    only logged: the first evaluation meets it again, and reports it as ours."""
+def _warm_judge(settings: HarnessSettings) -> None:
+    """The GPU actor's judge warmed (:meth:`evaluators.judge.judge.Judge.warm`), then the run's
+    tasks prepared and the first runner started (:meth:`~evaluators.judge.judge.Judge.prepare`);
+    a failure is only logged: the first evaluation meets it again, and reports it as ours."""
     try:
         import torch
 
@@ -77,7 +78,9 @@ def _warm_judge() -> None:
             return
         from evaluators.judge import judge_for
 
-        judge_for("cuda").warm()
+        judge = judge_for("cuda")
+        judge.warm()
+        judge.prepare(settings.warm_tasks, settings)
     except Exception as e:  # noqa: BLE001 - the first evaluation raises it for real
         log.warning("warming the judge failed (the first evaluation will try again): %s", e)
 
@@ -121,7 +124,7 @@ class GpuEvaluator:
         self.activity = ActivitySampler.for_visible_gpu()
         if settings.isolation == "judge" and default_evaluate:
             # the judge's CUDA context and check kernels, made while the first kernels compile
-            threading.Thread(target=_warm_judge, name="evo-judge-warm", daemon=True).start()
+            threading.Thread(target=_warm_judge, args=(settings,), name="evo-judge-warm", daemon=True).start()
         self._init = (init_t0, time.time())
 
     @staticmethod

@@ -129,6 +129,9 @@ class HarnessSettings:
     #: every verdict and drives a small sandboxed runner per candidate: evaluators.judge).
     #: Default ``"harness"`` until a GPU run has passed issue 40's acceptance.
     isolation: str = config_key("harness", pattern=r"^(harness|judge)$")
+    #: The run's tasks, which the GPU actor's judge prepares before its first candidate
+    #: (:meth:`evaluators.judge.judge.Judge.prepare`; set by ``evo search``, not a config key).
+    warm_tasks: tuple[str, ...] = ()
     #: With the judge: longest wait for one call of the candidate, s (a hang is killed and
     #: recorded after this; the whole evaluation stays bounded by ``timeout_s``).
     call_timeout_s: float = config_key(10.0, gt=0)

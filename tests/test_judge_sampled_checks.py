@@ -131,3 +131,27 @@ def test_a_kernel_that_cheats_between_the_first_and_last_call_is_caught_by_the_s
     assert timing.status.value == "incorrect", timing.reason
     assert "relative L2 distance" in timing.reason and "timed call 0" not in timing.reason
     judge.close()
+
+
+def test_prepare_rehearses_each_task_with_its_reference_then_starts_the_first_runner(tmp_path):
+    """Before any candidate, the judge runs each of the run's tasks through correctness and
+    timing with the task's own reference playing the kernel (no runner: trusted code only),
+    skips a task it has already evaluated, and leaves a started runner for the first
+    candidate, which then needs no start of its own."""
+    judge, ops, made = _judge(tmp_path, [relu_kernel])
+    assert judge.prepare(["judge_relu"], _settings(reps=REPS)) == ["judge_relu"]
+    assert ops.references == 2   # the rehearsal's two timed calls, each checked
+    assert len(made) == 1 and made[0].calls == 0   # the spare: started, nothing loaded
+    assert not list(tmp_path.glob("prepare-*"))   # the rehearsal's buffers are gone
+    rep = judge.evaluate(_job(), _settings(reps=REPS))
+    assert rep.stage("timing").status.value == "ok" and rep.env["runner"].startswith("spare")
+    assert len(made) == 1 and made[0].log.count("LOAD") == 1
+    assert judge.prepare(["judge_relu"], _settings(reps=REPS)) == []   # evaluated already: skipped
+    judge.close()
+
+
+def test_a_task_that_cannot_be_prepared_is_logged_not_raised(tmp_path, caplog):
+    judge, _ops, made = _judge(tmp_path, [relu_kernel])
+    assert judge.prepare(["no_such_task", "judge_relu"], _settings()) == ["judge_relu"]
+    assert "preparing the judge for task no_such_task failed" in caplog.text
+    judge.close()

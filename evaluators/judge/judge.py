@@ -30,6 +30,7 @@ candidate code. Everything after the ``LOAD`` is the candidate's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -122,6 +123,9 @@ class Judge:
         #: the next candidate's runner, starting or started (:class:`_Spare`); evaluations so far
         self._spare: _Spare | None = None
         self._evaluations = 0
+        #: evaluations waiting for the lock (:meth:`prepare` lets them go first)
+        self._waiting = 0
+        self._count_lock = threading.Lock()
         #: finished candidates' runners being closed (:meth:`_close_later`)
         self._closing: list[threading.Thread] = []
 
@@ -271,6 +275,92 @@ class Judge:
                     check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
             torch.cuda.synchronize()
 
+    def prepare(self, tasks: Sequence[str], settings: HarnessSettings, *, sandbox: Any = None) -> list[str]:
+        """Before the first candidates (the GPU actor calls it on its warm-up thread with the
+        run's tasks): per task, its shape buffers, its references, and one rehearsal of the
+        correctness protocol (one trial per shape) and of the timing loop (two calls) in
+        which the task's own eager reference, run here, plays the kernel. Whatever the
+        judge's work loads lazily (its CUDA kernels, the fused check's compiles for the
+        task's dtypes, the references' first runs) is then loaded before a candidate waits
+        on it, and a reference that fails its own task's checks is seen now, as ours. Then
+        the first candidate's runner is started (a spare, as between candidates).
+
+        Tasks are taken one at a time under the judge's lock; an evaluation waiting for the
+        lock goes first, and a task already evaluated is skipped. Trusted code only: no
+        runner, no candidate. Returns the tasks prepared; our failures are logged, not
+        raised (the first evaluation meets them again and reports them)."""
+        done: list[str] = []
+        for name in tasks:
+            while self._waiting:   # a candidate is waiting: it goes first
+                time.sleep(0.005)
+            with self._lock:
+                if any(k[0] == name for k in self._refs):
+                    continue
+                try:
+                    self._rehearse(name, settings)
+                    done.append(name)
+                except Exception as e:  # noqa: BLE001 - our failure; the evaluation reports it
+                    log.warning("preparing the judge for task %s failed (its first evaluation will try again): %s",
+                                name, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+                    self._drop_caches()
+        with self._lock:
+            if self._spare is None and not self._evaluations:
+                self._start_spare(settings, sandbox if sandbox is not None else self._sandbox)
+        return done
+
+    def _rehearse(self, name: str, settings: HarnessSettings) -> None:
+        """One task's :meth:`prepare` (the caller holds the lock)."""
+        from evaluators.child.harness import _load_task
+        from evaluators.judge.timing import Calibration
+
+        task = _load_task(name, list(settings.task_files))
+        cuda = self.backend == "cuda"
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        tmp = None if cuda else Path(tempfile.mkdtemp(prefix="prepare-", dir=self._workdir))
+        ex = self._cuda_exchange() if cuda else HostExchange(tmp / "buffers")
+        ops = self._device_ops(settings)
+        slots: dict[int, ShapeSlots] = {}
+        try:
+            for si in range(len(task.shapes)):
+                slots[si] = self._slots_for(task, si, ex, cached=cuda)
+            if cuda:
+                self._free_for_work(task, slots)
+            bench = list(range(min(task.bench_shapes, len(task.shapes))))
+            refs = self._references(task, settings, slots, bench, {})
+
+            def call(s: ShapeSlots) -> tuple[Done, float]:
+                import torch
+
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    out = refs[0].fn(*s.ins)
+                    for o, r in zip(s.outs, out if isinstance(out, (tuple, list)) else (out,)):
+                        o.copy_(r)
+                ops.sync()
+                ms = (time.perf_counter() - t0) * 1e3
+                return Done(0, 0, ms), ms
+
+            seed = secrets.randbits(62)
+            res = run_correctness(task, call, slots.__getitem__, trials=1, seed=seed, sync=ops.sync,
+                                  fused=self._fused)
+            if res.status is Status.OK:
+                res = time_shapes(task, call, slots.__getitem__, shape_indices=bench[:1], references=refs,
+                                  reps=2, warmup=1, seed=seed, ops=ops, calib=Calibration((0.0, 0.0, 0.0)),
+                                  sol_ms=lambda shape: None, basis=settings.reference, fused=self._fused,
+                                  pool=ReferencePool())
+            if res.status is not Status.OK:
+                log.warning("task %s: its own reference, run as the kernel, is %s in %s: %s", name,
+                            res.status.value, res.stage, res.reason)
+        finally:
+            if not cuda:
+                for sl in slots.values():
+                    free_slots(ex, sl)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                import torch
+
+                torch.cuda.empty_cache()
+
     # ----------------------------------------------------------------- one candidate
 
     def evaluate(self, job: HarnessJob, settings: HarnessSettings, *, sandbox: Any = None,
@@ -279,7 +369,7 @@ class Judge:
         failures only; everything the candidate does is in the report. ``sandbox``: this
         runner's :class:`~evaluators.sandbox.SandboxSettings` (default: the judge's, else
         from the environment)."""
-        with self._lock:
+        with self._waiting_for_lock():
             for attempt in (1, 2):
                 try:
                     return self._evaluate(job, settings, progress, sandbox if sandbox is not None else self._sandbox)
@@ -299,6 +389,21 @@ class Judge:
                                        fix="free GPU memory (other processes on this GPU) and resume the run",
                                        kind="memory") from e
             raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _waiting_for_lock(self):
+        """The judge's lock, taken by an evaluation (counted while it waits)."""
+        with self._count_lock:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _drop_caches(self, everything: bool = False) -> None:
         """Free the cached shape buffers; ``everything``: the references (compiled ones

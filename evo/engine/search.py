@@ -7,6 +7,7 @@ wires the pieces together from a validated config; the scheduling itself lives i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -335,7 +336,7 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         rng = random.Random(f"{seed}:{n_done}")
         rt = Runtime(
             stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
-            harness_settings=cfg.harness_settings(), address=address,
+            harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
             num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
             num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
             # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
