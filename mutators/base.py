@@ -182,6 +182,13 @@ def writes_genesis(mutator: object) -> bool:
     return bool(getattr(mutator, "genesis", False))
 
 
+def builds_on_unjudged(mutator: object) -> bool:
+    """Whether ``mutator``'s children read only their parents' source and parameters (not
+    their fitness), so the engine may give it a seed as a parent before the seed's verdict
+    is back (its ``unjudged_parents``; default False)."""
+    return bool(getattr(mutator, "unjudged_parents", False))
+
+
 def concurrency(mutator: object) -> int:
     """How many proposals ``mutator`` may have in flight off the engine's loop: its
     ``concurrency`` when it has ``begin`` and that is above 1, else 1 (``propose`` is called

@@ -72,6 +72,9 @@ class KnobsMutator:
     exhaustive = True
     #: Tunable moves read fitness only: the engine profiles champions, not every survivor.
     reads_profiles = False
+    #: A child reads its parents' source and parameters only (fitness only steers sweeps,
+    #: through ``observe``): a seed may be a parent before its verdict is back.
+    unjudged_parents = True
 
     def __init__(self, crossover_rate: float = KnobsSettings.crossover_rate,
                  perturb_max: int = KnobsSettings.perturb_max, *, sweep_rate: float = KnobsSettings.sweep_rate,

@@ -49,7 +49,7 @@ from evo.engine.engine_settings import EngineSettings
 from evo.engine.inflight import RateMeter, inflight_bound
 from evo.engine.islands import IslandSet, island_specs
 from evo.engine.ordering import ItemOrder
-from evo.engine.proposals import Proposer
+from evo.engine.proposals import Proposer, seed_candidate
 from evo.engine.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
 from evo.core.records import Candidate, Evaluation, Operator, StageResult
@@ -207,10 +207,7 @@ class Engine:
 
     def _seed(self, task: str) -> Candidate | None:
         """The task's seed candidate as submitted (same id every time), or None without one."""
-        if task not in self.seeds:
-            return None
-        source, params = self.seeds[task]
-        return Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel")
+        return seed_candidate(task, self.seeds)
 
     def _submit_seeds(self) -> None:
         for task in self.tasks:

@@ -31,12 +31,21 @@ from evo.engine.seen import SeenView
 
 from evo.engine.islands import IslandHandle, IslandSet
 from evo.engine.ordering import ItemOrder
-from evo.core.records import Candidate, Member
+from evo.core.records import Candidate, Member, Operator
 from mutators import base as mut
 
-__all__ = ["Proposer"]
+__all__ = ["Proposer", "seed_candidate"]
 
 log = logging.getLogger(__name__)
+
+
+def seed_candidate(task: str, seeds) -> Candidate | None:
+    """The task's seed candidate as the engine submits it (same id every time), or None
+    without one. ``seeds``: task -> (source, params)."""
+    if task not in seeds:
+        return None
+    source, params = seeds[task]
+    return Candidate.create(task, source, params, operator=Operator.SEED, island=-1, notes="seed kernel")
 
 
 class Proposer:
@@ -105,6 +114,8 @@ class Proposer:
         """Start one proposal for ``isl``: on the loop, or as a job on the pool (its result
         then arrives through :meth:`collect`). True when a slot was filled."""
         parents = self.islands.parents(isl, mut.wants_parents(self.mutator))
+        if not parents and mut.builds_on_unjudged(self.mutator):
+            parents = self._unjudged_seed(isl.task)
         if not parents:  # an island of a task without a seed kernel starts from genesis (LLM only)
             if isl.task in self.seeds or not mut.writes_genesis(self.mutator) or isl.genesis_pending:
                 return False
@@ -126,6 +137,16 @@ class Proposer:
         self._claimed += 1
         self._jobs[self._pool.submit(job)] = (isl, bool(parents), gen, self.items.start())
         return True
+
+    def _unjudged_seed(self, task: str) -> list[Member]:
+        """The task's seed as a parent before its verdict came back (no fitness): an island
+        is empty only until then (a verdict, correct or not, makes it a member or a failure
+        to repair). For a mutator whose children read the parent's source and parameters
+        only (:func:`mutators.base.builds_on_unjudged`), the first children then compile
+        while the seed is still being compiled and judged, and the GPU finds them queued
+        when the seeds are done, instead of waiting a compile's length for them."""
+        seed = seed_candidate(task, self.seeds) if isinstance(self.seeds, dict) else None
+        return [Member(candidate=seed, fitness=None)] if seed is not None else []
 
     def _begin(self, isl: IslandHandle, parents: list[Member], ctx: mut.MutationContext):
         """``(job, generation)`` of a proposal to run on the pool: a queued repair of the
