@@ -1,16 +1,22 @@
 """A search's start-up: the seeds compile on the driver's threads while a local Ray instance
 starts (evo.engine.search.precompile_seeds), each seed once, from the source and parameters the
 engine submits (so the engine's compile finds the same cache entry), and nothing without a
-cache; the `start` event records how old the process was when Ray started."""
+cache; a local runtime starts on a thread of its own while the driver prepares the rest, and
+`evo search` probes the GPU while its config loads; the `start` event records how old the
+process was at each step (evo.engine.startup)."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 
+import pytest
+from typer.testing import CliRunner
+
 import evaluators.compile as compile_mod
 from evaluators.base import CompileSettings
 from evo.engine.search import precompile_seeds
+from evo.engine.startup import STEPS, StartupClock, StartupRecord
 
 
 def test_each_seed_is_built_once_into_the_cache_and_none_without_one(monkeypatch, tmp_path):
@@ -36,12 +42,205 @@ def test_each_seed_is_built_once_into_the_cache_and_none_without_one(monkeypatch
 
 
 def test_the_start_record_gives_the_process_age():
-    """The `start` event's ``startup.process_age_s``: seconds since the search's process
-    started (what its imports, task files and store took before Ray)."""
+    """The `start` event's ``startup`` ages: seconds since the search's process started (what
+    its imports, task files and store took before Ray)."""
     import subprocess
     import sys
 
-    code = ("import time; time.sleep(0.4); from evo.engine.search import _process_age_s; "
-            "print(_process_age_s())")
+    code = ("import time; time.sleep(0.4); from evo.engine.startup import process_age_s; "
+            "print(process_age_s())")
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 0.4 <= age < 30.0
+
+
+def test_the_clock_marks_known_steps_in_order_and_its_record_round_trips():
+    clock = StartupClock("cli")
+    for step in ("config", "tasks", "gpu"):
+        clock.mark(step)
+    with pytest.raises(ValueError, match="'confg'.*known: cli, config"):
+        clock.mark("confg")
+    rec = clock.record(1.5, ray_overlapped=True)
+    assert [s for s, _ in rec.age_at] == ["cli", "config", "tasks", "gpu"]
+    ages = [a for _, a in rec.age_at]
+    assert all(a is not None for a in ages) and ages == sorted(ages)
+    assert StartupRecord.from_json(rec.to_json()) == rec
+    assert rec.to_json()["process_age_s"] is None  # Ray's start was not marked
+
+
+# ---- run_search with a stand-in for the Ray runtime (the in-process one; no Ray starts) ----
+
+class _Seen:
+    """What the stand-in runtime saw: the threads it started and shut down on."""
+
+    def __init__(self) -> None:
+        self.start_thread: threading.Thread | None = None
+        self.shutdown_with_owner_alive: bool | None = None
+        self.sandbox_probed = threading.Event()
+
+
+def _fake_runtime(monkeypatch, seen: _Seen, fail: Exception | None = None):
+    """``evo.engine.runtime.Runtime`` replaced by the in-process runtime (one fake GPU), whose
+    start waits until the driver probed the sandbox: it can only pass when the start runs
+    beside the driver's own preparation, not before it."""
+    import evaluators.sandbox as sandbox
+    import evo.engine.runtime as runtime_mod
+    from evo.engine.local_runtime import LocalRuntime
+
+    real_describe = sandbox.describe
+
+    def describe():
+        seen.sandbox_probed.set()
+        return real_describe()
+
+    class StandIn(LocalRuntime):
+        def __init__(self, *, stages, compile_settings, harness_settings, address=None, num_cpus=None,
+                     num_gpus=None, secret_env=()):
+            super().__init__(stages=stages, compile_settings=compile_settings, harness_settings=harness_settings,
+                             num_gpus=1, num_cpus=2)
+
+        def start(self):
+            seen.start_thread = threading.current_thread()
+            assert seen.sandbox_probed.wait(10), "the runtime's start did not overlap the driver's preparation"
+            if fail is not None:
+                raise fail
+            return super().start()
+
+        def shutdown(self):
+            seen.shutdown_with_owner_alive = seen.start_thread.is_alive()
+            super().shutdown()
+
+    monkeypatch.setattr(sandbox, "describe", describe)
+    monkeypatch.setattr(runtime_mod, "Runtime", StandIn)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def _config(tmp_path):
+    from evo.config import load_config
+
+    path = tmp_path / "s.toml"
+    path.write_text(f"""
+[run]
+name = "startup"
+db = "{tmp_path / 'evo.db'}"
+[tasks]
+include = ["kb19_relu"]
+[search]
+islands_per_task = 1
+max_evaluations = 2
+in_flight = 1
+""")
+    return load_config(path)
+
+
+def _stages():
+    from evo.engine.seams import Stages
+    from fakes import stages as fake
+
+    return Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
+
+
+def test_a_local_runtime_starts_beside_the_driver_and_the_start_records_each_step(monkeypatch, tmp_path):
+    from evo.engine.search import run_search
+    from evo.store import Store
+
+    seen = _Seen()
+    _fake_runtime(monkeypatch, seen)
+    cfg = _config(tmp_path)
+    summary = run_search(cfg, progress=False, stages=_stages())
+    assert summary.evaluations == 2
+    assert seen.start_thread is not threading.main_thread() and seen.start_thread.name == "evo-ray-start"
+    assert seen.shutdown_with_owner_alive, "the thread that started the runtime outlived it"
+    seen.start_thread.join(10)
+    assert not seen.start_thread.is_alive(), "released once the runtime was shut down"
+    with Store.open_reader(cfg.run.db) as store:
+        (start,) = [e for e in store.events(summary.run_id) if e["kind"] == "start"]
+    startup = start["payload"]["startup"]
+    assert list(startup["age_at"]) == ["search", "seeds", "store", "ray_start", "prepared", "ray_ready"]
+    ages = list(startup["age_at"].values())
+    assert all(isinstance(a, float) for a in ages) and ages == sorted(ages), startup
+    assert startup["process_age_s"] == startup["age_at"]["ray_start"]
+    assert startup["ray_overlapped"] is True and 0 <= startup["runtime_s"] <= ages[-1] - ages[3] + 0.01
+    assert StartupRecord.from_json(startup).to_json() == startup
+
+
+def test_a_failed_local_start_is_one_error_and_leaves_no_running_run(monkeypatch, tmp_path):
+    from evo.engine.runtime import RuntimeError_
+    from evo.engine.search import SearchError, run_search
+    from evo.store import Store
+
+    seen = _Seen()
+    _fake_runtime(monkeypatch, seen, fail=RuntimeError_("the Ray cluster has no GPU resources (test)"))
+    cfg = _config(tmp_path)
+    with pytest.raises(SearchError, match=r"^the Ray cluster has no GPU resources \(test\)$"):
+        run_search(cfg, progress=False, stages=_stages())
+    assert seen.start_thread is not threading.main_thread()
+    seen.start_thread.join(10)
+    assert not seen.start_thread.is_alive()
+    with Store.open_reader(cfg.run.db) as store:
+        (run,) = store.list_runs()
+    assert run["recorded_status"] == "failed" and "no GPU resources (test)" in run["reason"], run
+
+
+def test_a_driver_failure_while_the_runtime_starts_shuts_it_down(monkeypatch, tmp_path):
+    """The driver fails after the start began (here: its seed compiles cannot start): the
+    started runtime is shut down, by the driver, before its thread is let go; the run fails."""
+    from evo.engine import search
+    from evo.store import Store
+
+    seen = _Seen()
+    _fake_runtime(monkeypatch, seen)
+    monkeypatch.setattr(search, "_exit_on_sigterm", lambda: pytest.fail("no Ray instance was started"))
+
+    def broken_probe():
+        seen.sandbox_probed.set()
+        raise OSError("sandbox probe failed (test)")
+
+    import evaluators.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "describe", broken_probe)
+    cfg = _config(tmp_path)
+    with pytest.raises(OSError, match="sandbox probe failed"):
+        search.run_search(cfg, progress=False, stages=_stages())
+    assert seen.shutdown_with_owner_alive is True
+    seen.start_thread.join(10)
+    assert not seen.start_thread.is_alive()
+    with Store.open_reader(cfg.run.db) as store:
+        (run,) = store.list_runs()
+    assert run["recorded_status"] == "failed" and "sandbox probe failed" in run["reason"], run
+
+
+def test_the_cli_probes_the_gpu_while_the_config_loads_and_passes_its_marks_on(monkeypatch, tmp_path):
+    import evaluators.pipeline as pipeline
+    import evo.config as config
+    from evo.cli import app
+    from evo.engine import search
+    from evo.engine.bookkeeping import SearchSummary
+
+    probing = threading.Event()
+
+    def gpu_available():
+        probing.set()
+        return True
+
+    real_load = config.load_config
+
+    def load_config(*a, **kw):
+        assert probing.wait(10), "the GPU probe did not run while the config loaded"
+        return real_load(*a, **kw)
+
+    got = {}
+
+    def run_search(cfg, **kw):
+        got.update(kw)
+        return SearchSummary("r-test", 0, 0, "test", {}, 0, 0, 0, 0)
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(pipeline, "gpu_available", gpu_available)
+    monkeypatch.setattr(config, "load_config", load_config)
+    monkeypatch.setattr(search, "run_search", run_search)
+    res = CliRunner().invoke(app, ["search", "configs/demo.toml", "--db", str(tmp_path / "x.db"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    rec = got["startup"].record(None, ray_overlapped=False)
+    assert [s for s, _ in rec.age_at] == ["cli", "config", "tasks", "gpu"]
+    ages = [a for _, a in rec.age_at]
+    assert ages == sorted(ages) and set(s for s, _ in rec.age_at) <= set(STEPS)

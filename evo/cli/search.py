@@ -46,6 +46,10 @@ def search(
 
     Example: evo search configs/demo.toml --max-evals 50
     """
+    from evo.engine.startup import StartupClock
+
+    clock = StartupClock("cli")
+    gpu_probe = None if dry_run else _start_gpu_probe(address)
     from evo.config import ConfigError, load_config, load_tasks
 
     overrides: dict[str, Any] = {}
@@ -55,7 +59,9 @@ def search(
         overrides["run.db"] = db
     try:
         cfg = load_config(config, overrides)
+        clock.mark("config")
         task_registry = load_tasks(cfg)  # the built-ins plus [tasks] files, this search's alone
+        clock.mark("tasks")
     except ConfigError as e:
         _fail(str(e))
 
@@ -75,25 +81,40 @@ def search(
         _print_dry_run(report, cfg, probe)
         raise typer.Exit(0 if report["ok"] else 1)
 
-    from evaluators.pipeline import gpu_available
-
     addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
-    if not addr and not gpu_available():
-        _fail(
-            "no CUDA GPU found on this machine (nvidia-smi lists none), and no Ray cluster was "
-            "named. `evo search` evaluates kernels on GPUs. Options: run on a machine with an "
-            "NVIDIA GPU (sm_90a: H100/H200), join a cluster that has GPUs with --address, or "
-            f"check the config, seeds and compiler here with: evo search {config} --dry-run"
-        )
+    if not addr:  # no cluster named: the probe started above (no --address, no RAY_ADDRESS)
+        gpu_found = gpu_probe is not None and gpu_probe.result()
+        clock.mark("gpu")
+        if not gpu_found:
+            _fail(
+                "no CUDA GPU found on this machine (nvidia-smi lists none), and no Ray cluster was "
+                "named. `evo search` evaluates kernels on GPUs. Options: run on a machine with an "
+                "NVIDIA GPU (sm_90a: H100/H200), join a cluster that has GPUs with --address, or "
+                f"check the config, seeds and compiler here with: evo search {config} --dry-run"
+            )
     try:
         summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress,
-                                        task_registry=task_registry)
+                                        task_registry=task_registry, startup=clock)
     except engine_mod.SearchError as e:
         _fail(str(e))
     console.print(f"run [bold]{summary.run_id}[/]: {summary.evaluations} evaluations, "
                   f"{summary.correct} correct, stopped: {summary.stop_reason}")
     _print_best(summary.best)
     console.print(f"inspect: evo top {summary.run_id} --db {cfg.run.db}")
+
+
+def _start_gpu_probe(address: str | None):
+    """The GPU probe (:func:`evaluators.pipeline.gpu_available`: ``nvidia-smi`` and a fresh
+    interpreter importing torch) started on a thread, so that it runs while the config loads
+    (which imports torch too); None when a cluster is named, which needs no local GPU. A
+    cluster named only by the config's ``ray.address`` is known after loading: the probe's
+    answer is then not waited for."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return None
+    import evaluators.pipeline as pipeline
+    from evo.engine.background import BackgroundCall
+
+    return BackgroundCall(pipeline.gpu_available, "evo-gpu-probe")
 
 
 def _print_probes(probes: list) -> None:

@@ -8,13 +8,16 @@ wires the pieces together from a validated config; the scheduling itself lives i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import random
 import time
 
+from evo.engine.background import BackgroundCall
 from evo.engine.engine import Engine, EngineSettings, SearchError, SearchSummary
+from evo.engine.startup import StartupClock
 from evo.core.records import Candidate
 
 __all__ = ["run_search", "dry_run", "make_mutator", "engine_settings", "MUTATOR_KINDS", "SearchError",
@@ -293,19 +296,31 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
 
 
 def run_search(cfg, *, address: str | None = None, resume: str | None = None,
-               progress: bool = True, stages=None, task_registry=None) -> SearchSummary:
+               progress: bool = True, stages=None, task_registry=None,
+               startup: StartupClock | None = None) -> SearchSummary:
     """Open the store, start the runtime, run the engine, shut down. The CLI calls this.
     ``task_registry``: the config's tasks (:func:`evo.config.load_tasks`; None: the built-in
-    tasks plus ``cfg.tasks.files``)."""
+    tasks plus ``cfg.tasks.files``). ``startup``: the clock the caller's earlier steps were
+    marked on (the CLI's); this marks the rest, and the ``start`` event records them all
+    (:class:`evo.engine.startup.StartupRecord`).
+
+    Everything that can refuse the search quickly (tasks, seeds, keys, the database, the run
+    to resume and its writer lease) is checked before the runtime starts. A local Ray
+    instance (no ``address``, no ``RAY_ADDRESS``) then starts on a thread of its own while
+    this thread probes the sandbox (the seed compiles run on threads already); a failed start raises
+    :class:`SearchError` with its one line, and any failure leaves the run ``failed``,
+    never ``running``, with what was started stopped.
+    """
     from pathlib import Path
 
     from evaluators.policy import check_policy
-    from evo.engine.runtime import Runtime, RuntimeError_, real_stages
+    from evaluators.sandbox import describe as sandbox_describe
     from evo.store import Store, StoreError
 
     from evo.core.paths import LocationError, check_db_location
     from evo.results.status import resolve_run
 
+    clock = startup or StartupClock("search")
     task_registry = _task_registry(cfg, task_registry)
     names = _task_names(cfg, task_registry)
     seeds = seeds_for(names, cfg.mutator.kind, task_registry)  # before any run exists: a seedless task fails here
@@ -314,9 +329,12 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         check_db_location(cfg.run.db)
     except LocationError as e:
         raise SearchError(f"run.db: {e}") from None
+    clock.mark("seeds")
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
     run_id = None
+    ray_start: BackgroundCall | None = None   # a local instance's start, on its own thread
+    rt = None
     try:
         if resume:
             try:
@@ -334,23 +352,31 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
             seed = cfg.run.seed  # create_run took the new run's writer lease
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
-        rt = Runtime(
-            stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
-            harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
-            num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
-            num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
-            # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
-            secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env),
-        )
-        if stages is None and not resume and not (address or os.environ.get("RAY_ADDRESS")):
+        clock.mark("store")
+        local = not (address or os.environ.get("RAY_ADDRESS"))
+        if stages is None and not resume and local:
             precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
-        startup = {"process_age_s": _process_age_s()}   # imports, tasks, store: before Ray
-        t_rt = time.monotonic()
-        try:
-            rt.start()
-        except RuntimeError_ as e:
-            raise SearchError(str(e)) from e
-        startup["runtime_s"] = round(time.monotonic() - t_rt, 3)
+        start = functools.partial(_start_runtime, cfg, names, stages=stages, address=address)
+        if local:
+            clock.mark("ray_start")
+            ray_start = BackgroundCall(start, "evo-ray-start", hold=True)
+        # Probed here, on the driver's machine: the GPU actors' own logs do not reach the
+        # terminal, and a missing layer (no network namespace) must be visible at start.
+        sandbox = sandbox_describe()
+        if "NO " in sandbox:
+            log.warning("candidate sandbox on this machine: %s", sandbox)
+        else:
+            log.info("candidate sandbox: %s", sandbox)
+        clock.mark("prepared")
+        if ray_start is None:
+            clock.mark("ray_start")
+            rt, runtime_s = start()
+        else:
+            rt, runtime_s = ray_start.result()
+            if getattr(rt, "started_ray", False):
+                _exit_on_sigterm()
+        clock.mark("ray_ready")
+        record = clock.record(runtime_s, ray_overlapped=ray_start is not None)
         view = None
         try:
             descriptor = _descriptor_fn()
@@ -373,29 +399,79 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
                          run_id=run_id, tasks=names, task_registry=task_registry,
                          seeds=seeds, settings=settings, rng=rng, policy=check_policy,
                          descriptor=descriptor, on_progress=cb)
-            from evaluators.sandbox import describe as sandbox_describe
-
-            # Probed here, on the driver's machine: the GPU actors' own logs do not reach the
-            # terminal, and a missing layer (no network namespace) must be visible at start.
-            sandbox = sandbox_describe()
-            if "NO " in sandbox:
-                log.warning("candidate sandbox on this machine: %s", sandbox)
-            else:
-                log.info("candidate sandbox: %s", sandbox)
             store.log_event(run_id, "start" if not resume else "resume_start",
                             {"tasks": names, "gpus": rt.n_gpus, "cpus": rt.n_cpus, "sandbox": sandbox,
-                             "startup": startup})
+                             "startup": record.to_json()})
             return eng.run(resume=bool(resume))
         finally:
             if view is not None:
                 view.stop()
             rt.shutdown()
     except BaseException as e:
+        if ray_start is not None and rt is None:
+            _stop_when_started(ray_start)
         if run_id is not None:  # a failed start or search leaves no phantom `running` run
             store.abort_run(run_id, e)
         raise
     finally:
+        if ray_start is not None:
+            ray_start.release()  # after the instance it started was shut down
         store.close()
+
+
+def _start_runtime(cfg, names: list[str], *, stages, address: str | None):
+    """The cluster runtime of ``cfg`` built and started: (runtime, seconds its start took).
+
+    Runs on the thread that owns a local Ray instance (:class:`evo.engine.background.BackgroundCall`
+    with ``hold``), so a start that fails after Ray came up shuts Ray down here, on that thread.
+    Raises :class:`SearchError` with the runtime's one line when the cluster cannot serve the
+    search (:class:`evo.engine.runtime.RuntimeError_`).
+    """
+    from evo.engine.runtime import Runtime, RuntimeError_, real_stages
+
+    rt = Runtime(
+        stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
+        harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
+        num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
+        num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
+        # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
+        secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env),
+    )
+    t0 = time.monotonic()
+    try:
+        rt.start()
+    except BaseException as e:
+        if getattr(rt, "started_ray", False):
+            try:
+                rt.shutdown()
+            except Exception as stop_error:  # noqa: BLE001 - the start's own error is the one to report
+                log.debug("shutting down after a failed start: %s", stop_error)
+        if isinstance(e, RuntimeError_):
+            raise SearchError(str(e)) from e
+        raise
+    return rt, round(time.monotonic() - t0, 3)
+
+
+def _stop_when_started(ray_start: BackgroundCall) -> None:
+    """The search failed before it took its runtime: wait for the start to end and shut down
+    what it started (a start that failed has cleaned up after itself)."""
+    try:
+        rt, _ = ray_start.result()
+    except BaseException:  # noqa: BLE001 - reported by whoever took the result, or superseded
+        return
+    rt.shutdown()
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread, as ``ray.init`` arranges when it runs
+    there (it cannot from the thread a local instance starts on): the search then stops
+    through its handlers (the run aborted, Ray shut down) instead of dying at once."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
 
 
 def precompile_seeds(seeds: dict, settings) -> list:
@@ -423,18 +499,6 @@ def precompile_seeds(seeds: dict, settings) -> list:
     for t in threads:
         t.start()
     return threads
-
-
-def _process_age_s() -> float | None:
-    """Seconds since this process started (Linux: /proc), for the run's start-up record."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _descriptor_fn():
