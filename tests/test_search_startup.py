@@ -166,7 +166,6 @@ def test_a_local_runtime_starts_beside_the_driver_and_the_start_records_each_ste
 def test_a_failed_local_start_is_one_error_and_leaves_no_running_run(monkeypatch, tmp_path):
     from evo.engine.runtime import RuntimeError_
     from evo.engine.search import SearchError, run_search
-    from evo.store import Store
 
     seen = _Seen()
     _fake_runtime(monkeypatch, seen, fail=RuntimeError_("the Ray cluster has no GPU resources (test)"))
@@ -174,22 +173,27 @@ def test_a_failed_local_start_is_one_error_and_leaves_no_running_run(monkeypatch
     with pytest.raises(SearchError, match=r"^the Ray cluster has no GPU resources \(test\)$"):
         run_search(cfg, progress=False, stages=_stages())
     assert seen.start_thread is not threading.main_thread()
+    _assert_released_and_failed(seen, cfg, "no GPU resources (test)")
+
+
+def _assert_released_and_failed(seen: _Seen, cfg, reason: str) -> None:
+    """The thread that started the runtime ended, and the run is recorded failed with ``reason``."""
+    from evo.store import Store
+
     seen.start_thread.join(10)
     assert not seen.start_thread.is_alive()
     with Store.open_reader(cfg.run.db) as store:
         (run,) = store.list_runs()
-    assert run["recorded_status"] == "failed" and "no GPU resources (test)" in run["reason"], run
+    assert run["recorded_status"] == "failed" and reason in run["reason"], run
 
 
 def test_a_driver_failure_while_the_runtime_starts_shuts_it_down(monkeypatch, tmp_path):
-    """The driver fails after the start began (here: its seed compiles cannot start): the
-    started runtime is shut down, by the driver, before its thread is let go; the run fails."""
+    """The driver fails after the start began (here: its sandbox probe): the started runtime
+    is shut down, by the driver, before its thread is let go; the run fails."""
     from evo.engine import search
-    from evo.store import Store
 
     seen = _Seen()
     _fake_runtime(monkeypatch, seen)
-    monkeypatch.setattr(search, "_exit_on_sigterm", lambda: pytest.fail("no Ray instance was started"))
 
     def broken_probe():
         seen.sandbox_probed.set()
@@ -202,11 +206,7 @@ def test_a_driver_failure_while_the_runtime_starts_shuts_it_down(monkeypatch, tm
     with pytest.raises(OSError, match="sandbox probe failed"):
         search.run_search(cfg, progress=False, stages=_stages())
     assert seen.shutdown_with_owner_alive is True
-    seen.start_thread.join(10)
-    assert not seen.start_thread.is_alive()
-    with Store.open_reader(cfg.run.db) as store:
-        (run,) = store.list_runs()
-    assert run["recorded_status"] == "failed" and "sandbox probe failed" in run["reason"], run
+    _assert_released_and_failed(seen, cfg, "sandbox probe failed")
 
 
 def test_the_cli_probes_the_gpu_while_the_config_loads_and_passes_its_marks_on(monkeypatch, tmp_path):

@@ -176,6 +176,11 @@ class Runtime:
     _binaries: dict = field(default_factory=dict)
 
     def start(self) -> "Runtime":
+        """Start (or join) Ray and create the GPU actors. Any thread may call it, but a local
+        instance's GCS and raylet are killed when the *thread* that started them ends (Ray
+        starts them with ``PR_SET_PDEATHSIG``), so that thread must outlive the instance
+        (:class:`evo.engine.background.BackgroundCall` with ``hold``); off the main thread
+        Ray installs no SIGTERM handler (``run_search`` installs the same one)."""
         addr = self.address or os.environ.get("RAY_ADDRESS") or None
         route_ray_logs()
         if ray.is_initialized():
