@@ -28,7 +28,6 @@ import functools
 import logging
 import shutil
 import subprocess
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from evaluators import isolation
@@ -55,9 +54,10 @@ NO_GPU_REASON = (
 def gpu_available() -> bool:
     """True when a child process could run CUDA work here (checked without touching CUDA).
 
-    ``nvidia-smi -L`` must list a GPU, and a throwaway interpreter must report
-    ``torch.cuda.device_count() > 0`` (a CPU-only torch build would fail the harness).
-    Cached for the process lifetime.
+    ``nvidia-smi -L`` must list a GPU, and this process's torch must be a CUDA build (a
+    CPU-only torch would fail every evaluation): ``torch.version.cuda``, read without
+    initialising CUDA, so nothing here creates a context and no second interpreter has to
+    import torch on the way to a search's start.
     """
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -69,16 +69,10 @@ def gpu_available() -> bool:
     if out.returncode != 0 or "GPU" not in out.stdout:
         return False
     try:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-            capture_output=True, text=True, timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        import torch
+    except ImportError:
         return False
-    try:
-        return probe.returncode == 0 and int(probe.stdout.strip().splitlines()[-1]) > 0
-    except (ValueError, IndexError):
-        return False
+    return getattr(torch.version, "cuda", None) is not None
 
 
 def _skipped(names: tuple[str, ...], reason: str) -> tuple[StageResult, ...]:

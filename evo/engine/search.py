@@ -330,6 +330,11 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     except LocationError as e:
         raise SearchError(f"run.db: {e}") from None
     clock.mark("seeds")
+    local = not (address or os.environ.get("RAY_ADDRESS"))
+    if stages is None and not resume and local:
+        # first, on threads: the seeds' compiles are the longest step before the first
+        # evaluation, and need nothing of the store or the runtime
+        precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
     run_id = None
@@ -353,9 +358,6 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
         clock.mark("store")
-        local = not (address or os.environ.get("RAY_ADDRESS"))
-        if stages is None and not resume and local:
-            precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
         start = functools.partial(_start_runtime, cfg, names, stages=stages, address=address)
         if local:
             clock.mark("ray_start")
