@@ -27,7 +27,13 @@ def main(argv: list[str]) -> int:
     for created_e, kind, payload in db.execute(
             "SELECT created, kind, payload FROM events WHERE run_id=? ORDER BY id", (run_id,)):
         if kind in KINDS:
-            print(f"  +{_t(created_e) - t0:7.2f} s  {kind:17s} {json.dumps(json.loads(payload))[:300]}")
+            data = json.loads(payload)
+            startup = data.pop("startup", None) if isinstance(data, dict) else None
+            if isinstance(data, dict):
+                data.pop("sandbox", None)
+            print(f"  +{_t(created_e) - t0:7.2f} s  {kind:17s} {json.dumps(data)[:300]}")
+            if startup:
+                print(f"             startup (process ages, s): {json.dumps(startup)}")
     rows = [r[0] for r in db.execute("SELECT created FROM evaluations WHERE run_id=? ORDER BY created", (run_id,))]
     if rows:
         first, last = _t(rows[0]) - t0, _t(rows[-1]) - t0
