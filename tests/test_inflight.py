@@ -41,6 +41,25 @@ def test_rate_meter_needs_samples_then_measures():
     assert r.compile_s == 15.0 and r.gpu_s == 2.5 and abs(r.gpu_per_s - 0.5) < 1e-9
 
 
+def test_a_starved_gpu_is_bounded_by_what_it_can_do_not_by_what_it_did():
+    """Two evaluations of 1 s each over a 10 s window (the GPU waited 8 s for compiles): the
+    bound must read 1 evaluation a second, not 0.2, or it keeps too few in flight to feed it."""
+    m = RateMeter(min_samples=2)
+    for t in (0.0, 9.0):
+        m.compiled(12.0)
+        m.gpu_done(t, t + 1.0, busy_s=1.0)
+    r = m.rates(1)
+    assert r.gpu_per_s == 1.0
+    starved = RateMeter(min_samples=2)
+    for t in (0.0, 9.0):
+        starved.compiled(12.0)
+        starved.gpu_done(t, t + 1.0)
+    assert starved.rates(1).gpu_per_s == 0.2   # without busy seconds: the throughput seen
+    fed = inflight_bound(r, workers=15, n_gpus=1, gpu_slots=2)
+    assert fed > inflight_bound(starved.rates(1), workers=15, n_gpus=1, gpu_slots=2)
+    assert fed == 13 + 2   # ceil(1/s x (12 s compile + 1 s on the GPU)) + the slots
+
+
 def test_activity_not_measured_without_nvml(monkeypatch):
     s = ActivitySampler(None)
     assert not s.measured and s.mean() is None

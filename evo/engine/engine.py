@@ -350,7 +350,7 @@ class Engine:
         self.breaker.ok("GPU evaluation")
         self.gpu_faults.finished(pending)
         self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
-        self.rates.gpu_done(res.started, res.finished)
+        self.rates.gpu_done(res.started, res.finished, res.gpu_stage_s)
         ev = res.evaluation
         self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                          fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)

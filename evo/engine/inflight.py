@@ -62,6 +62,8 @@ class RateMeter:
     _gpu_sum: float = 0.0
     _first: float | None = None
     _last: float | None = None
+    _busy: int = 0
+    _busy_sum: float = 0.0
 
     @property
     def n_compiled(self) -> int:
@@ -71,7 +73,13 @@ class RateMeter:
         self._compiles += 1
         self._compile_sum += max(0.0, seconds)
 
-    def gpu_done(self, started: float, finished: float) -> None:
+    def gpu_done(self, started: float, finished: float, busy_s: float | None = None) -> None:
+        """One GPU result: when its evaluation started and finished on the actor, and
+        ``busy_s``, the seconds its GPU stages took (what the GPU can do is read from these:
+        a starved GPU's own throughput would keep the bound, and so the GPU, starved)."""
+        if busy_s is not None and busy_s > 0:
+            self._busy += 1
+            self._busy_sum += busy_s
         self._gpu += 1
         self._gpu_sum += max(0.0, finished - started)
         self._first = started if self._first is None else min(self._first, started)
@@ -81,5 +89,9 @@ class RateMeter:
         if self._compiles < self.min_samples or self._gpu < self.min_samples:
             return None
         window = max((self._last or 0.0) - (self._first or 0.0), 1e-6)
+        seen = self._gpu / window / max(n_gpus, 1)
+        # what a GPU can evaluate a second: its busy seconds per evaluation, when known (the
+        # throughput seen over the window is lower whenever the GPU waited for compiles)
+        capacity = self._busy / self._busy_sum if self._busy and self._busy_sum > 0 else 0.0
         return Rates(compile_s=self._compile_sum / self._compiles, gpu_s=self._gpu_sum / self._gpu,
-                     gpu_per_s=self._gpu / window / max(n_gpus, 1))
+                     gpu_per_s=max(seen, capacity))
