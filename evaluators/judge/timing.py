@@ -368,7 +368,7 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
             eager_out = None
             for j, ref in enumerate(refs):
                 ops.flush()
-                out, ms = ops.time_ms(lambda ref=ref: ref.fn(*given))
+                out, ms = ops.time_ms(lambda ref=ref, args=given: ref.fn(*args))
                 own_ms[j].append(ms)
                 if j == 0:
                     eager_out = out if isinstance(out, (tuple, list)) else (out,)
