@@ -15,7 +15,8 @@
 #   judge  issue 40 on the GPU: benchmarks/judge_acceptance.py (seeds by the harness and by the judge,
 #          a hang's time to verdict, evo check start to verdict) -> $OUT/judge/; the demo search with
 #          [evaluator] isolation = "judge" (benchmarks/throughput.py, bounded by EVO_JUDGE_DEMO_S, default
-#          120 s) -> $OUT/judge_demo.json; the adversarial GPU tests under the judge -> $OUT/gpu_adversarial_judge.txt
+#          200 s: the demo runs to its end, champion confirmation included) -> $OUT/judge_demo.json; the
+#          adversarial GPU tests under the judge -> $OUT/gpu_adversarial_judge.txt
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
@@ -135,8 +136,8 @@ PY
         echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
       fi
       if [[ " $parts " == *" demo "* ]]; then
-        timeout $(( ${EVO_JUDGE_DEMO_S:-120} + 60 )) python benchmarks/throughput.py --part demo \
-          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-120}" --json "$out/judge_demo.json" --keep-db "$out" \
+        timeout $(( ${EVO_JUDGE_DEMO_S:-200} + 60 )) python benchmarks/throughput.py --part demo \
+          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-200}" --json "$out/judge_demo.json" --keep-db "$out" \
           > "$out/judge_demo.txt" 2>&1
         echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
       fi

@@ -121,9 +121,29 @@ def _records(db: Path) -> dict:
             for kv in text.split():
                 k, _, v = kv.partition("=")
                 phases.setdefault(k, []).append(float(v))
+        verdicts = _verdict_ages(con)
     finally:
         con.close()
-    return {"stages": stages, "progress": prog, "judge_phases": phases}
+    return {"stages": stages, "progress": prog, "judge_phases": phases, "verdicts": verdicts}
+
+
+def _verdict_ages(con: sqlite3.Connection) -> tuple[float, float] | None:
+    """The first and the last verdict as seconds since the search's process started: the
+    process age at which the run was stored (the start event's start-up record) plus the
+    verdicts' times after the run's creation. None without a start-up record."""
+    from datetime import datetime
+
+    row = con.execute("SELECT r.created, e.payload FROM runs r JOIN events e ON e.run_id = r.id "
+                      "WHERE e.kind = 'start' ORDER BY e.id LIMIT 1").fetchone()
+    times = [r[0] for r in con.execute("SELECT created FROM evaluations ORDER BY created").fetchall()]
+    if row is None or not times:
+        return None
+    age_at = (json.loads(row[1]).get("startup") or {}).get("age_at") or {}
+    if "store" not in age_at:
+        return None
+    t0 = datetime.fromisoformat(row[0]).timestamp()
+    return tuple(round(float(age_at["store"]) + datetime.fromisoformat(t).timestamp() - t0, 2)
+                 for t in (times[0], times[-1]))
 
 
 def _limit(rec: dict, evaluations: int, workers: int) -> tuple[str, float | None, float | None]:
@@ -156,6 +176,12 @@ def part(name: str, config: Path, limit_s: float, workers: int, keep_db: Path | 
         "part": name, "config": str(config), "exit_code": rc, "stopped_at_limit": stopped,
         "evaluations": n, "correct": status.get("correct"), "wall_s": round(wall, 1),
         "evals_per_min": round(60.0 * n / wall, 2),
+        # the same evaluations to the last verdict, start-up included (what follows it: the
+        # champions' confirmation, the shutdown), and the first verdict, both in seconds
+        # since the process started
+        "first_verdict_s": rec["verdicts"] and rec["verdicts"][0],
+        "last_verdict_s": rec["verdicts"] and rec["verdicts"][1],
+        "evals_per_min_to_last_verdict": rec["verdicts"] and round(60.0 * n / rec["verdicts"][1], 2),
         "slot_occupancy": prog.get("gpu_busy"), "gpu_activity": act,
         "mean_s": {k: round(mean(v), 2) if v else None for k, v in rec["stages"].items()},
         "judge_phases_mean_s": {k: round(mean(v), 3) for k, v in rec["judge_phases"].items()},
@@ -194,12 +220,14 @@ def main() -> int:
             rows.append(part(name, config, args.limit_s, workers, args.keep_db))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"configs/demo.toml{' with ' + ', '.join(args.set) if args.set else ' unchanged'}\n")
-    print("| part | evaluations (correct) | wall s | evals/min | slot occupancy | GPU activity | compile s "
+    print("| part | evaluations (correct) | wall s | evals/min | first / last verdict s | evals/min to the last "
+          "verdict | slot occupancy | GPU activity | compile s "
           "| correctness s | timing s | limit (compile / GPU capacity a minute) | stopped at limit |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = r["mean_s"]
         print(f"| {r['part']} | {r['evaluations']} ({r['correct']}) | {r['wall_s']} | {r['evals_per_min']} "
+              f"| {r['first_verdict_s']} / {r['last_verdict_s']} | {r['evals_per_min_to_last_verdict']} "
               f"| {_pct(r['slot_occupancy'])} | {_pct(r['gpu_activity'])} | {m['compile']} | {m['correctness']} "
               f"| {m['timing']} | {r['limit']} ({r['compile_capacity_per_min']} / {r['gpu_capacity_per_min']}) "
               f"| {r['stopped_at_limit']} |")
