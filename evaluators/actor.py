@@ -104,6 +104,8 @@ class GpuEvaluator:
 
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
+        #: the evaluate function takes ``mode`` (evaluate_built does; a stand-in need not)
+        self._takes_mode = default_evaluate
         #: the function takes the pool (and obeys its schedule) itself
         self._pooled = pooled
         self._settings = settings
@@ -140,15 +142,18 @@ class GpuEvaluator:
         correctness slot and one queued; unpooled, the running call and one queued."""
         return settings.check_concurrency + 1 if pooled else 2
 
-    def evaluate(self, candidate: Candidate, so_bytes: bytes) -> GpuResult:
+    def evaluate(self, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> GpuResult:
+        """``mode``: None (correctness, then timing) or ``"time-only"`` (a re-timing;
+        :meth:`evo.engine.seams.ClusterRuntime.submit_gpu`)."""
         t0 = time.time()
         with self._lock:
             settings = self._timeouts.settings_for(candidate.task, self._settings)
+        kw = {"mode": mode} if mode is not None and self._takes_mode else {}
         if self._pooled:
-            ev = self._evaluate(candidate, so_bytes, settings, pool=self.pool)
+            ev = self._evaluate(candidate, so_bytes, settings, pool=self.pool, **kw)
         else:
             with self.schedule.exclusive("time"):
-                ev = self._evaluate(candidate, so_bytes, settings)
+                ev = self._evaluate(candidate, so_bytes, settings, **kw)
         with self._lock:
             self._timeouts.record(candidate.task, ev.env or {}, passed=ev.correct)
         t1 = time.time()

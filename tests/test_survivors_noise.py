@@ -95,12 +95,14 @@ class _Rt:
     def __init__(self, times):
         self.times = {k: list(v) for k, v in times.items()}
         self.order = []
+        self.modes = []
 
     def submit_compile(self, c):
         return ("c", c)
 
-    def submit_gpu(self, gpu, c, so):
+    def submit_gpu(self, gpu, c, so, mode=None):
         self.order.append(c.id)
+        self.modes.append(mode)
         ms = self.times[c.id].pop(0)
         return ("g", _ev(c.id, ms, 1.0 / ms))
 
@@ -128,6 +130,8 @@ def test_a_champion_inside_the_noise_leaves_the_seed_crowned():
     assert cid == SEED.id and fit == pytest.approx((1 / 1.00 * 1 / 1.01 * 1 / 0.99) ** (1 / 3))
     # rounds alternate: (child, seed), (seed, child), (child, seed)
     assert rt.order == [CHILD.id, SEED.id, SEED.id, CHILD.id, CHILD.id, SEED.id]
+    # the first re-evaluation checks the champion again; the rounds after it re-time only
+    assert rt.modes == [None] + ["time-only"] * 5
 
 
 def test_a_champion_faster_than_the_noise_is_crowned():
@@ -159,8 +163,8 @@ def test_a_baseline_that_fails_its_retiming_leaves_the_gain_unmeasured():
     rt = _Rt({SEED.id: [1.0, 1.0, 1.0], CHILD.id: [0.5, 0.5, 0.5]})
     real = rt.submit_gpu
 
-    def flaky(gpu, c, so):
-        kind, ev = real(gpu, c, so)
+    def flaky(gpu, c, so, mode=None):
+        kind, ev = real(gpu, c, so, mode)
         return (kind, Evaluation(c.id, (StageResult("correctness", Status.INCORRECT),)) if c == SEED else ev)
 
     rt.submit_gpu = flaky
@@ -197,3 +201,35 @@ def test_a_champion_whose_retiming_ncu_contradicts_is_invalid_and_the_seed_stays
     rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.50, 0.51, 0.49]})
     c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile("s0", 0.45)])
     assert c.record["confirmed"] and c.record["ncu"]["agrees"] and c.crown == CHILD
+
+
+def test_the_gpu_actor_hands_the_retiming_mode_to_the_evaluation_and_not_to_a_stand_in(monkeypatch):
+    """``submit_gpu(..., mode="time-only")`` reaches evaluators.pipeline.evaluate_built as its
+    ``mode``; an actor built on a stand-in evaluate function without modes evaluates fully."""
+    import evaluators.pipeline as pipeline
+    from evaluators.actor import GpuEvaluator
+    from evaluators.base import HarnessSettings
+
+    seen = []
+
+    def built(candidate, so_bytes, settings, *, mode=None, **kw):
+        seen.append(mode)
+        return _ev(candidate.id, 1.0, 1.0)
+
+    monkeypatch.setattr(pipeline, "evaluate_built", built)
+    actor = GpuEvaluator(None, HarnessSettings(), pooled=False)
+    try:
+        actor.evaluate(CHILD, b"so", "time-only")
+        actor.evaluate(CHILD, b"so")
+    finally:
+        actor.close()
+    assert seen == ["time-only", None]
+
+    def stand_in(candidate, so_bytes, settings):
+        return _ev(candidate.id, 1.0, 1.0)
+
+    other = GpuEvaluator(stand_in, HarnessSettings(), pooled=False)
+    try:
+        assert other.evaluate(CHILD, b"so", "time-only").evaluation.candidate_id == CHILD.id
+    finally:
+        other.close()

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 NO_SIGNIFICANT_GAIN = "no significant gain"
 #: Rounds (pairs of fresh processes, baseline and champion) of a champion confirmation.
 CONFIRM_PAIRS = 3
+#: The paired rounds re-time (``time-only``: evaluators.protocol.Mode.TIME_ONLY): the champion
+#: was just checked again by its first re-evaluation, and the baseline (the seed) when the run
+#: judged it; correctness again in every round was most of the confirmation's GPU time.
+RETIME = "time-only"
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,7 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
 
     When ``baseline`` (the engine passes its task's seed candidate; None: the task has no
     seed, so there is no gain to measure) is another candidate,
-    ``pairs`` rounds evaluate baseline and champion back to back (the order alternating)
+    ``pairs`` rounds re-time baseline and champion back to back (:data:`RETIME`; the order alternating)
     and the record gets the speedup interval over the baseline
     (:func:`paired_from_evaluations`, :func:`speedup_interval`); ``crown`` is the baseline
     unless the gain is significant. A baseline that fails its re-timing leaves the gain
@@ -257,8 +261,8 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
     note = {} if baseline is not None else {"gain_error": f"no baseline: task {task!r} has no seed kernel"}
     compare = baseline is not None and baseline.id != cand.id
 
-    def evaluate(c: Candidate, so: bytes):
-        return rt.get(rt.submit_gpu(0, c, so)).evaluation
+    def evaluate(c: Candidate, so: bytes, mode: str | None = None):
+        return rt.get(rt.submit_gpu(0, c, so) if mode is None else rt.submit_gpu(0, c, so, mode=mode)).evaluation
 
     try:
         built = {}
@@ -272,11 +276,11 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
         if compare and first.correct:
             for r in range(pairs):  # order: (cand, base), (base, cand), (cand, base), ...
                 if r % 2 == 0:
-                    c_ev = first if r == 0 else evaluate(cand, built[cand.id])
-                    b_ev = evaluate(baseline, built[baseline.id])
+                    c_ev = first if r == 0 else evaluate(cand, built[cand.id], RETIME)
+                    b_ev = evaluate(baseline, built[baseline.id], RETIME)
                 else:
-                    b_ev = evaluate(baseline, built[baseline.id])
-                    c_ev = evaluate(cand, built[cand.id])
+                    b_ev = evaluate(baseline, built[baseline.id], RETIME)
+                    c_ev = evaluate(cand, built[cand.id], RETIME)
                 rounds.append((b_ev, c_ev))
     except rt.remote_errors() + (RuntimeError,) as e:
         infra = infra_cause(e)

@@ -187,9 +187,9 @@ class LocalRuntime:
         assert self._compiles is not None, "LocalRuntime.start() first"
         return self._compiles.submit(_run, self.stages.compile_fn, candidate, self.compile_settings)
 
-    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes) -> cf.Future:
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> cf.Future:
         actor = self.gpu_actors[gpu]
-        return actor.submit(actor.evaluator.evaluate, candidate, so_bytes)
+        return actor.submit(actor.evaluator.evaluate, candidate, so_bytes, mode)
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> cf.Future:
         actor = self.gpu_actors[gpu]

@@ -259,8 +259,8 @@ class Runtime:
         self._binaries[verdict] = binary
         return verdict
 
-    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes):
-        return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes)
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None):
+        return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes, mode)
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         return self.gpu_actors[gpu].profile.remote(candidate, so_bytes, shape_idx, settings)
