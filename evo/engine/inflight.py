@@ -6,7 +6,10 @@ A fixed cap was wrong both ways: on one H200 with 15 compile workers and 16 s co
 the compile pool alone could feed ~50 candidates a minute while in-flight was capped at 5.
 
 :func:`inflight_bound` is pure; :class:`RateMeter` keeps the running means the engine
-feeds it (each compile's seconds, each GPU result's start and end).
+feeds it (each compile's seconds, each GPU result's start, end and busy seconds). The GPU
+side is what a GPU *can* evaluate a second (its busy seconds per evaluation), not the
+throughput it showed: a GPU starved by a low bound shows a low throughput, which would keep
+the bound low and the GPU starved.
 """
 
 from __future__ import annotations
