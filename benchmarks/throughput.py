@@ -105,6 +105,10 @@ def _status(db: Path) -> dict:
 
 def _records(db: Path) -> dict:
     """Stage seconds and progress queues from the store (plain SQL on its tables)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from evaluators.judge.phases import parse_phases
+
     con = sqlite3.connect(str(db))
     try:
         stages = {}
@@ -118,9 +122,8 @@ def _records(db: Path) -> dict:
         phases: dict[str, list[float]] = {}
         for (env,) in con.execute("SELECT env FROM evaluations").fetchall():
             text = (json.loads(env or "{}") or {}).get("judge_phases", "")
-            for kv in text.split():
-                k, _, v = kv.partition("=")
-                phases.setdefault(k, []).append(float(v))
+            for k, v in parse_phases(text).items():
+                phases.setdefault(k, []).append(v)
         verdicts = _verdict_ages(con)
     finally:
         con.close()

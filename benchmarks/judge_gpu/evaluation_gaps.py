@@ -4,25 +4,51 @@ verdicts (a gap: the time between two verdicts less the later one's judge phases
 
 usage: python3 benchmarks/judge_gpu/evaluation_gaps.py DB
 """
-import sqlite3, json, sys
-from datetime import datetime
-db = sqlite3.connect(sys.argv[1])
-t0 = datetime.fromisoformat(db.execute("select created from runs").fetchone()[0]).timestamp()
-seen=set()
-for task, created, secs, env in db.execute("select c.task, e.created, e.seconds, e.env from evaluations e join candidates c on c.id=e.candidate_id order by e.created"):
-    env=json.loads(env); ph=dict(kv.split('=') for kv in env.get('judge_phases','').split())
-    ph={k:float(v) for k,v in ph.items()}
-    first = task not in seen; seen.add(task)
-    tim=sum(v for k,v in ph.items() if k.startswith('timing'))
-    print(f"{datetime.fromisoformat(created).timestamp()-t0:7.2f} {task:20s} {secs:6.2f} start={ph.get('runner_start',0):.2f} corr={ph.get('correctness',0):.2f} timing={tim:.2f} tot={sum(ph.values()):.2f} {'FIRST' if first else ''} {env.get('runner','')[:5]}")
-print("---gaps")
-prev=None; idle=0; busy=0
-rows=list(db.execute("select c.task, e.created, e.env from evaluations e join candidates c on c.id=e.candidate_id order by e.created"))
-for task, created, env in rows:
-    env=json.loads(env); ph={k:float(v) for k,v in (kv.split('=') for kv in env.get('judge_phases','').split())}
-    t=datetime.fromisoformat(created).timestamp()-t0; tot=sum(ph.values())
-    if prev is not None:
-        g=t-prev-tot; idle+=max(g,0)
-        if g>0.5: print(f"gap {g:.2f} s before {task} at {t:.1f}")
-    busy+=tot; prev=t
-print("busy", round(busy,1), "idle", round(idle,1))
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from evaluators.judge.phases import parse_phases  # noqa: E402
+from startup_events import _t  # noqa: E402
+
+#: a gap shorter than this is the round trip between two verdicts, not the GPU waiting
+SHOWN_GAP_S = 0.5
+
+
+def main(argv: list[str]) -> int:
+    db = sqlite3.connect(argv[0])
+    t0 = _t(db.execute("SELECT created FROM runs").fetchone()[0])
+    rows = []
+    seen: set[str] = set()
+    for task, created, secs, env in db.execute(
+            "SELECT c.task, e.created, e.seconds, e.env FROM evaluations e JOIN candidates c ON c.id = e.candidate_id "
+            "ORDER BY e.created"):
+        env = json.loads(env)
+        ph = parse_phases(env.get("judge_phases", ""))
+        t, tot = _t(created) - t0, sum(ph.values())
+        timing = sum(v for k, v in ph.items() if k.startswith("timing"))
+        print(f"{t:7.2f} {task:20s} {secs:6.2f} start={ph.get('runner_start', 0):.2f} "
+              f"corr={ph.get('correctness', 0):.2f} timing={timing:.2f} tot={tot:.2f} "
+              f"{'FIRST' if task not in seen else ''} {env.get('runner', '')[:5]}")
+        seen.add(task)
+        rows.append((task, t, tot))
+    print("---gaps")
+    busy = idle = 0.0
+    for i, (task, t, tot) in enumerate(rows):
+        if i:
+            gap = t - rows[i - 1][1] - tot
+            idle += max(gap, 0.0)
+            if gap > SHOWN_GAP_S:
+                print(f"gap {gap:.2f} s before {task} at {t:.1f}")
+        busy += tot
+    print("busy", round(busy, 1), "idle", round(idle, 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

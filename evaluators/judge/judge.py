@@ -311,7 +311,6 @@ class Judge:
     def _rehearse(self, name: str, settings: HarnessSettings) -> None:
         """One task's :meth:`prepare` (the caller holds the lock)."""
         from evaluators.child.harness import _load_task
-        from evaluators.judge.timing import Calibration
 
         task = _load_task(name, list(settings.task_files))
         cuda = self.backend == "cuda"

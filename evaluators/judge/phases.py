@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-__all__ = ["Phases"]
+__all__ = ["Phases", "parse_phases"]
 
 
 class Phases:
@@ -42,3 +42,12 @@ class Phases:
         """``name=seconds`` pairs, space-separated, in the order the steps first ran (an
         evaluation's ``env`` holds strings)."""
         return " ".join(f"{k}={v:.4f}" for k, v in self._s.items())
+
+
+def parse_phases(text: str) -> dict[str, float]:
+    """What :meth:`Phases.dumps` wrote, back as seconds per step name (in its order)."""
+    out: dict[str, float] = {}
+    for kv in text.split():
+        k, _, v = kv.partition("=")
+        out[k] = float(v)
+    return out

@@ -52,7 +52,7 @@ from evo.engine.ordering import ItemOrder
 from evo.engine.proposals import Proposer, seed_candidate
 from evo.engine.recovery import (BREAKER_THRESHOLD, MAX_ISLAND_RESTORES, RecordCrash, Retry, SearchError, SearchFailed,
                           StoreFullError)
-from evo.core.records import Candidate, Evaluation, Operator, StageResult
+from evo.core.records import Candidate, Evaluation, StageResult
 from evo.engine.resume import plan_replay
 from evo.engine.seen import SeenIds
 from evo.engine.seams import ClusterRuntime, StoreWriter

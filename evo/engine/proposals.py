@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import random
 from concurrent import futures
-from typing import Callable, Container
+from typing import Callable, Mapping
 
 from evo.engine.seen import SeenView
 
@@ -39,7 +39,7 @@ __all__ = ["Proposer", "seed_candidate"]
 log = logging.getLogger(__name__)
 
 
-def seed_candidate(task: str, seeds) -> Candidate | None:
+def seed_candidate(task: str, seeds: Mapping[str, tuple[str, dict[str, str]]]) -> Candidate | None:
     """The task's seed candidate as the engine submits it (same id every time), or None
     without one. ``seeds``: task -> (source, params)."""
     if task not in seeds:
@@ -49,14 +49,16 @@ def seed_candidate(task: str, seeds) -> Candidate | None:
 
 
 class Proposer:
-    """The run's proposals. ``seeds``: the tasks that have a seed kernel; ``seen``: the
+    """The run's proposals. ``seeds``: task -> (source, params) of the tasks that have a seed
+    kernel; ``seen``: the
     engine's content ids of this run, lent read-only (:class:`evo.engine.seen.SeenView`).
 
     Its counters are its own and read-only outside it: :attr:`claimed`,
     :attr:`failed_attempts`, :attr:`fill_failures` (the engine starts a new count of the
     last with :meth:`new_fill`)."""
 
-    def __init__(self, *, mutator, rng: random.Random, islands: IslandSet, seeds: Container[str], seen: SeenView,
+    def __init__(self, *, mutator, rng: random.Random, islands: IslandSet, seeds: Mapping[str, tuple[str, dict[str, str]]],
+                 seen: SeenView,
                  items: ItemOrder, max_evaluations: int, submit: Callable[[Candidate, int | None], bool],
                  stop: Callable[[str, bool], bool]) -> None:
         self.mutator, self.rng, self.islands, self.seeds, self.seen = mutator, rng, islands, seeds, seen
@@ -145,7 +147,7 @@ class Proposer:
         only (:func:`mutators.base.builds_on_unjudged`), the first children then compile
         while the seed is still being compiled and judged, and the GPU finds them queued
         when the seeds are done, instead of waiting a compile's length for them."""
-        seed = seed_candidate(task, self.seeds) if isinstance(self.seeds, dict) else None
+        seed = seed_candidate(task, self.seeds)
         return [Member(candidate=seed, fitness=None)] if seed is not None else []
 
     def _begin(self, isl: IslandHandle, parents: list[Member], ctx: mut.MutationContext):
