@@ -143,6 +143,10 @@ class Dispatch:
         """The candidates compiling, the mutations on a GPU, then those waiting for one."""
         return list(self._compiles.values()) + [p for _, p in self._refs.values()] + list(self._queue)
 
+    def tasks(self) -> set[str]:
+        """The tasks of every candidate compiling, waiting for or on a GPU (trials included)."""
+        return {p.candidate.task for p in self.pending()} | {p.candidate.task for p in self._tune}
+
     def waiting(self) -> list[Any]:
         """The refs of every request out: compiles, GPU evaluations, profiles."""
         return list(self._compiles) + list(self._refs) + list(self._profile_refs)

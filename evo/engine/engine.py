@@ -56,7 +56,8 @@ from evo.core.records import Candidate, Evaluation, StageResult
 from evo.engine.resume import plan_replay
 from evo.engine.seen import SeenIds
 from evo.engine.seams import ClusterRuntime, StoreWriter
-from evo.engine.champions import confirm_champion
+from evo.engine.champions import Confirmation, confirm_champion
+from evo.engine.confirming import Confirmations, settled_tasks
 from evo.engine.survivors import Survivors
 from mutators import base as mut
 
@@ -110,6 +111,8 @@ class Engine:
         self.items = ItemOrder(settings.ordered, on_taken=lambda: None if self._stop_reason else self._fill())
         self._filling = False
         self._abandoned = False  # the wall-clock limit passed: only the GPUs' work is awaited
+        #: each task's champion confirmation, started once the task is settled (evo.engine.confirming)
+        self.confirmations = Confirmations(self._confirm)
         self.proposer = Proposer(mutator=mutator, rng=rng, islands=self.islands, seeds=seeds, seen=self.seen.view(),
                                  items=self.items, max_evaluations=settings.max_evaluations,
                                  submit=self._submit, stop=self._stop)
@@ -189,15 +192,20 @@ class Engine:
                         self._stop_reason = "search space exhausted (no new child could be proposed)"
                     break
                 self._collect(timeout=1.0)
+                self._confirm_settled()
         except KeyboardInterrupt:
             interrupted = True
             self._stop_reason = "interrupted (Ctrl-C)"
             pending = [p.candidate.id for p in self.work.pending()]
             log.warning("interrupted: %d candidates in flight stay pending for --resume", len(pending))
             self.store.log_event(self.run_id, "interrupted", {"pending": pending})
+        except BaseException:
+            self.confirmations.close(wait=False)
+            raise
         self.survivors.close()
         if not interrupted and self.s.confirm_champions:
             self._confirm_champions()
+        self.confirmations.close(wait=not interrupted)
         self.store.set_run_status(self.run_id, "interrupted" if interrupted else "finished")
         self._emit_progress(force=True)
         self.store.log_event(self.run_id, "finish", {"reason": self._stop_reason, **self.progress.as_event()})
@@ -473,13 +481,36 @@ class Engine:
         if self.on_progress:
             self.on_progress(self.progress)
 
+    def _confirm(self, task: str, cand: Candidate, fitness: float, profiles: tuple = ()) -> Confirmation:
+        """One champion's confirmation (runtime calls only, no store: it may run on the
+        confirmations' worker thread; ``profiles`` were read from the store by the caller)."""
+        return confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task), profiles=profiles)
+
+    def _confirm_settled(self) -> None:
+        """Start the confirmation of each settled task's champion (evo.engine.confirming): the
+        run proposes nothing more and none of the task's candidates is in flight. A champion
+        that still lacks profiles, and an ordered run (its finished items wait in order before
+        they are recorded), wait for the end."""
+        if not self.s.confirm_champions or self.items.ordered:
+            return
+        done = bool(self._stop_reason) or (self._budget_left() <= 0 and not len(self.proposer))
+        for task in settled_tasks(self.best, self.work.tasks(), proposing_done=done):
+            fitness, cand = self.best[task]
+            if self.confirmations.started(task) or self.survivors.champion_profiles(cand):
+                continue
+            profiles = tuple(self.store.profiles(cand.id))
+            self.confirmations.start(task, cand, fitness, profiles)
+            self.store.log_event(self.run_id, "confirm_start", {"task": task, "candidate": cand.id,
+                                                                  "evaluations": self.progress.evaluations})
+
     def _confirm_champions(self) -> None:
         """Profile each task's best where it lacks a profile, re-time it in a fresh process
-        (ncu's time corroborating the re-timing) and store the confirmation."""
+        (ncu's time corroborating the re-timing) and store the confirmation; a confirmation
+        started while the run drained (:meth:`_confirm_settled`) is awaited instead."""
         for task, (fitness, cand) in sorted(self.best.items()):
-            self._profile_champion(cand)
-            c = confirm_champion(self.rt, task, cand, fitness, baseline=self._seed(task),
-                                 profiles=self.store.profiles(cand.id))
+            if not self.confirmations.started(task):
+                self._profile_champion(cand)
+            c = self.confirmations.take(task, cand, fitness, tuple(self.store.profiles(cand.id)))
             if c.stop:
                 self._fail(c.stop, detail=c.detail)
             self.store.set_champion(self.run_id, task, *c.champion(cand, fitness), c.record)
