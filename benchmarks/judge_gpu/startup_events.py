@@ -1,5 +1,6 @@
-"""Print a run's start-up from its own events: seconds after the run was created for each event
-before the first evaluation landed, and the first and last evaluation times.
+"""Print a run's start-up and end from its own events: seconds after the run was created for each
+event before the first evaluation landed, the first and last evaluation times, each champion
+confirmation's start (``confirm_start``: once its task is settled) and the run's finish.
 
 usage: python3 benchmarks/judge_gpu/startup_events.py DB [RUN_ID]
 """
@@ -10,7 +11,7 @@ import sqlite3
 import sys
 from datetime import datetime
 
-KINDS = ("start", "first_compiled", "first_gpu_result")
+KINDS = ("start", "first_compiled", "first_gpu_result", "confirm_start", "finish")
 
 
 def _t(s: str) -> float:
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> int:
             data = json.loads(payload)
             startup = data.pop("startup", None) if isinstance(data, dict) else None
             if isinstance(data, dict):
-                data.pop("sandbox", None)
+                for noisy in ("sandbox", "rates", "islands", "best"):
+                    data.pop(noisy, None)
             print(f"  +{_t(created_e) - t0:7.2f} s  {kind:17s} {json.dumps(data)[:300]}")
             if startup:
                 print(f"             startup (process ages, s): {json.dumps(startup)}")
