@@ -68,9 +68,11 @@ class GpuResult:
 
 
 def _warm_judge(settings: HarnessSettings) -> None:
-    """The GPU actor's judge warmed (:meth:`evaluators.judge.judge.Judge.warm`), then the run's
-    tasks prepared and the first runner started (:meth:`~evaluators.judge.judge.Judge.prepare`);
-    a failure is only logged: the first evaluation meets it again, and reports it as ours."""
+    """The first candidate's runner started (:meth:`evaluators.judge.judge.Judge.start_runner`:
+    its process comes up meanwhile), the GPU actor's judge warmed
+    (:meth:`~evaluators.judge.judge.Judge.warm`), then the run's tasks prepared
+    (:meth:`~evaluators.judge.judge.Judge.prepare`); a failure is only logged: the first
+    evaluation meets it again, and reports it as ours."""
     try:
         import torch
 
@@ -79,6 +81,7 @@ def _warm_judge(settings: HarnessSettings) -> None:
         from evaluators.judge import judge_for
 
         judge = judge_for("cuda")
+        judge.start_runner(settings)
         judge.warm()
         judge.prepare(settings.warm_tasks, settings)
     except Exception as e:  # noqa: BLE001 - the first evaluation raises it for real

@@ -150,6 +150,17 @@ def test_prepare_rehearses_each_task_with_its_reference_then_starts_the_first_ru
     judge.close()
 
 
+def test_the_first_runner_can_start_before_the_judge_warms_and_prepare_then_starts_none(tmp_path):
+    judge, _ops, made = _judge(tmp_path, [relu_kernel])
+    assert judge.start_runner(_settings(reps=REPS)) and not judge.start_runner(_settings(reps=REPS))
+    assert judge.prepare(["judge_relu"], _settings(reps=REPS)) == ["judge_relu"]
+    assert len(made) == 1 and made[0].calls == 0   # one spare, nothing loaded into it
+    rep = judge.evaluate(_job(), _settings(reps=REPS))
+    assert rep.env["runner"].startswith("spare")
+    assert not judge.start_runner(_settings(reps=REPS))   # a candidate was evaluated
+    judge.close()
+
+
 def test_a_task_that_cannot_be_prepared_is_logged_not_raised(tmp_path, caplog):
     judge, _ops, made = _judge(tmp_path, [relu_kernel])
     assert judge.prepare(["no_such_task", "judge_relu"], _settings()) == ["judge_relu"]

@@ -288,6 +288,17 @@ class Judge:
                     check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
             torch.cuda.synchronize()
 
+    def start_runner(self, settings: HarnessSettings, *, sandbox: Any = None) -> bool:
+        """Start the first candidate's runner now, in the background (a spare, as between
+        candidates), unless one is started or a candidate was evaluated: the GPU actor calls
+        it before :meth:`warm`, so that the runner's process and CUDA context come up while
+        the judge warms instead of after. True when it started one."""
+        with self._lock:
+            if self._spare is not None or self._evaluations:
+                return False
+            self._start_spare(settings, sandbox if sandbox is not None else self._sandbox)
+            return True
+
     def prepare(self, tasks: Sequence[str], settings: HarnessSettings, *, sandbox: Any = None) -> list[str]:
         """Before the first candidates (the GPU actor calls it on its warm-up thread with the
         run's tasks): per task, its shape buffers, its references, and one rehearsal of the
