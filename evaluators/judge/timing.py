@@ -4,7 +4,8 @@ Every timed call is driven by the judge, one round trip each, and every step a t
 on happens in the judge's process, on the device memory the candidate reads:
 
 1. fresh inputs written into the shape's buffers (new values every rep: no result can be
-   carried from one timed call to the next);
+   carried from one timed call to the next; drawn on the device by
+   :mod:`evaluators.judge.fill` where it applies);
 2. outputs poisoned, an L2 flush (and persisting lines reset), a device synchronise: the
    candidate starts from a cold cache it cannot warm from its own process;
 3. the runner calls the candidate once; the judge's clock runs around the round trip;
@@ -38,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots
-from evaluators.judge.trials import Call, check_done, fill_inputs
+from evaluators.judge.trials import Call, check_done
 from evo.core.records import StageResult, Status
 
 __all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
@@ -322,9 +323,10 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
     from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits, trial_seed
     from evaluators.child.reference import warm_up
     from evaluators.child.timing import ShapeSamples
-    from evaluators.judge.trials import draw_inputs
+    from evaluators.judge.fill import input_filler
 
     dist = task.distributions[0] if task.distributions else "normal"
+    fill = input_filler(task, slots.ins, shape, dist, fused)   # one draw for the whole shape: bits repeat
     refs = list(references)
     ph = phases if phases is not None else Phases()
     pool = pool if pool is not None else ReferencePool()
@@ -335,8 +337,8 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
         draw = secrets.SystemRandom().random
     progress({"stage": "timing", "shape": shape, "step": "warm-up"})
     with ph("timing_warmup"):
-        fill_inputs(task, slots, shape, trial_seed(seed, 2000, 0), dist, keep=False)
         with torch.no_grad():
+            fill(slots.ins, trial_seed(seed, 2000, 0))
             warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
         for i in range(max(int(warmup), 1)):
             check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
@@ -348,8 +350,8 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
         where = f"shape {shape}, timed call {r}"
         rep_seed = trial_seed(seed, 1000 + r, 1)
         with ph("timing_inputs"):   # the same for every call, checked or not
-            fill_inputs(task, slots, shape, rep_seed, dist, keep=False)
             with torch.no_grad():
+                fill(slots.ins, rep_seed)
                 for o in slots.outs:
                     poison_(o)
             ops.flush()
@@ -364,7 +366,8 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
             continue
         checked += 1
         with ph("timing_reference"), torch.no_grad():
-            given = draw_inputs(task, slots.ins, shape, rep_seed, dist)
+            given = [torch.empty_like(x) for x in slots.ins]
+            fill(given, rep_seed)
             eager_out = None
             for j, ref in enumerate(refs):
                 ops.flush()

@@ -24,7 +24,7 @@ from evaluators.protocol import Done
 from evo.core.records import StageResult, Status
 
 __all__ = ["CallFailed", "Call", "ask", "cuda_error_name", "check_done", "run_correctness", "fill_inputs",
-           "draw_inputs"]
+           "draw_inputs", "draw_into"]
 
 
 class CallFailed(Exception):
@@ -97,7 +97,7 @@ def fill_inputs(task: Any, slots: ShapeSlots, shape: dict[str, int], seed: int, 
                 keep: bool = True) -> list[Any]:
     """Fresh inputs for ``seed`` written into the shape's input buffers; returns the judge's
     own copies (what the inputs must still be after the call), or ``[]`` without ``keep``."""
-    _draw_into(task, list(slots.ins), shape, seed, dist)
+    draw_into(task, list(slots.ins), shape, seed, dist)
     return [f.clone() for f in slots.ins] if keep else []
 
 
@@ -109,11 +109,13 @@ def draw_inputs(task: Any, like: Sequence[Any], shape: dict[str, int], seed: int
     import torch
 
     bufs = [torch.empty_like(x) for x in like]
-    _draw_into(task, bufs, shape, seed, dist)
+    draw_into(task, bufs, shape, seed, dist)
     return bufs
 
 
-def _draw_into(task: Any, bufs: list[Any], shape: dict[str, int], seed: int, dist: str) -> None:
+def draw_into(task: Any, bufs: list[Any], shape: dict[str, int], seed: int, dist: str) -> None:
+    """The task's own draw for ``seed`` written into ``bufs`` (its generator's bits: what
+    ``task.make_inputs`` returns for the seed, in place where it can)."""
     import torch
 
     dev = bufs[0].device if bufs else torch.device("cpu")
