@@ -78,7 +78,9 @@ def _toml(tmp_path, text: str) -> Path:
     ("[llm]\n[[llm.models]]\nkey_env = 7\n", None),
 ])
 def test_the_raw_read_takes_only_what_it_understands(tmp_path, text, expected):
-    assert read_raw_ray(_toml(tmp_path, text)) == expected
+    got = read_raw_ray(_toml(tmp_path, text))
+    assert got == expected
+    assert got is None or LocalRaySettings.from_json(got.settings.to_json()) == got.settings
 
 
 def test_the_raw_read_of_a_missing_or_binary_file_is_none(tmp_path):
@@ -369,7 +371,7 @@ def cli_ray(monkeypatch):
 
     monkeypatch.setattr(early_mod, "_RayStarter", starter)
     monkeypatch.setattr(early_mod, "exit_on_sigterm", lambda: None)
-    monkeypatch.setattr(early_mod.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(early_mod, "nvidia_smi_on_path", lambda: True)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return rays
 
@@ -387,7 +389,7 @@ def test_the_cli_begins_no_early_start_for_a_config_it_cannot_read_and_reports_t
 
 
 def test_the_cli_begins_no_early_start_without_nvidia_smi(cli_ray, monkeypatch, tmp_path):
-    monkeypatch.setattr(early_mod.shutil, "which", lambda name: None)
+    monkeypatch.setattr(early_mod, "nvidia_smi_on_path", lambda: False)
     res = _invoke(_toml(tmp_path, "[search]\nislands_per_task = 0\n"))
     assert res.exit_code == 2 and "islands_per_task" in res.output, res.output
     assert cli_ray == []

@@ -36,7 +36,7 @@ from evo.engine.background import BackgroundCall
 from evo.engine.local_ray import LocalRaySettings, RawRay, read_raw_ray
 
 __all__ = ["EarlyDecision", "early_start_decision", "EarlyRay", "LocalRayStarter", "serves", "begin_early_ray",
-           "exit_on_sigterm"]
+           "exit_on_sigterm", "nvidia_smi_on_path"]
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,11 @@ class EarlyRay:
         return self._closed
 
 
+def nvidia_smi_on_path() -> bool:
+    """Whether ``nvidia-smi`` is on the PATH (no GPU where it is not; not run: the GPU probe runs it)."""
+    return shutil.which("nvidia-smi") is not None
+
+
 def begin_early_ray(config: str | Path, *, dry_run: bool, address: str | None) -> EarlyRay | None:
     """``evo search``'s first step: the :class:`EarlyRay` begun for ``config``, or None where
     :func:`early_start_decision` says no. Begun from the main thread, it also makes SIGTERM
@@ -190,7 +195,7 @@ def begin_early_ray(config: str | Path, *, dry_run: bool, address: str | None) -
     (:func:`exit_on_sigterm`)."""
     raw = None if dry_run or address else read_raw_ray(config)
     decision = early_start_decision(dry_run=dry_run, address=address, env_address=os.environ.get("RAY_ADDRESS"),
-                                    raw=raw, nvidia_smi=shutil.which("nvidia-smi") is not None)
+                                    raw=raw, nvidia_smi=nvidia_smi_on_path())
     log.debug("early Ray start: %s (%s)", "yes" if decision.start else "no", decision.why)
     if not decision.start or raw is None:
         return None
