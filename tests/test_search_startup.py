@@ -213,7 +213,7 @@ def test_the_cli_probes_the_gpu_while_the_config_loads_and_passes_its_marks_on(m
     import evaluators.pipeline as pipeline
     import evo.config as config
     from evo.cli import app
-    from evo.engine import search
+    from evo.engine import early_ray, search
     from evo.engine.bookkeeping import SearchSummary
 
     probing = threading.Event()
@@ -235,6 +235,7 @@ def test_the_cli_probes_the_gpu_while_the_config_loads_and_passes_its_marks_on(m
         return SearchSummary("r-test", 0, 0, "test", {}, 0, 0, 0, 0)
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(early_ray, "nvidia_smi_on_path", lambda: False)  # no early Ray start (tests/test_early_ray.py)
     monkeypatch.setattr(pipeline, "gpu_available", gpu_available)
     monkeypatch.setattr(config, "load_config", load_config)
     monkeypatch.setattr(search, "run_search", run_search)

@@ -18,6 +18,15 @@ def _t(s: str) -> float:
     return datetime.fromisoformat(s).timestamp()
 
 
+def _ray_line(startup: dict) -> str:
+    """When the local Ray instance's start began and when the runtime was ready, and whether
+    the start began at the command's entry (``ray_early``) or after the config and store."""
+    ages = startup.get("age_at") or {}
+    when = "early, at the command's entry" if startup.get("ray_early") else "after the config and store"
+    return (f"ray: start began at {ages.get('ray_start')} s ({when}), ready at {ages.get('ray_ready')} s; "
+            f"config loaded at {ages.get('config')} s")
+
+
 def main(argv: list[str]) -> int:
     db = sqlite3.connect(argv[0])
     run_id, created = (db.execute("SELECT id, created FROM runs WHERE id=?", (argv[1],)).fetchone()
@@ -36,6 +45,7 @@ def main(argv: list[str]) -> int:
             print(f"  +{_t(created_e) - t0:7.2f} s  {kind:17s} {json.dumps(data)[:300]}")
             if startup:
                 print(f"             startup (process ages, s): {json.dumps(startup)}")
+                print(f"             {_ray_line(startup)}")
     rows = [r[0] for r in db.execute("SELECT created FROM evaluations WHERE run_id=? ORDER BY created", (run_id,))]
     if rows:
         first, last = _t(rows[0]) - t0, _t(rows[-1]) - t0

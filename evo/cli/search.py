@@ -39,16 +39,34 @@ def search(
 ) -> None:
     """Run an evolutionary search over the config's tasks (the main job).
 
-    Starts a local Ray instance unless --address/RAY_ADDRESS names a cluster, seeds one or
+    Starts a local Ray instance unless --address/RAY_ADDRESS names a cluster (its start
+    begins at once, while the config loads, on a machine with nvidia-smi), seeds one or
     more islands per task, and keeps GPUs busy until the evaluation or time budget is spent.
     Ctrl-C stops gracefully: in-flight work is recorded, nothing is half-written, and
     `--resume RUN` continues later.
 
     Example: evo search configs/demo.toml --max-evals 50
     """
+    from evo.engine.early_ray import begin_early_ray
     from evo.engine.startup import StartupClock
 
     clock = StartupClock("cli")
+    # first of all: a local Ray instance's start (seconds) overlaps the config's load (torch)
+    early_ray = begin_early_ray(config, dry_run=dry_run, address=address)
+    if early_ray is not None:
+        clock.mark("ray_start")
+    try:
+        _search(config, address=address, resume=resume, max_evals=max_evals, dry_run=dry_run, probe=probe,
+                db=db, progress=progress, clock=clock, early_ray=early_ray)
+    finally:  # every way out (an error line, Ctrl-C, SIGTERM): no Ray process outlives the command
+        if early_ray is not None:
+            early_ray.close()
+
+
+def _search(config: Path, *, address: str | None, resume: str | None, max_evals: int | None, dry_run: bool,
+            probe: bool, db: str | None, progress: bool, clock, early_ray) -> None:
+    """The search command's body, with its start-up ``clock`` and the ``early_ray`` instance
+    begun at entry (None: none; handed to run_search, which takes it over or closes it)."""
     gpu_probe = None if dry_run else _start_gpu_probe(address)
     from evo.config import ConfigError, load_config, load_tasks
 
@@ -94,7 +112,7 @@ def search(
             )
     try:
         summary = engine_mod.run_search(cfg, address=addr or None, resume=resume, progress=progress,
-                                        task_registry=task_registry, startup=clock)
+                                        task_registry=task_registry, startup=clock, early_ray=early_ray)
     except engine_mod.SearchError as e:
         _fail(str(e))
     console.print(f"run [bold]{summary.run_id}[/]: {summary.evaluations} evaluations, "

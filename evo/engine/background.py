@@ -4,13 +4,17 @@ work (a local Ray instance, the GPU probe) runs while the caller does the rest o
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Callable, Generic, TypeVar
 
 __all__ = ["BackgroundCall"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class BackgroundCall(Generic[T]):
@@ -23,17 +27,23 @@ class BackgroundCall(Generic[T]):
     thread that starts a local Ray instance must outlive the instance, so its owner calls
     :meth:`release` only after the instance was shut down. A daemon thread never delays the
     process's exit (which ends the instance anyway).
+
+    ``then``: called on the same thread once it is released (after ``fn``, whether ``fn``
+    returned or raised), before the thread ends: the owner of a held thread can have the
+    thread itself undo what ``fn`` started (:class:`evo.engine.early_ray.EarlyRay` shuts its
+    instance down there). An exception of ``then`` is logged, not raised.
     """
 
-    def __init__(self, fn: Callable[[], T], name: str, *, hold: bool = False) -> None:
+    def __init__(self, fn: Callable[[], T], name: str, *, hold: bool = False,
+                 then: Callable[[], None] | None = None) -> None:
         self._future: Future[T] = Future()
         self._released = threading.Event()
         if not hold:
             self._released.set()
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn, then), name=name, daemon=True)
         self._thread.start()
 
-    def _run(self, fn: Callable[[], T]) -> None:
+    def _run(self, fn: Callable[[], T], then: Callable[[], None] | None) -> None:
         try:
             value = fn()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits in result()
@@ -41,6 +51,21 @@ class BackgroundCall(Generic[T]):
         else:
             self._future.set_result(value)
         self._released.wait()
+        if then is not None:
+            try:
+                then()
+            except Exception as e:  # noqa: BLE001 - nobody waits for it; the owner joins the thread
+                log.warning("%s: %s", self._thread.name, e)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until ``fn`` has returned or raised (at most ``timeout`` seconds); whether it has.
+        Raises nothing of ``fn``'s."""
+        return futures_wait([self._future], timeout=timeout).not_done == set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the thread ended (``fn`` and, once released, ``then``); whether it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def done(self) -> bool:
         """Whether ``fn`` has returned or raised."""

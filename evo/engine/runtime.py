@@ -17,8 +17,9 @@ and the topology lives in one place; what the engine may rely on is the
   through its typed proxy, :class:`RayIsland`.
 
 ``Runtime.start`` starts a local Ray instance unless an address is given (``--address``,
-``RAY_ADDRESS`` or ``ray.address`` in the config); only a runtime that started Ray shuts it
-down.
+``RAY_ADDRESS`` or ``ray.address`` in the config), or takes over one that ``evo search``
+started early for it (:mod:`evo.engine.early_ray`, through :func:`start_local_ray`); only a
+runtime that started (or took over) Ray shuts it down.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from evaluators.actor import GpuEvaluator
 from evaluators.base import CompileSettings, HarnessSettings
 from evaluators.sandbox import make_undumpable, secrets_withheld
 from evo.core.records import Candidate
+from evo.engine.local_ray import LocalRaySettings
 from evo.engine.seams import CompileFn, Stages
 
-__all__ = ["Runtime", "RayIsland", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs"]
+__all__ = ["Runtime", "RayIsland", "RuntimeError_", "real_stages", "probe_cluster_address", "route_ray_logs",
+           "start_local_ray", "stop_local_ray"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,32 @@ def route_ray_logs() -> None:
     lg.propagate = True
 
 
+def start_local_ray(settings: LocalRaySettings) -> tuple[str, ...]:
+    """Start a local Ray instance in this process with ``settings``; returns the names of the
+    environment variables withheld from its processes.
+
+    The GCS, the raylet and every worker (the GPU actor is a harness child's parent) inherit
+    the environment they were started with: the secrets (the LLM keys) are removed from it for
+    the call (:func:`evaluators.sandbox.secrets_withheld`), so they stay with the driver
+    alone, which is made undumpable so that no process of the user can read them from /proc.
+    The calling thread must outlive the instance (see :meth:`Runtime.start`)."""
+    kw = settings.init_kwargs()
+    route_ray_logs()
+    log.info("starting a local Ray instance (%s)", kw)
+    make_undumpable()
+    with secrets_withheld(settings.secret_env) as withheld:
+        ray.init(**kw)
+    if withheld:
+        log.info("Ray started without the driver's secrets: %s", ", ".join(withheld))
+    return tuple(withheld)
+
+
+def stop_local_ray() -> None:
+    """Shut down the Ray instance this process initialised, if it still is (idempotent)."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def real_stages() -> Stages:
     from evaluators.compile import compile_candidate
 
@@ -167,6 +196,10 @@ class Runtime:
     #: models' key_env); with every secret-looking name they are kept out of a local Ray
     #: instance's processes (evaluators.sandbox.secrets_withheld)
     secret_env: tuple[str, ...] = ()
+    #: whether this runtime owns the local Ray instance of this process (it shuts it down).
+    #: True at construction: the instance is already running, started for this runtime by
+    #: :func:`start_local_ray` on a thread that outlives it (``evo search``'s early start,
+    #: :mod:`evo.engine.early_ray`); :meth:`start` then only creates the workers on it.
     started_ray: bool = False
     gpu_actors: list = field(default_factory=list)
     _compile_remote: Any = None
@@ -183,7 +216,11 @@ class Runtime:
         Ray installs no SIGTERM handler (``run_search`` installs the same one)."""
         addr = self.address or os.environ.get("RAY_ADDRESS") or None
         route_ray_logs()
-        if ray.is_initialized():
+        if self.started_ray:
+            if not ray.is_initialized():
+                raise RuntimeError_("the local Ray instance handed to the runtime is not running")
+            log.info("using the local Ray instance started for this search")
+        elif ray.is_initialized():
             log.info("using the Ray instance already initialised in this process")
         elif addr:
             log.info("joining Ray cluster at %s", addr)
@@ -197,20 +234,7 @@ class Runtime:
                     "--address to run a local instance."
                 ) from e
         else:
-            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if self.num_cpus is not None:
-                kw["num_cpus"] = self.num_cpus
-            if self.num_gpus is not None:
-                kw["num_gpus"] = self.num_gpus
-            log.info("starting a local Ray instance (%s)", kw)
-            # The GCS, the raylet and every worker (the GPU actor is a harness child's parent)
-            # inherit this environment: the LLM keys stay with the driver alone, which is
-            # undumpable so that no process of the user can read them from /proc.
-            make_undumpable()
-            with secrets_withheld(self.secret_env) as withheld:
-                ray.init(**kw)
-            if withheld:
-                log.info("Ray started without the driver's secrets: %s", ", ".join(withheld))
+            start_local_ray(self.local_settings)
             self.started_ray = True
         resources = ray.cluster_resources()
         n_gpus = int(resources.get("GPU", 0))
@@ -235,6 +259,11 @@ class Runtime:
         self._compile_remote = ray.remote(num_cpus=1, max_retries=1, num_returns=2)(_compile_task)
         log.info("runtime ready: %d GPU evaluator(s), %d CPUs", n_gpus, int(resources.get("CPU", 0)))
         return self
+
+    @property
+    def local_settings(self) -> LocalRaySettings:
+        """What a local instance for this runtime is started with."""
+        return LocalRaySettings(num_cpus=self.num_cpus, num_gpus=self.num_gpus, secret_env=self.secret_env)
 
     @property
     def n_gpus(self) -> int:
@@ -311,8 +340,8 @@ class Runtime:
                 log.debug("GPU actor close: %s", e)
             ray.kill(a, no_restart=True)
         self.gpu_actors = []
-        if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+        if self.started_ray:
+            stop_local_ray()
             self.started_ray = False
 
 

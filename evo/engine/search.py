@@ -16,6 +16,8 @@ import random
 import time
 
 from evo.engine.background import BackgroundCall
+from evo.engine.early_ray import EarlyRay, exit_on_sigterm
+from evo.engine.local_ray import LocalRaySettings
 from evo.engine.engine import Engine, EngineSettings, SearchError, SearchSummary
 from evo.engine.startup import StartupClock
 from evo.core.records import Candidate
@@ -297,7 +299,7 @@ def dry_run(cfg, *, resume: str | None = None, on_progress=None, probe: bool = T
 
 def run_search(cfg, *, address: str | None = None, resume: str | None = None,
                progress: bool = True, stages=None, task_registry=None,
-               startup: StartupClock | None = None) -> SearchSummary:
+               startup: StartupClock | None = None, early_ray: EarlyRay | None = None) -> SearchSummary:
     """Open the store, start the runtime, run the engine, shut down. The CLI calls this.
     ``task_registry``: the config's tasks (:func:`evo.config.load_tasks`; None: the built-in
     tasks plus ``cfg.tasks.files``). ``startup``: the clock the caller's earlier steps were
@@ -310,7 +312,23 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     this thread probes the sandbox (the seed compiles run on threads already); a failed start raises
     :class:`SearchError` with its one line, and any failure leaves the run ``failed``,
     never ``running``, with what was started stopped.
+
+    ``early_ray``: a local instance whose start the caller began before the config was
+    validated (:mod:`evo.engine.early_ray`; ``evo search`` does): the runtime takes it over
+    when it serves this config (:meth:`~evo.engine.early_ray.EarlyRay.hand_over`), else it is
+    shut down and Ray starts as it would have without it. It is closed before this returns or
+    raises, whatever happened.
     """
+    try:
+        return _run_search(cfg, address=address, resume=resume, progress=progress, stages=stages,
+                           task_registry=task_registry, startup=startup, early_ray=early_ray)
+    finally:
+        if early_ray is not None:
+            early_ray.close()
+
+
+def _run_search(cfg, *, address: str | None, resume: str | None, progress: bool, stages, task_registry,
+                startup: StartupClock | None, early_ray: EarlyRay | None) -> SearchSummary:
     from pathlib import Path
 
     from evaluators.policy import check_policy
@@ -324,6 +342,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
     task_registry = _task_registry(cfg, task_registry)
     names = _task_names(cfg, task_registry)
     seeds = seeds_for(names, cfg.mutator.kind, task_registry)  # before any run exists: a seedless task fails here
+    if early_ray is not None and cfg.llm is not None:
+        early_ray.wait()  # the keys are out of the environment while the instance starts
     _check_llm_keys(cfg)
     try:
         check_db_location(cfg.run.db)
@@ -331,6 +351,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         raise SearchError(f"run.db: {e}") from None
     clock.mark("seeds")
     local = not (address or os.environ.get("RAY_ADDRESS"))
+    if early_ray is not None and not local:  # the validated config names a cluster after all
+        early_ray.close()
     if stages is None and not resume and local:
         # first, on threads: the seeds' compiles are the longest step before the first
         # evaluation, and need nothing of the store or the runtime
@@ -359,7 +381,8 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         rng = random.Random(f"{seed}:{n_done}")
         clock.mark("store")
         start = functools.partial(_start_runtime, cfg, names, stages=stages, address=address)
-        if local:
+        early = early_ray if early_ray is not None and not early_ray.closed else None
+        if local and early is None:
             clock.mark("ray_start")
             ray_start = BackgroundCall(start, "evo-ray-start", hold=True)
         # Probed here, on the driver's machine: the GPU actors' own logs do not reach the
@@ -370,15 +393,23 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         else:
             log.info("candidate sandbox: %s", sandbox)
         clock.mark("prepared")
-        if ray_start is None:
+        ray_s = early.hand_over(LocalRaySettings.of_config(cfg)) if early is not None else None
+        if early is not None and ray_s is None:  # it could not serve and was shut down: start as without it
+            clock.mark("ray_start")
+            ray_start = BackgroundCall(start, "evo-ray-start", hold=True)
+        if ray_s is not None:  # the early instance, taken over: only the workers are created here
+            rt, runtime_s = start(adopt=True)
+            runtime_s = round(ray_s + runtime_s, 3)
+        elif ray_start is None:
             clock.mark("ray_start")
             rt, runtime_s = start()
         else:
             rt, runtime_s = ray_start.result()
-            if getattr(rt, "started_ray", False):
-                _exit_on_sigterm()
+        if getattr(rt, "started_ray", False):
+            exit_on_sigterm()
         clock.mark("ray_ready")
-        record = clock.record(runtime_s, ray_overlapped=ray_start is not None)
+        record = clock.record(runtime_s, ray_overlapped=ray_start is not None or ray_s is not None,
+                              ray_early=ray_s is not None)
         view = None
         try:
             descriptor = _descriptor_fn()
@@ -421,23 +452,24 @@ def run_search(cfg, *, address: str | None = None, resume: str | None = None,
         store.close()
 
 
-def _start_runtime(cfg, names: list[str], *, stages, address: str | None):
+def _start_runtime(cfg, names: list[str], *, stages, address: str | None, adopt: bool = False):
     """The cluster runtime of ``cfg`` built and started: (runtime, seconds its start took).
 
     Runs on the thread that owns a local Ray instance (:class:`evo.engine.background.BackgroundCall`
-    with ``hold``), so a start that fails after Ray came up shuts Ray down here, on that thread.
-    Raises :class:`SearchError` with the runtime's one line when the cluster cannot serve the
-    search (:class:`evo.engine.runtime.RuntimeError_`).
+    with ``hold``), so a start that fails after Ray came up shuts Ray down here, on that thread;
+    with ``adopt`` the instance already runs (an early start handed over, whose own thread
+    outlives it) and the runtime, which then owns it, only creates its workers. Raises
+    :class:`SearchError` with the runtime's one line when the cluster cannot serve the search
+    (:class:`evo.engine.runtime.RuntimeError_`).
     """
     from evo.engine.runtime import Runtime, RuntimeError_, real_stages
 
+    local = LocalRaySettings.of_config(cfg)  # secret_env: kept out of Ray
     rt = Runtime(
         stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
         harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
-        num_cpus=None if cfg.ray.num_cpus == "auto" else int(cfg.ray.num_cpus),
-        num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
-        # kept out of Ray; a knobs config has no [llm] section (cfg.llm is None)
-        secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env),
+        num_cpus=local.num_cpus, num_gpus=local.num_gpus, secret_env=local.secret_env,
+        **({"started_ray": True} if adopt else {}),
     )
     t0 = time.monotonic()
     try:
@@ -462,18 +494,6 @@ def _stop_when_started(ray_start: BackgroundCall) -> None:
     except BaseException:  # noqa: BLE001 - reported by whoever took the result, or superseded
         return
     rt.shutdown()
-
-
-def _exit_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in the main thread, as ``ray.init`` arranges when it runs
-    there (it cannot from the thread a local instance starts on): the search then stops
-    through its handlers (the run aborted, Ray shut down) instead of dying at once."""
-    import signal
-    import sys
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
 
 
 def precompile_seeds(seeds: dict, settings) -> list:

@@ -24,7 +24,8 @@ __all__ = ["process_age_s", "StartupClock", "StartupRecord", "STEPS"]
 #: the store open and the run created or resumed; the cluster runtime's start begun (the seed
 #: compiles started just before); the driver's own preparation done while the runtime starts
 #: (the sandbox probed); the runtime ready. Where the start is not overlapped (a named cluster)
-#: "ray_start" comes after "prepared".
+#: "ray_start" comes after "prepared"; where it began early (StartupRecord.ray_early), right
+#: after "cli".
 STEPS = ("cli", "config", "tasks", "gpu", "search", "seeds", "store", "ray_start", "prepared", "ray_ready")
 
 
@@ -49,11 +50,15 @@ class StartupRecord:
     the cluster runtime's start took (``Runtime.start``: a local Ray instance and its actors,
     or joining a cluster). ``ray_overlapped``: the runtime started on a thread of its own
     while the search prepared the rest (a local instance), rather than after it.
+    ``ray_early``: the local instance's start began at the command's entry, before the config
+    was loaded, and the runtime took it over (:mod:`evo.engine.early_ray`); "ray_start" is
+    then marked right after "cli".
     """
 
     age_at: tuple[tuple[str, float | None], ...]
     runtime_s: float | None = None
     ray_overlapped: bool = False
+    ray_early: bool = False
 
     def age(self, step: str) -> float | None:
         """The process age at ``step``, or None when it was not marked."""
@@ -61,14 +66,15 @@ class StartupRecord:
 
     def to_json(self) -> dict[str, Any]:
         """``process_age_s`` (the age when the runtime's start began), ``age_at`` (step ->
-        age, in order), ``runtime_s`` and ``ray_overlapped``."""
+        age, in order), ``runtime_s``, ``ray_overlapped`` and ``ray_early``."""
         return {"process_age_s": self.age("ray_start"), "age_at": dict(self.age_at),
-                "runtime_s": self.runtime_s, "ray_overlapped": self.ray_overlapped}
+                "runtime_s": self.runtime_s, "ray_overlapped": self.ray_overlapped, "ray_early": self.ray_early}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "StartupRecord":
         return cls(age_at=tuple((str(k), v) for k, v in (d.get("age_at") or {}).items()),
-                   runtime_s=d.get("runtime_s"), ray_overlapped=bool(d.get("ray_overlapped", False)))
+                   runtime_s=d.get("runtime_s"), ray_overlapped=bool(d.get("ray_overlapped", False)),
+                   ray_early=bool(d.get("ray_early", False)))
 
 
 class StartupClock:
@@ -86,11 +92,12 @@ class StartupClock:
         self.mark(first)
 
     def mark(self, step: str) -> None:
-        """Record ``step`` (a name of :data:`STEPS`) as reached now."""
+        """Record ``step`` (a name of :data:`STEPS`) as reached now; a step marked again moves
+        to now (Ray started again after an early start that could not serve)."""
         if step not in STEPS:
             raise ValueError(f"start-up step {step!r}: unknown; known: {', '.join(STEPS)}")
         age = None if self._age0 is None else round(self._age0 + time.monotonic() - self._t0, 3)
-        self._marks.append((step, age))
+        self._marks = [m for m in self._marks if m[0] != step] + [(step, age)]
 
-    def record(self, runtime_s: float | None, ray_overlapped: bool) -> StartupRecord:
-        return StartupRecord(tuple(self._marks), runtime_s, ray_overlapped)
+    def record(self, runtime_s: float | None, ray_overlapped: bool, ray_early: bool = False) -> StartupRecord:
+        return StartupRecord(tuple(self._marks), runtime_s, ray_overlapped, ray_early)
