@@ -151,7 +151,7 @@ def test_prepare_rehearses_each_task_with_its_reference_then_starts_the_first_ru
 
 
 def test_the_first_runner_can_start_before_the_judge_warms_and_prepare_then_starts_none(tmp_path):
-    judge, _ops, made = _judge(tmp_path, [relu_kernel])
+    judge, _ops, made = _judge(tmp_path / "not-made-yet", [relu_kernel])   # the judge's first act
     assert judge.start_runner(_settings(reps=REPS)) and not judge.start_runner(_settings(reps=REPS))
     assert judge.prepare(["judge_relu"], _settings(reps=REPS)) == ["judge_relu"]
     assert len(made) == 1 and made[0].calls == 0   # one spare, nothing loaded into it

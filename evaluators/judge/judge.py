@@ -540,6 +540,7 @@ class Judge:
 
         if self._spare is not None:
             return
+        self._workdir.mkdir(parents=True, exist_ok=True)   # the first thing the judge does may be this
         jobdir = Path(tempfile.mkdtemp(prefix="spare-", dir=self._workdir))
         seccomp = seccomp_wanted()
         self._spare = _Spare(lambda: self._launch(jobdir, settings.timeout_s, sandbox, seccomp),
