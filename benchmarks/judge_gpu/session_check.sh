@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 40's GPU check in one call (benchmarks/judge_gpu/h100/README.md, "Session 7"):
+#   source .whl/setup.sh && bash benchmarks/judge_gpu/session_check.sh "$OUT"
+# 1. the GPU, torch, CUDA and Triton versions          -> OUT/gpu.txt
+# 2. the timed calls' input draw: speed and repeat bits -> OUT/fill_speed.txt, OUT/fill_tests.txt
+# 3. the demo under the judge to its end, its records   -> OUT/a.tgz (demo.db, startup_events.txt,
+#    read by startup_events.py and evaluation_gaps.py       evaluation_gaps.txt, judge_demo.*)
+# 4. the adversarial GPU tests under the judge          -> OUT/b/ (EVO_JUDGE_ADV_S, default 120 s)
+# The demo's results are packed before step 4, so a call cut short there keeps them.
+set -u
+out=${1:?usage: session_check.sh OUT_DIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/../.."
+py=${PYTHON:-python3}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  $py -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  date -u; } > "$out/gpu.txt" 2>&1
+timeout 90 $py benchmarks/judge_gpu/fill_speed.py > "$out/fill_speed.txt" 2>&1
+timeout 120 $py -m pytest -q -p no:cacheprovider -m gpu tests/test_judge_fill.py > "$out/fill_tests.txt" 2>&1
+EVO_JUDGE_PARTS=demo bash benchmarks/h200_acceptance.sh "$out/a" judge > "$out/a_run.txt" 2>&1
+for s in startup_events evaluation_gaps; do
+  $py "benchmarks/judge_gpu/$s.py" "$out/a/demo.db" > "$out/a/$s.txt" 2>&1
+done
+(cd "$out" && tar czf a.tgz a && rm -rf a)
+EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$out/b" judge \
+  > "$out/b_run.txt" 2>&1
+echo "== GPU";          cat "$out/gpu.txt"
+echo "== input draw";   cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_tests.txt"
+echo "== demo";         tail -n 12 "$out/a_run.txt"
+echo "== adversarial";  grep -E "rc=|passed|failed" "$out/b_run.txt" | tail -n 3
