@@ -1,8 +1,9 @@
 """The trusted side of the evaluator: the judge, which decides every verdict and never loads
 candidate code (:mod:`evaluators.judge.judge`), the memory it shares with runners
 (:mod:`~evaluators.judge.exchange`, :mod:`~evaluators.judge.slots`), correctness
-(:mod:`~evaluators.judge.trials`), timing and its corroboration (:mod:`~evaluators.judge.timing`)
-and its handle on one runner process (:mod:`~evaluators.judge.runner_process`).
+(:mod:`~evaluators.judge.trials`), timing and its corroboration (:mod:`~evaluators.judge.timing`),
+the timed calls' input draw (:mod:`~evaluators.judge.fill`) and its handle on one runner process
+(:mod:`~evaluators.judge.runner_process`).
 
 The untrusted side is :mod:`evaluators.runner` (the C++ program that loads a candidate); what
 passes between them is :mod:`evaluators.protocol`. Names are loaded on first use: importing
