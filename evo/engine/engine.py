@@ -493,8 +493,9 @@ class Engine:
         they are recorded), wait for the end."""
         if not self.s.confirm_champions or self.items.ordered:
             return
-        done = bool(self._stop_reason) or (self._budget_left() <= 0 and not len(self.proposer))
-        for task in settled_tasks(self.best, self.work.tasks(), proposing_done=done):
+        if not (self._stop_reason or (self._budget_left() <= 0 and not len(self.proposer))):
+            return   # the run may still propose: no task is settled (and the loop stays cheap)
+        for task in settled_tasks(self.best, self.work.tasks(), proposing_done=True):
             fitness, cand = self.best[task]
             if self.confirmations.started(task) or self.survivors.champion_profiles(cand):
                 continue

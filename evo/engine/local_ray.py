@@ -52,14 +52,6 @@ class LocalRaySettings:
                    num_gpus=None if cfg.ray.num_gpus == "auto" else int(cfg.ray.num_gpus),
                    secret_env=tuple(m.key_env for m in (cfg.llm.models if cfg.llm else ()) if m.key_env))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "secret_env": list(self.secret_env)}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "LocalRaySettings":
-        return cls(num_cpus=d.get("num_cpus"), num_gpus=d.get("num_gpus"),
-                   secret_env=tuple(d.get("secret_env") or ()))
-
 
 @dataclass(frozen=True)
 class RawRay:

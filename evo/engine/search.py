@@ -469,7 +469,7 @@ def _start_runtime(cfg, names: list[str], *, stages, address: str | None, adopt:
         stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
         harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
         num_cpus=local.num_cpus, num_gpus=local.num_gpus, secret_env=local.secret_env,
-        **({"started_ray": True} if adopt else {}),
+        **({"started_ray": True} if adopt else {}),   # only when taking over: the field's default otherwise
     )
     t0 = time.monotonic()
     try:
