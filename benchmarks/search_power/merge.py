@@ -30,8 +30,9 @@ from search_power import Row, load_rows, read_row, save  # noqa: E402
 KEPT = ("task", "budget", "best_bench", "hand_bench", "vs_hand", "seconds")
 
 COMMAND = ("python3 benchmarks/search_power.py --tasks TASK --wall-minutes W --timeout-s T "
-           "--out $OUT/sp/h100.md (one call per task; W, T and the date of each row in its "
-           "commands log under h100_logs/)")
+           "--out $OUT/sp/h100.md (one call per task on one NVIDIA H100 80GB HBM3, driver 580.159.04, "
+           "CUDA 13.0, torch 2.11.0+cu130; each row's date, tree, W and T in README.md, by session; "
+           "the commands each ran in h100_logs/)")
 
 
 def main(argv: list[str] | None = None) -> int:
