@@ -46,7 +46,8 @@ from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
 from evo.engine.dispatch import (TRIAL_EVERY, CompileDone, CompileFailed, Dispatch, GpuDone, GpuFailed, ProfileDone,
                                  ProfileFailed)
 from evo.engine.engine_settings import EngineSettings
-from evo.engine.inflight import RateMeter, inflight_bound
+from evo.engine.inflight import RateMeter, inflight_bound, throughput
+from evo.engine.pacing import Pacing
 from evo.engine.islands import IslandSet, island_specs
 from evo.engine.ordering import ItemOrder
 from evo.engine.proposals import Proposer, seed_candidate
@@ -99,6 +100,8 @@ class Engine:
         self.best: dict[str, tuple[float, Candidate]] = {}
         self.progress = Progress(started=time.time())
         self.rates = RateMeter()  # compile and GPU rates: the auto in-flight bound (evo.engine.inflight)
+        #: which island proposes next: slow tasks' proposals run ahead (evo.engine.pacing)
+        self.pacing = Pacing(enabled=not settings.ordered)
         self._rr = self._last_migration = 0
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
@@ -250,16 +253,30 @@ class Engine:
         """Propose children while slots are free and the budget has room: what the open
         studies are owed (:meth:`Survivors.owed`) is kept for their trials, so a study opened
         within the budget finishes before the mutations spend it."""
-        tries, n = 0, len(self.islands)
-        limit = self.max_inflight - self.survivors.reserve(self.max_inflight)
+        n, failed = len(self.islands), set()
+        bound = self.max_inflight
+        limit = bound - self.survivors.reserve(bound)
         # ordered: the pool queues what it cannot run yet (its load would make fills depend on timing)
-        while self.n_inflight < limit and tries < n and not self._stop_reason and \
+        while self.n_inflight < limit and len(failed) < n and not self._stop_reason and \
                 (self.items.ordered or self.proposer.has_room()):
-            if self._budget_left() - self.survivors.owed() <= 0:
+            remaining = self._budget_left() - self.survivors.owed()
+            if remaining <= 0:
                 return  # never propose more than the budget can evaluate, less the studies' trials
-            isl = self.islands[self._rr % n]
+            order = self.pacing.order([(i.index, i.task) for i in self.islands], throughput=self._throughput(),
+                                      inflight=bound, remaining=remaining, start=self._rr % n)
+            isl = self.islands[next(i for i in order if i not in failed)]
             self._rr += 1
-            tries = 0 if not isl.exhausted and self.proposer.propose(isl) else tries + 1
+            if not isl.exhausted and self.proposer.propose(isl):
+                failed.clear()
+                self.pacing.proposed(isl.task, isl.index)
+            else:
+                failed.add(isl.index)
+
+    def _throughput(self) -> float:
+        """Evaluations a second the run sustains (0 until measured): :mod:`evo.engine.pacing`'s X."""
+        g = self.rt.n_gpus
+        rates = self.rates.rates(g)
+        return throughput(rates, workers=max(1, self.rt.n_cpus - 1), n_gpus=g) if rates else 0.0
 
     def _stop(self, reason: str, replace: bool = False) -> bool:
         """Set the run's stop reason unless one is set (``replace``: even then)."""
@@ -359,6 +376,7 @@ class Engine:
         self.gpu_faults.finished(pending)
         self.progress.gpu_ran(res.started, res.finished, res.gpu_stage_s, res.activity, g)
         self.rates.gpu_done(res.started, res.finished, res.gpu_stage_s)
+        self.pacing.judged(pending.candidate.task, res.finished - res.started)
         ev = res.evaluation
         self._record(pending, Evaluation(pending.candidate.id, pending.pre_stages + ev.stages,
                                          fitness=ev.fitness, gpu=ev.gpu, env=ev.env), gpu=g)
@@ -370,6 +388,7 @@ class Engine:
                                                                  "seconds": stage.seconds})
         pending.pre_stages = pending.pre_stages + (stage,)
         self.rates.compiled(stage.seconds)
+        self.pacing.compiled(pending.candidate.task, stage.seconds)
         if stage.passed and outcome.so_bytes:
             pending.so_bytes = outcome.so_bytes
             self.work.compiled(pending, trial=self.survivors.is_trial(pending.candidate.id))

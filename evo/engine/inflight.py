@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["inflight_bound", "RateMeter", "Rates", "DRAIN_S"]
+__all__ = ["inflight_bound", "throughput", "RateMeter", "Rates", "DRAIN_S"]
 
 #: At most this many seconds of work stay queued behind the budget (everything in flight
 #: drains when it ends): the bound never exceeds throughput x DRAIN_S.
@@ -34,6 +34,12 @@ class Rates:
     gpu_per_s: float
 
 
+def throughput(rates: Rates, *, workers: int, n_gpus: int) -> float:
+    """Evaluations a second the slower of the two pools allows:
+    ``min(workers / compile_s, n_gpus * gpu_per_s)``."""
+    return min(workers / max(rates.compile_s, 1e-6), n_gpus * max(rates.gpu_per_s, 1e-6))
+
+
 def inflight_bound(rates: Rates | None, *, workers: int, n_gpus: int, gpu_slots: int) -> int:
     """Candidates to keep in flight.
 
@@ -47,7 +53,7 @@ def inflight_bound(rates: Rates | None, *, workers: int, n_gpus: int, gpu_slots:
     floor = n_gpus * gpu_slots + 1
     if rates is None:
         return n_gpus * gpu_slots + max(1, workers)
-    x = min(workers / max(rates.compile_s, 1e-6), n_gpus * max(rates.gpu_per_s, 1e-6))
+    x = throughput(rates, workers=workers, n_gpus=n_gpus)
     want = math.ceil(x * (rates.compile_s + rates.gpu_s)) + n_gpus * gpu_slots
     cap = max(floor, math.floor(x * DRAIN_S))
     return max(floor, min(want, cap))
