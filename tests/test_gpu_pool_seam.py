@@ -1,4 +1,4 @@
-"""The GPU seam's pool is an explicit argument: :attr:`evo.engine.seams.Stages.evaluate_takes_pool`
+"""The GPU seam's pool is an explicit argument: :attr:`evo.engine.seams.Stages.evaluate_concurrent`
 decides whether the GPU actor hands its warm pool to the evaluate function (and runs calls
 concurrently) and how many requests a runtime keeps on each GPU; the function's signature
 decides nothing."""
@@ -35,7 +35,7 @@ def _candidate() -> Candidate:
 def test_the_stages_say_whether_the_evaluate_function_gets_the_pool(pooled):
     evaluate = _Recorder()
     hs = HarnessSettings(check_concurrency=3)
-    rt = LocalRuntime(stages=Stages(fake.fake_compile, evaluate, evaluate_takes_pool=pooled),
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, evaluate, evaluate_concurrent=pooled),
                       compile_settings=CompileSettings(), harness_settings=hs, num_gpus=1).start()
     try:
         assert rt.gpu_slots == (hs.check_concurrency + 1 if pooled else 2)

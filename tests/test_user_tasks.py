@@ -127,7 +127,7 @@ def _runtime(evaluate, task_files=()):
     from fakes import stages as fake
 
     hs = HarnessSettings(timeout_s=120, fresh_timing_process=False, task_files=task_files)
-    return Runtime(stages=Stages(fake.fake_compile, evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    return Runtime(stages=Stages(fake.fake_compile, evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                    harness_settings=hs).start()
 
 
