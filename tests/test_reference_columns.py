@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from evaluators.base import HarnessSettings
-from evaluators.child.reference import COMPILE_MODE
-from evaluators.child.timing import ShapeSamples, summarize
-from evaluators.isolation import HarnessReport, ShapeTiming
+from evaluators.judge.reference import COMPILE_MODE
+from evaluators.judge.summary import ShapeSamples, summarize
+from evaluators.harness_job import HarnessReport, ShapeTiming
 from evo.cli import app
 from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import Store

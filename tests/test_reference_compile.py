@@ -16,13 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from evaluators.base import HarnessSettings  # noqa: E402
-from evaluators.child.reference import (  # noqa: E402
+from evaluators.judge.reference import (  # noqa: E402
     COMPILE_MODE,
     ReferenceCompileError,
     references_for,
     warm_up,
 )
-from evaluators.child.timing import ShapeSamples, summarize  # noqa: E402
+from evaluators.judge.summary import ShapeSamples, summarize  # noqa: E402
 from evo.core.records import Status  # noqa: E402
 
 

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,8 @@ from evaluators import sandbox as sb
 from evaluators.sandbox import capabilities, launch
 from evaluators.sandbox.launch import _rlimits
 from evaluators.sandbox.wrapper import _WRAPPER
-from evaluators.judge.runner_process import runner_env
 from fakes.listener import TcpListener  # noqa: E402  (tests/ is on sys.path)
+from fakes.sandboxed import Ran, run_sandboxed  # noqa: E402
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 
@@ -112,37 +111,14 @@ def server():
     s.close()
 
 
-@dataclass
-class Ran:
-    """How a sandboxed child ended: its exit status (negative: a signal), stderr, the layers
-    applied (``Launch.summary``) and what it wrote to seen.json (None: it never got there)."""
-
-    rc: int
-    stderr: str
-    layers: str
-    seen: dict | None
-
-
 def _run(child, tmp_path, args: dict, timeout_s=30.0, sandbox=None, readable=()) -> Ran:
     jobdir = tmp_path / f"job{len(list(tmp_path.glob('job*')))}"
-    jobdir.mkdir()
-    ln = sb.sandbox_launch([sys.executable, child, str(jobdir), json.dumps(args)], runner_env(), jobdir, timeout_s,
-                           sandbox or sb.SandboxSettings.from_env(), readable=readable)
-    p = subprocess.Popen(ln.argv, env=ln.env, cwd=jobdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         start_new_session=True)
-    try:
-        _, err = p.communicate(timeout=timeout_s + 30)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-    seen = jobdir / "seen.json"
-    return Ran(p.returncode, err.decode(errors="replace"), ln.summary,
-               json.loads(seen.read_text()) if seen.exists() else None)
+    return run_sandboxed([sys.executable, child, str(jobdir), json.dumps(args)], jobdir, timeout_s,
+                         sandbox, readable=readable)
 
 
 def _seen(ran: Ran) -> dict:
-    assert ran.rc == 0 and ran.seen is not None, (ran.rc, ran.stderr[-2000:])
+    assert ran.rc == 0 and ran.seen, (ran.rc, ran.stderr[-2000:])
     return ran.seen
 
 
@@ -326,7 +302,7 @@ def test_a_sandbox_setup_failure_stops_before_the_child_runs(child, tmp_path, mo
     monkeypatch.setattr(launch, "probe", lambda: sb.Capabilities(netns="bogus", landlock_abi=0, is_root=True))
     rep = _run(child, tmp_path, {})
     assert rep.rc == 70 and "sandbox setup failed at network namespace" in rep.stderr, rep
-    assert rep.seen is None
+    assert rep.seen == {}
 
 
 _NONROOT_CHILD = r'''

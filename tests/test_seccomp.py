@@ -28,6 +28,7 @@ import pytest
 from evaluators import sandbox as sb
 from evaluators.judge.runner_process import runner_env
 from evaluators.sandbox.seccomp import _ARCHES, _machine
+from fakes.sandboxed import run_sandboxed  # noqa: E402  (tests/ is on sys.path)
 
 FIX = Path(__file__).parent / "fixtures" / "sandbox"
 CHILD = str(FIX / "seccomp_child.py")
@@ -57,14 +58,6 @@ def fresh_probe():
     sb.reset_probe()
 
 
-@dataclasses.dataclass
-class Ran:
-    rc: int
-    stderr: str
-    layers: str
-    seen: dict
-
-
 def _run(so: bytes, tmp_path: Path, args: dict, sandbox: sb.SandboxSettings | None = None):
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
@@ -75,13 +68,8 @@ def _run(so: bytes, tmp_path: Path, args: dict, sandbox: sb.SandboxSettings | No
     # command and its marker
     sandbox = dataclasses.replace(sandbox or sb.SandboxSettings(), extra_writable=(str(markers),))
     env = {**runner_env(), "PYTHONPATH": str(Path(sb.__file__).resolve().parents[2])}
-    ln = sb.sandbox_launch([sys.executable, CHILD, str(jobdir), json.dumps({"markers": str(markers), "hostile": 1,
-                                                                           **args})],
-                           env, jobdir, 30, sandbox)
-    p = subprocess.run(ln.argv, env=ln.env, cwd=jobdir, capture_output=True, text=True, timeout=60,
-                       start_new_session=True)
-    seen = jobdir / "seen.json"
-    ran = Ran(p.returncode, p.stderr, ln.summary, json.loads(seen.read_text()) if seen.exists() else {})
+    ran = run_sandboxed([sys.executable, CHILD, str(jobdir), json.dumps({"markers": str(markers), "hostile": 1, **args})],
+                        jobdir, 60, sandbox, env=env)
     return ran, sorted(q.name for q in markers.iterdir())
 
 

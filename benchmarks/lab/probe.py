@@ -106,7 +106,7 @@ def seed_and_reference(name: str, so: Path, shape: dict, device):
     raises SystemExit naming the task when evo_launch returns an error."""
     import torch
 
-    from evaluators.child import abi
+    from evaluators import abi
     from evo.tasks.registry import get_task
 
     task = get_task(name)

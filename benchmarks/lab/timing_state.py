@@ -52,7 +52,7 @@ def _clocks() -> str:
 
 def _kernel(task: str, params: dict[str, str], out: Path):
     """The task's seed with ``params`` as tunables, compiled (cached) and loaded."""
-    from evaluators.child import abi
+    from evaluators import abi
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_candidate
     from evo.core.records import Candidate, Operator
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from evaluators.child.correctness import check_correctness
+    from evaluators.judge.checks import check_correctness
     from evaluators.child.harness import _poison_allocator
-    from evaluators.child.timing import median, time_shapes
+    from evaluators.judge.summary import median, time_shapes
     from evo.tasks import get_task
 
     task = get_task(args.task)

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from evaluators import protocol
 from evaluators.base import HarnessSettings
-from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, ShapeTiming
+from evaluators.harness_job import HARNESS_FIXES, HarnessError, HarnessJob, HarnessReport, ShapeTiming
 from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
@@ -461,7 +461,7 @@ class Judge:
         try:
             task = _load_task(job.task, list(job.task_files or settings.task_files))
         except TaskLoadError as e:
-            raise HarnessError(str(e), kind="task") from e
+            raise HarnessError(str(e), kind="task", fix=HARNESS_FIXES["task"]) from e
         cuda = self.backend == "cuda"
         ops = self._device_ops(settings)
         self._workdir.mkdir(parents=True, exist_ok=True)

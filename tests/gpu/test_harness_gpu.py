@@ -158,7 +158,7 @@ def test_hang_with_default_settings_is_killed_in_seconds_after_the_seed(built):
 
     from evaluators.actor import GpuEvaluator
 
-    gpu = GpuEvaluator(None, HarnessSettings(), pooled=True)  # the real evaluate_built, default settings
+    gpu = GpuEvaluator(None, HarnessSettings(), concurrent=True)  # the real evaluate_built, default settings
     seed = Candidate.create(TASK, "// seed\n", {}, operator=Operator.SEED)
     first = gpu.evaluate(seed, built["seed"]).evaluation
     assert first.correct, [(s.stage, s.status.value, s.reason) for s in first.stages]
