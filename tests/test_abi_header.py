@@ -24,7 +24,7 @@ from standalone import ENGINE_IMPORT_BLOCKER as BLOCKER  # tests/ is on sys.path
 
 from evaluators import abi
 
-HEADER = (Path(__file__).resolve().parents[1] / "evaluators" / "child" / "evo_abi.h").read_text()
+HEADER = (Path(__file__).resolve().parents[1] / "evaluators" / "abi" / "evo_abi.h").read_text()
 
 #: C enumerator suffix -> torch dtype name (the test's own statement of the correspondence).
 TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",

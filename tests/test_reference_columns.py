@@ -1,6 +1,6 @@
 """Speedups against eager and against torch.compile in every result view (issue 37), on CPU.
 
-The timing metrics are made by the harness's own :func:`evaluators.child.timing.summarize` from
+The timing metrics are made by the judge's own :func:`evaluators.judge.summary.summarize` from
 fake samples, stored through the real store, and read back by the real ``evo`` commands
 (typer's CliRunner) and by :mod:`evo.results.bench` from fake harness reports.
 """

@@ -20,7 +20,7 @@ import torch
 from evaluators import abi
 
 ROOT = Path(__file__).resolve().parents[1]
-ABI_DIR = ROOT / "evaluators" / "child"
+ABI_DIR = ROOT / "evaluators" / "abi"
 
 DOUBLE = r"""
 #include <cstring>
