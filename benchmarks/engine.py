@@ -2,17 +2,13 @@
 
 Compile and GPU latencies are drawn from lognormal distributions whose medians and spreads
 come from measured runs (defaults: the H200 demo of 2026-12-03, benchmarks/ENGINE.md: compile
-16.2 s, correctness 1.79 s, timing 0.96 s, and (9 - 2.75) / 2 = 3.1 s of process start-up
-per harness process), scaled by ``--time-scale`` so a sweep finishes in minutes. Everything
-else is real: Ray scheduling, the threaded GPU actors and their GpuSchedule (correctness
-shares a GPU up to ``check_concurrency``, timing has it alone), island actors, the store,
-back-pressure, the rate-following in-flight bound and dedupe.
+16.2 s, correctness 1.79 s, timing 0.96 s), scaled by ``--time-scale`` so a sweep finishes in
+minutes. Everything else is real: Ray scheduling, the threaded GPU actors, island actors, the
+store, back-pressure, the rate-following in-flight bound and dedupe.
 
-The harness processes are modelled, not spawned: ``--pool warm`` (the GPU actor's warm
-children: a process whose start-up finished is taken at once, its replacement starts in
-the background, its CUDA part ``--cuda-share`` of the start-up under a shared GPU slot),
-``--pool cold`` (every process starts when its candidate arrives, one candidate at a time:
-the old actor). Reports, per simulated GPU count, slot occupancy (time inside GPU actor calls
+The judge is modelled, not run: one evaluation at a time per GPU (the judge's lock), the next
+candidate's runner started meanwhile (``--runner-start`` s, off the critical path unless the
+previous evaluation was shorter). Reports, per simulated GPU count, slot occupancy (time inside GPU actor calls
 / (wall x GPUs)), GPU stage share (simulated correctness + timing seconds / (wall x GPUs)),
 evaluations/hour in simulated time, the scaling relative to one GPU and the per-candidate
 overhead (a GPU call's wall clock beyond its correctness and timing).
@@ -71,61 +67,17 @@ def sim_compile(candidate: Candidate, settings: CompileSettings) -> CompileOutco
     return CompileOutcome(result=res, so_bytes=b"sim", key=candidate.id, cached=False)
 
 
-class SimChildren:
-    """The warm pool's timing model in one GPU actor: per process kind, children ready now;
-    taking one starts its replacement (start-up ``startup`` s, its last ``cuda`` s under a
-    shared slot of the actor's real GpuSchedule). ``warm=False``: every child starts when
-    asked, on the critical path."""
-
-    def __init__(self, schedule, warm: int, startup: float, cuda: float) -> None:
-        self.schedule, self.warm, self.startup, self.cuda = schedule, warm, startup, cuda
-        self.ready = {"check": 0, "time": 0}
-        self.lock = threading.Lock()
-        for kind in self.ready:
-            for _ in range(warm):
-                self._spawn(kind)
-
-    def _spawn(self, kind: str) -> None:
-        def run() -> None:
-            time.sleep(self.startup - self.cuda)
-            while not self.schedule.try_shared("warm"):
-                time.sleep(0.002)
-            t0 = time.time()
-            time.sleep(self.cuda)
-            self.schedule.release_shared("warm", t0)
-            with self.lock:
-                self.ready[kind] += 1
-        threading.Thread(target=run, daemon=True).start()
-
-    def take(self, kind: str) -> None:
-        """Return when a child of ``kind`` can start its job (call inside the GPU slot)."""
-        if self.warm:
-            with self.lock:
-                if self.ready[kind]:
-                    self.ready[kind] -= 1
-                    self._spawn(kind)
-                    return
-            self._spawn(kind)
-        time.sleep(self.startup)   # cold: its own start-up, on the critical path
+_JUDGE = threading.Lock()   # one GPU actor per Ray worker process: its judge's lock
+_SPARE_READY = [0.0]        # when the next runner is up (time.time())
 
 
-_CHILDREN: dict[int, SimChildren] = {}
-
-
-def sim_evaluate(candidate: Candidate, so: bytes, settings: HarnessSettings, pool=None) -> Evaluation:
+def sim_evaluate(candidate: Candidate, so: bytes, settings: HarnessSettings) -> Evaluation:
     cfg = json.loads(os.environ[ENV])
-    sched = pool.schedule
-    if id(pool) not in _CHILDREN:
-        _CHILDREN[id(pool)] = SimChildren(sched, settings.warm_children, cfg["scale"] * cfg["startup"],
-                                          cfg["scale"] * cfg["startup"] * cfg["cuda_share"])
-    kids = _CHILDREN[id(pool)]
     check, timing = _draw("check", candidate.id), _draw("time", candidate.id)
-    with pool.gpu("check"):
-        kids.take("check")
-        time.sleep(check)
-    with pool.gpu("time"):
-        kids.take("time")
-        time.sleep(timing)
+    with _JUDGE:
+        time.sleep(max(0.0, _SPARE_READY[0] - time.time()))   # the spare runner still starting
+        _SPARE_READY[0] = time.time() + cfg["scale"] * cfg["runner_start"]
+        time.sleep(check + timing)
     f = 1.0 + sum(int(v) for _, v in candidate.params) / 40.0
     return Evaluation(candidate.id, (StageResult("correctness", Status.OK, seconds=check),
                                      StageResult("timing", Status.OK, seconds=timing)), f)
@@ -141,7 +93,8 @@ def run_once(n_gpus: int, compile_workers: int, evals: int, seed: int, harness: 
         with tempfile.TemporaryDirectory() as tmp:
             store = Store(Path(tmp) / "bench.db")
             run_id = store.create_run(f"bench-{n_gpus}", {}, seed=seed, config_hash="bench")
-            rt = Runtime(stages=Stages(sim_compile, sim_evaluate), compile_settings=CompileSettings(),
+            rt = Runtime(stages=Stages(sim_compile, sim_evaluate, evaluate_concurrent=True),
+                         compile_settings=CompileSettings(),
                          harness_settings=harness).start()
             tasks = [f"sim{i}" for i in range(max(2, n_gpus))]
             eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=tasks,
@@ -176,12 +129,8 @@ def main() -> None:
     ap.add_argument("--check-median", type=float, default=1.79, help="seconds (measured mean correctness stage)")
     ap.add_argument("--time-median", type=float, default=0.96, help="seconds (measured mean timing stage)")
     ap.add_argument("--gpu-sigma", type=float, default=0.3)
-    ap.add_argument("--startup", type=float, default=3.1, help="seconds of one harness process's start-up")
-    ap.add_argument("--cuda-share", type=float, default=0.2,
-                    help="part of the start-up that is CUDA (under a GPU slot); an assumption, not measured")
-    ap.add_argument("--pool", choices=("warm", "cold"), default="warm")
-    ap.add_argument("--check-concurrency", type=int, default=HarnessSettings.check_concurrency)
-    ap.add_argument("--warm-children", type=int, default=HarnessSettings.warm_children)
+    ap.add_argument("--runner-start", type=float, default=0.5,
+                    help="seconds from a runner's start to its READY (an assumption: measure it on the GPU)")
     ap.add_argument("--time-scale", type=float, default=0.05, help="simulated seconds -> real seconds")
     ap.add_argument("--compile-workers-per-gpu", type=int, default=0,
                     help="0 = enough to keep GPUs fed: ceil(1.3 x compile/GPU time ratio)")
@@ -190,12 +139,9 @@ def main() -> None:
     os.environ[ENV] = json.dumps({"compile_median": args.compile_median, "compile_sigma": args.compile_sigma,
                                   "check_median": args.check_median, "check_sigma": args.gpu_sigma,
                                   "time_median": args.time_median, "time_sigma": args.gpu_sigma,
-                                  "startup": args.startup, "cuda_share": args.cuda_share,
-                                  "scale": args.time_scale})
-    warm = args.pool == "warm"
-    harness = HarnessSettings(check_concurrency=args.check_concurrency if warm else 1,
-                              warm_children=args.warm_children if warm else 0)
-    gpu_s = args.check_median + args.time_median + (0.0 if warm else 2 * args.startup)
+                                  "runner_start": args.runner_start, "scale": args.time_scale})
+    harness = HarnessSettings()
+    gpu_s = args.check_median + args.time_median
     per_gpu = args.compile_workers_per_gpu or math.ceil(1.3 * args.compile_median / gpu_s)
     rows = []
     for g in args.gpus:

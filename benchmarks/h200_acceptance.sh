@@ -12,11 +12,10 @@
 #          -> $OUT/gpu_selftest_<shard>.txt, a line per shard in $OUT/gpu_tests.txt
 #   compile  every GEMM seed and variant configuration of the CPU compile tests (EVO_GEMM_COMPILE_ALL=1)
 #          -> $OUT/compile_all.txt
-#   judge  issue 40 on the GPU: benchmarks/judge_acceptance.py (seeds by the harness and by the judge,
-#          a hang's time to verdict, evo check start to verdict) -> $OUT/judge/; the demo search with
-#          [evaluator] isolation = "judge" (benchmarks/throughput.py, bounded by EVO_JUDGE_DEMO_S, default
-#          200 s: the demo runs to its end, champion confirmation included) -> $OUT/judge_demo.json; the
-#          adversarial GPU tests under the judge -> $OUT/gpu_adversarial_judge.txt
+#   judge  issue 40 on the GPU: the demo search (benchmarks/throughput.py, bounded by EVO_JUDGE_DEMO_S,
+#          default 200 s: the demo runs to its end, champion confirmation included) -> $OUT/judge_demo.json;
+#          the adversarial GPU tests -> $OUT/gpu_adversarial_judge.txt (the comparison with the removed
+#          Python harness that issue 40's acceptance made: benchmarks/judge_gpu/h100/README.md)
 #   bench  every seed vs torch with issue 8's targets and ncu reasons for misses -> $OUT/RESULTS.md
 #          (about 9.5 minutes on an H200: run it in a device call of its own)
 # usage (device):  source .whl/setup.sh && bash benchmarks/h200_acceptance.sh "$OUT" [STEP ...]
@@ -114,9 +113,9 @@ PY
         -p no:cacheprovider tests/test_gemm_seeds.py tests/test_gemm_3xtf32.py > "$out/compile_all.txt" 2>&1
       echo "compile rc=$?: $(tail -n 1 "$out/compile_all.txt")" ;;
     judge)
-      # EVO_JUDGE_PARTS narrows it (default: runner acceptance demo adversarial); the card's
+      # EVO_JUDGE_PARTS narrows it (default: runner demo adversarial); the card's
       # memory and activity are sampled every second throughout -> $out/gpu_mem.csv
-      parts=${EVO_JUDGE_PARTS:-runner acceptance demo adversarial}
+      parts=${EVO_JUDGE_PARTS:-runner demo adversarial}
       nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 \
         > "$out/gpu_mem.csv" 2>&1 &
       smi=$!
@@ -129,20 +128,14 @@ PY
         timeout 240 python benchmarks/judge_gpu/ncu_matrix.py --out "$out/ncu_matrix" > "$out/ncu_matrix.txt" 2>&1
         echo "ncu matrix rc=$?"; cat "$out/ncu_matrix.txt" | grep -v "^warning" | tail -n 12
       fi
-      if [[ " $parts " == *" acceptance "* ]]; then
-        timeout "${EVO_JUDGE_ACC_S:-240}" python benchmarks/judge_acceptance.py --out "$out/judge" ${EVO_JUDGE_TASKS:+--tasks $EVO_JUDGE_TASKS} \
-          ${EVO_JUDGE_STEPS:+--steps $EVO_JUDGE_STEPS} ${EVO_JUDGE_REPEATS:+--repeats $EVO_JUDGE_REPEATS} \
-          > "$out/judge_stdout.txt" 2>&1
-        echo "judge_acceptance rc=$?"; cat "$out/judge/judge_acceptance.md"; tail -n 20 "$out/judge_stdout.txt"
-      fi
       if [[ " $parts " == *" demo "* ]]; then
         timeout $(( ${EVO_JUDGE_DEMO_S:-200} + 60 )) python benchmarks/throughput.py --part demo \
-          --set 'evaluator.isolation="judge"' --limit-s "${EVO_JUDGE_DEMO_S:-200}" --json "$out/judge_demo.json" --keep-db "$out" \
+          --limit-s "${EVO_JUDGE_DEMO_S:-200}" --json "$out/judge_demo.json" --keep-db "$out" \
           > "$out/judge_demo.txt" 2>&1
         echo "judge demo rc=$?"; tail -n 8 "$out/judge_demo.txt"
       fi
       if [[ " $parts " == *" adversarial "* ]]; then
-        EVO_TEST_ISOLATION=judge EVO_ADVERSARIAL_TABLE="$out/adversarial_judge.md" timeout "${EVO_JUDGE_ADV_S:-180}" \
+        EVO_ADVERSARIAL_TABLE="$out/adversarial_judge.md" timeout "${EVO_JUDGE_ADV_S:-180}" \
           python -m pytest -m gpu -q -s -rs -p no:cacheprovider tests/gpu/test_adversarial_gpu.py \
           > "$out/gpu_adversarial_judge.txt" 2>&1
         echo "adversarial (judge) rc=$?: $(tail -n 1 "$out/gpu_adversarial_judge.txt")"

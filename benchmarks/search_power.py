@@ -90,9 +90,9 @@ def task_file_text(task: str) -> str:
 
 
 def config_text(task: str, *, db: Path, budget: int, wall_minutes: float, seed: int, trials: int,
-                cache_dir: str | None, isolation: str = "judge") -> str:
-    """The search's TOML: the cold task only, knobs + tuning + delayed profiling, evaluated by
-    ``isolation`` (the judge by default: the path whose verdicts a candidate cannot forge)."""
+                cache_dir: str | None) -> str:
+    """The search's TOML: the cold task only, knobs + tuning + delayed profiling (every verdict
+    the judge's)."""
     lines = [
         "# Written by benchmarks/search_power.py (docs/search_power.md).",
         "[run]", f'name = "search-power {task}"', f"seed = {seed}", f'db = "{db}"', "",
@@ -101,7 +101,6 @@ def config_text(task: str, *, db: Path, budget: int, wall_minutes: float, seed: 
         "[mutator]", 'kind = "knobs"', "",
         "[tuning]", "enabled = true", f"trials_per_survivor = {trials}", "top_k = 2", "",
         "[profile]", "enabled = true", "top_k = 3", "",
-        "[evaluator]", f'isolation = "{isolation}"', "",
     ]
     if cache_dir:
         lines += ["[compile]", f'cache_dir = "{cache_dir}"', ""]
@@ -116,7 +115,7 @@ def write_inputs(task: str, work: Path, args) -> Path:
     cfg = d / "search.toml"
     cfg.write_text(config_text(task, db=(d / "evo.db").resolve(), budget=args.budget,
                                wall_minutes=args.wall_minutes, seed=args.seed, trials=args.trials,
-                               cache_dir=args.cache_dir, isolation=args.isolation))
+                               cache_dir=args.cache_dir))
     return cfg
 
 
@@ -536,8 +535,6 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--versus-hand-pairs", type=int, default=3,
                    help="paired rounds of the champion against the hand-tuned seed after the search "
                         "(default 3, the engine's confirmation; 0: skip)")
-    p.add_argument("--isolation", choices=("judge", "harness"), default="judge",
-                   help="[evaluator] isolation of the searches and benches (default judge)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="limit of each evo command, seconds")
     p.add_argument("--dry-run", action="store_true", help="no GPU: configs + `evo search --dry-run` per task")
     args = p.parse_args(argv)

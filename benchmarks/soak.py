@@ -107,7 +107,7 @@ def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
     run_id = store.create_run("soak", {"evals": args.evals, "fault_rate": args.fault_rate}, seed=args.seed,
                               config_hash="soak")
     tasks = [f"soak_{i}" for i in range(args.tasks)]
-    rt = Runtime(stages=Stages(ff.fault_compile, ff.fault_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    rt = Runtime(stages=Stages(ff.fault_compile, ff.fault_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                  harness_settings=HarnessSettings()).start()
     settings = EngineSettings(islands_per_task=args.islands_per_task, population_size=16,
                               max_evaluations=args.evals, max_wall_seconds=6 * 3600.0, in_flight=args.in_flight,

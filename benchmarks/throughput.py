@@ -50,7 +50,7 @@ def _with(text: str, sets: list[str]) -> str:
         dotted, _, value = item.partition("=")
         section, _, key = dotted.strip().rpartition(".")
         if not section or not value:
-            raise SystemExit(f"--set {item!r}: give section.key=value, e.g. evaluator.warm_children=2")
+            raise SystemExit(f"--set {item!r}: give section.key=value, e.g. evaluator.reps=30")
         current, done = "", False
         for i, ln in enumerate(lines):
             if ln.startswith("["):
@@ -209,7 +209,7 @@ def main() -> int:
     ap.add_argument("--keep-db", type=Path, metavar="DIR", help="copy each part's database into DIR")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="change one key of the demo config for both parts, e.g. "
-                         "--set evaluator.warm_children=2 --set evaluator.check_concurrency=2 "
+                         "--set evaluator.reps=30 --set evaluator.call_timeout_s=5 "
                          "(the table's title lists them)")
     args = ap.parse_args()
     workers = max(1, (os.cpu_count() or 2) - 1)   # Ray's CPUs minus the driver's, as the engine counts

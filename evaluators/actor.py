@@ -1,27 +1,27 @@
-"""The GPU evaluator actor: one per GPU, a small scheduler over its GPU.
+"""The GPU evaluator actor: one per GPU, the host of that GPU's judge.
 
-The actor itself never touches CUDA: for every candidate it calls the injected
-``evaluate_fn`` (by default :func:`evaluators.pipeline.evaluate_built`), which runs the
-candidate's correctness and timing each in a fresh isolated process pinned to the GPU Ray
-assigned to this actor (Ray sets ``CUDA_VISIBLE_DEVICES``). A kernel that faults, hangs or
-segfaults therefore takes down only that child process; the actor survives and the next
-candidate runs on a clean context.
+For every candidate the actor calls the injected ``evaluate_fn`` (by default
+:func:`evaluators.pipeline.evaluate_built`), which has this process's judge
+(:mod:`evaluators.judge`, pinned to the GPU Ray assigned to this actor: Ray sets
+``CUDA_VISIBLE_DEVICES``) decide it through a sandboxed runner of its own. The candidate's code
+runs only in that runner: a kernel that faults, hangs or segfaults takes down only the runner;
+the actor and its judge survive and the next candidate gets a fresh runner.
 
-Several calls run at once (Ray threads, ``max_concurrency`` = :meth:`GpuEvaluator.concurrency`):
-the actor's :class:`~evaluators.warm.WarmPool` keeps harness children started before their
-candidates (off the critical path), and its :class:`~evaluators.gpu_schedule.GpuSchedule`
-lets up to ``check_concurrency`` correctness processes share the GPU while a timing
-process (or an ncu profile) has it alone. The actor's creator says whether ``evaluate_fn``
-takes the pool (``pooled``, from :attr:`evo.engine.seams.Stages.evaluate_takes_pool`); one that
-does not knows nothing of the schedule: its calls run one at a time, each with the GPU to itself.
+Several calls may wait at once (Ray threads, ``max_concurrency`` =
+:meth:`GpuEvaluator.concurrency`): the judge evaluates one candidate at a time (its lock) and
+starts the next one's runner while the current one is checked, so a queued call costs no GPU
+time. The actor's creator says whether ``evaluate_fn`` may be called so
+(``concurrent``, from :attr:`evo.engine.seams.Stages.evaluate_concurrent`); one that may not
+(a stand-in) is called one call at a time.
 
 Each result carries its wall-clock start and end (slot occupancy), the seconds its
-correctness and timing stages took (the harness's own GPU-time accounting) and the GPU's
+correctness and timing stages took (the judge's own GPU-time accounting) and the GPU's
 sampled activity so far (:mod:`evaluators.activity`; ``None`` where NVML cannot be read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -32,18 +32,22 @@ from typing import Callable
 
 from evaluators.activity import ActivitySampler
 from evaluators.base import HarnessSettings
-from evaluators.gpu_schedule import GpuSchedule
-from evaluators.warm import WarmPool
 from evo.core.records import Candidate, Evaluation
 
 __all__ = ["GpuEvaluator", "GpuResult", "EvaluateFn"]
 
 log = logging.getLogger(__name__)
 
-#: (candidate, so_bytes, settings[, pool=WarmPool]) -> Evaluation
+#: (candidate, so_bytes, settings[, mode=]) -> Evaluation
 EvaluateFn = Callable[..., Evaluation]
 
-#: the stages whose seconds are GPU time (the harness's own accounting)
+#: Calls a concurrent actor runs at once: the one the judge evaluates, the next one waiting
+#: for the judge's lock (its runner started meanwhile), and a profile or re-timing beside them.
+CONCURRENT_CALLS = 3
+#: Requests the engine keeps on one actor: the one evaluated and the next, queued.
+SLOTS = 2
+
+#: the stages whose seconds are GPU time (the judge's own accounting)
 GPU_STAGES = ("correctness", "timing")
 
 
@@ -98,7 +102,7 @@ class GpuEvaluator:
     """
 
     def __init__(self, evaluate_fn: EvaluateFn | None, settings: HarnessSettings,
-                 profile_fn: Callable | None = None, *, pooled: bool) -> None:
+                 profile_fn: Callable | None = None, *, concurrent: bool) -> None:
         self._profile = profile_fn
         init_t0 = time.time()
         default_evaluate = evaluate_fn is None
@@ -109,56 +113,46 @@ class GpuEvaluator:
         self._evaluate = evaluate_fn
         #: the evaluate function takes ``mode`` (evaluate_built does; a stand-in need not)
         self._takes_mode = default_evaluate
-        #: the function takes the pool (and obeys its schedule) itself
-        self._pooled = pooled
         self._settings = settings
-        self.schedule = GpuSchedule(check_concurrency=settings.check_concurrency)
-        self.pool = WarmPool(self.schedule, warm_children=settings.warm_children)
-        from evaluators.timeouts import TimeoutBudget
-
-        #: per-task timeouts from this GPU's passing evaluations: a hang costs seconds
-        self._timeouts = TimeoutBudget()
-        self._lock = threading.Lock()   # the budget is shared by the actor's threads
+        #: held around every call of a function that may not be called concurrently, and
+        #: around a stand-in profiler (the judge serialises its own work)
+        self._one_at_a_time = None if concurrent else threading.Lock()
+        self._profile_lock = threading.Lock()
         if settings.task_files and profile_fn is None:
-            # The profiler looks the task up in this process from the same files (the harness
-            # child loads them itself from the job); a file that fails here fails there too.
+            # The profiler looks the task up in this process from the same files as the judge;
+            # a file that fails here fails there too.
             from evo.tasks.registry import BUILTIN_TASKS
 
             BUILTIN_TASKS.with_files(settings.task_files)
         self._worker = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
         self.activity = ActivitySampler.for_visible_gpu()
-        if settings.isolation == "judge" and default_evaluate:
+        if default_evaluate:
             # the judge's CUDA context and check kernels, made while the first kernels compile
             threading.Thread(target=_warm_judge, args=(settings,), name="evo-judge-warm", daemon=True).start()
         self._init = (init_t0, time.time())
 
     @staticmethod
-    def concurrency(settings: HarnessSettings, *, pooled: bool) -> int:
-        """Calls the actor runs at once (``max_concurrency`` in Ray): pooled, every correctness
-        slot, one timing, and one more waiting so that no gap opens between candidates;
-        unpooled, one."""
-        return settings.check_concurrency + 2 if pooled else 1
+    def concurrency(*, concurrent: bool) -> int:
+        """Calls the actor runs at once (``max_concurrency`` in Ray): :data:`CONCURRENT_CALLS`
+        when the evaluate function may be called concurrently, else one."""
+        return CONCURRENT_CALLS if concurrent else 1
 
     @staticmethod
-    def slots(settings: HarnessSettings, *, pooled: bool) -> int:
-        """Requests the engine keeps on one actor (a runtime's ``gpu_slots``): pooled, each
-        correctness slot and one queued; unpooled, the running call and one queued."""
-        return settings.check_concurrency + 1 if pooled else 2
+    def slots() -> int:
+        """Requests the engine keeps on one actor (a runtime's ``gpu_slots``): :data:`SLOTS`,
+        the running call and one queued so that no gap opens between candidates."""
+        return SLOTS
 
     def evaluate(self, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> GpuResult:
         """``mode``: None (correctness, then timing) or ``"time-only"`` (a re-timing;
         :meth:`evo.engine.seams.ClusterRuntime.submit_gpu`)."""
         t0 = time.time()
-        with self._lock:
-            settings = self._timeouts.settings_for(candidate.task, self._settings)
         kw = {"mode": mode} if mode is not None and self._takes_mode else {}
-        if self._pooled:
-            ev = self._evaluate(candidate, so_bytes, settings, pool=self.pool, **kw)
+        if self._one_at_a_time is None:
+            ev = self._evaluate(candidate, so_bytes, self._settings, **kw)
         else:
-            with self.schedule.exclusive("time"):
-                ev = self._evaluate(candidate, so_bytes, settings, **kw)
-        with self._lock:
-            self._timeouts.record(candidate.task, ev.env or {}, passed=ev.correct)
+            with self._one_at_a_time:
+                ev = self._evaluate(candidate, so_bytes, self._settings, **kw)
         t1 = time.time()
         log.debug("%s evaluated %s in %.2fs: %s", self._worker, candidate.short_id, t1 - t0, ev.status.value)
         gpu_s = sum(s.seconds for s in ev.stages if s.stage in GPU_STAGES)
@@ -167,21 +161,19 @@ class GpuEvaluator:
 
     def profile(self, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         """Delayed ncu profile of one benchmark shape (``evaluators.profile``); raises
-        ``ProfileError`` when the profiler itself cannot run. With the evaluations'
-        ``isolation = "judge"`` the actor's judge profiles it through a sandboxed runner
-        (:mod:`evaluators.judge.profile`), else ncu runs around the harness's profile child."""
-        with self.schedule.exclusive("profile"):   # ncu measures: nothing else on the GPU
-            if self._profile is not None:
+        ``ProfileError`` when the profiler itself cannot run. The actor's judge profiles it
+        through a sandboxed runner (:mod:`evaluators.judge.profile`), holding its lock: ncu
+        measures with nothing else of the judge's on the GPU."""
+        if self._profile is not None:
+            with self._profile_lock, (self._one_at_a_time or contextlib.nullcontext()):
                 return self._profile(candidate, so_bytes, shape_idx, settings)
-            from evaluators.profile import profile_candidate
+        from evaluators.profile import profile_candidate
 
-            return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
-                                     task_files=self._settings.task_files, isolation=self._settings.isolation,
-                                     harness=self._settings)
+        return profile_candidate(candidate, so_bytes, candidate.task, shape_idx, settings=settings,
+                                 task_files=self._settings.task_files, harness=self._settings)
 
     def close(self) -> None:
-        """Kill the warm children (their directories go too) and stop sampling."""
-        self.pool.close()
+        """Stop sampling the GPU's activity."""
         self.activity.stop()
 
     def worker(self) -> str:

@@ -1,43 +1,32 @@
-"""The records of the isolated harness, shared by its parent side: the job a child runs
-(:class:`HarnessJob`), what it reports (:class:`HarnessReport`, :class:`ShapeTiming`), the
-error for a failure of the harness itself (:class:`HarnessError`), the job directory's JSON
-(``job.json``, a warm child's ``spec.json``) and the child's scrubbed environment
-(:func:`child_env`). :mod:`evaluators.isolation` (``run_isolated``) and
-:mod:`evaluators.child_process` (one child's life) build on it; it starts nothing.
+"""The records of one GPU evaluation as its callers see them: the job
+(:class:`HarnessJob`), the judge's report (:class:`HarnessReport`, :class:`ShapeTiming`), and
+the error for a failure of ours (:class:`HarnessError`). The judge
+(:meth:`evaluators.judge.judge.Judge.evaluate`) takes the one and returns or raises the others;
+this module starts nothing.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import secrets
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from evaluators.base import HarnessSettings, InfrastructureError
-from evaluators.child.protocol import MODES, PROTOCOL_VERSION
+from evaluators.base import InfrastructureError
+from evaluators.protocol import Mode
 from evo.core.records import StageResult, Status
 
-__all__ = ["HarnessJob", "HarnessReport", "ShapeTiming", "HarnessError", "HARNESS_FIXES", "STDERR_TAIL", "child_env",
-           "spec_json", "job_json"]
+__all__ = ["HarnessJob", "HarnessReport", "ShapeTiming", "HarnessError", "HARNESS_FIXES"]
 
-log = logging.getLogger(__name__)
-
-#: Characters of a dead child's stderr kept in its crash reason and artifacts.
-STDERR_TAIL = 4000
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PASSWD")
-_ENV_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "PYTHONPATH",
-             "USER", "LOGNAME", "SHELL", "TERM"}
-# Driver / library knobs the child must see (e.g. NCCL_NVLS_ENABLE=0 on shared hosts).
-_ENV_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_", "CUBLAS_", "OMP_")
+#: The modes a job may name (:class:`evaluators.protocol.Mode`).
+MODES = tuple(m.value for m in Mode)
 
 
 class HarnessError(InfrastructureError):
-    """The harness itself failed (not the candidate): a bug, a task the child cannot load, or
-    a broken GPU environment. ``kind`` is the child's classification (``task``: the task or
-    its file could not be loaded there; ``cuda``: no usable GPU; ``sandbox``: confinement
-    failed; ``bug``: anything else)."""
+    """Our failure, not the candidate's, as the judge (which never runs candidate code) saw it:
+    a bug, a task it cannot load, a broken GPU environment. ``kind`` says which (``task``: the
+    task or its file could not be loaded; ``cuda``: no usable GPU; ``sandbox``: confinement
+    failed; ``runner``: the runner would not start or map the buffers before the candidate was
+    loaded; ``memory``: the judge's own device memory; ``reference``: the compiled reference;
+    ``bug``: anything else)."""
 
     def __init__(self, message: str, *, fix: str = "", detail: str = "", kind: str = "bug") -> None:
         super().__init__(message, fix=fix, detail=detail)
@@ -67,12 +56,12 @@ HARNESS_FIXES = {
 
 @dataclass(frozen=True)
 class HarnessJob:
-    """One candidate's GPU evaluation, as the parent hands it to the child.
+    """One candidate's GPU evaluation, as its caller hands it to the judge.
 
     ``params``: the candidate's tunables (already compiled into ``so_bytes``; kept for the
     record). ``shapes``: indices into ``task.shapes`` to check (``None`` = all; the timing
     stage always uses the task's benchmark shapes unless ``bench_shapes`` is given).
-    ``task_files``: Python files that define user tasks, imported by the child before the
+    ``task_files``: Python files that define user tasks, imported by the judge before the
     registry lookup. ``seed``: base seed of the trial inputs (``None`` = fresh random,
     recorded in the metrics so any failure can be replayed).
     """
@@ -105,7 +94,7 @@ class ShapeTiming:
     ref_iqr_ms: float
     speedup: float
     sol_ms: float | None = None
-    #: against the reference under torch.compile, when it was timed (evaluators.child.reference)
+    #: against the reference under torch.compile, when it was timed (evaluators.judge.reference)
     compile_ref_median_ms: float | None = None
     compile_ref_iqr_ms: float | None = None
     compile_speedup: float | None = None
@@ -124,7 +113,7 @@ class ShapeTiming:
 
 @dataclass(frozen=True)
 class HarnessReport:
-    """What one isolated run produced: stage results, fitness, per-shape timings, environment.
+    """What the judge decided: stage results, fitness, per-shape timings, environment.
 
     ``stages`` holds ``correctness`` and ``timing`` (in that order; a stage not run is
     ``skipped``). ``fitness`` is the geometric-mean speedup, ``None`` unless both passed.
@@ -149,79 +138,3 @@ class HarnessReport:
             if s.stage == name:
                 return s
         return None
-
-
-def spec_json(task: str, mode: str, settings: HarnessSettings, *, task_files: tuple[str, ...] = (),
-              bench_shapes: tuple[int, ...] | None = None, seed: int | None = None) -> dict[str, Any]:
-    """What a warm child is prepared for before its candidate exists (``JOBDIR/spec.json``):
-    every key of :func:`job_json` but the candidate's own (``candidate_id``, ``params``,
-    ``shapes``). ``seed`` only draws the inputs of the compiled reference's warm-up."""
-    return {
-        "protocol": PROTOCOL_VERSION,
-        "task": task,
-        "mode": mode,
-        "bench_shapes": list(bench_shapes) if bench_shapes is not None else None,
-        "task_files": [str(Path(f).resolve()) for f in (task_files or settings.task_files)],
-        "seed": secrets.randbits(62) if seed is None else seed,
-        "settings": asdict(settings),
-        "so": "kernel.so",
-    }
-
-
-def job_json(job: HarnessJob, settings: HarnessSettings, seed: int) -> dict[str, Any]:
-    return {
-        "protocol": PROTOCOL_VERSION,
-        "task": job.task,
-        "candidate_id": job.candidate_id,
-        "params": [list(p) for p in job.params],
-        "mode": job.mode,
-        "shapes": list(job.shapes) if job.shapes is not None else None,
-        "bench_shapes": list(job.bench_shapes) if job.bench_shapes is not None else None,
-        "task_files": [str(Path(f).resolve()) for f in (job.task_files or settings.task_files)],
-        "seed": seed,
-        "settings": asdict(settings),
-        "so": "kernel.so",
-    }
-
-
-# ----------------------------------------------------------------------------- env
-
-
-def _project_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
-def child_env(device: int, jobdir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: a whitelist of the parent's, minus anything secret-looking.
-
-    ``CUDA_VISIBLE_DEVICES`` pins the child to ``device``, an index into the parent's own
-    visible devices when the parent is itself restricted (e.g. a Ray GPU actor).
-    """
-    base = dict(os.environ if base is None else base)
-    env: dict[str, str] = {}
-    for k, v in base.items():
-        if any(m in k.upper() for m in _SECRET_MARKERS):
-            continue
-        if k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIXES):
-            env[k] = v
-    visible = base.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [x.strip() for x in visible.split(",") if x.strip()]
-        if not 0 <= device < len(ids):
-            raise HarnessError(
-                f"device {device} is not among the parent's CUDA_VISIBLE_DEVICES={visible!r}; "
-                f"use an index in 0..{len(ids) - 1}"
-            )
-        env["CUDA_VISIBLE_DEVICES"] = ids[device]
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = str(device)
-    root = str(_project_root())
-    pp = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
-    tmp = jobdir / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env["TMPDIR"] = str(tmp)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.setdefault("PATH", os.defpath)
-    return env

@@ -1,45 +1,45 @@
-"""Compile then run isolated: the one place that builds a candidate and runs its GPU stages
-in a fresh isolated process, for every caller (the engine's GPU actor, ``evo check``, ``evo
-bench``, the self-test, local tuning, the kernel lab's probe).
+"""Compile then judge: the one place that builds a candidate and has its GPU stages decided by
+the judge (:mod:`evaluators.judge`: a trusted process that never loads candidate code, driving
+one sandboxed runner per candidate), for every caller (the engine's GPU actor, ``evo check``,
+``evo bench``, ``evo export``, the self-test, local tuning, the kernel lab's probe).
 
-- :func:`build_and_run` — policy (optional) -> compile -> the isolated child, for one
-  candidate in this process; a failing stage ends the evaluation.
+- :func:`build_and_run` — policy (optional) -> compile -> the judge, for one candidate in
+  this process; a failing stage ends the evaluation.
 - :func:`check_kernel` — ``evo check``: a source file in, every stage's result out. Without
   a CUDA GPU the GPU stages come back ``skipped`` with :data:`NO_GPU_REASON`.
 - :func:`compile_all` — many candidates built in parallel (nvcc runs in its own process, so
   threads suffice), for callers that build everything before measuring anything.
-- :func:`run_built` — a built candidate's ``.so`` through the isolated child: the one place a
-  :class:`~evaluators.isolation.HarnessJob` is made from a candidate.
+- :func:`run_built` — a built candidate's ``.so`` through the judge: the one place a
+  :class:`~evaluators.harness_job.HarnessJob` is made from a candidate.
+- :func:`judge_job` — one job through this process's judge.
 - :func:`evaluate_built` — the engine's GPU actor: a candidate that already passed policy and
   compile (``so_bytes`` from a CPU compile worker) in, an :class:`~evo.core.records.Evaluation` out.
 
-None initialises CUDA in the calling process: the GPU work happens in the child spawned
-by :func:`evaluators.isolation.run_isolated`, and :func:`gpu_available` asks ``nvidia-smi``
-and a throwaway subprocess, never ``torch.cuda`` here. The compile stage and the isolated run
-are looked up when called (``evaluators.compile.compile_candidate``,
-``evaluators.isolation.run_isolated``), so a test that replaces either replaces it for every
-caller.
+Only :func:`judge_job` initialises CUDA in the calling process (the judge's context, kept warm
+across candidates); :func:`gpu_available` asks ``nvidia-smi``, never ``torch.cuda``. The
+compile stage and the judge are looked up when called (``evaluators.compile.compile_candidate``,
+``evaluators.pipeline.judge_job``), so a test that replaces either replaces it for every caller.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import logging
 import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from evaluators import isolation
 from evaluators.base import CompileSettings, HarnessSettings
-from evaluators.isolation import HarnessJob, HarnessReport
+from evaluators.harness_job import HarnessJob, HarnessReport
 from evo.core.records import Candidate, Evaluation, Operator, StageResult, Status
 
 if TYPE_CHECKING:
     from evaluators.compile import CompileOutcome
 
-__all__ = ["build_and_run", "check_kernel", "compile_all", "evaluate_built", "gpu_available", "run_built",
-           "NO_GPU_REASON", "STAGES"]
+__all__ = ["build_and_run", "check_kernel", "compile_all", "evaluate_built", "gpu_available", "judge_job",
+           "run_built", "NO_GPU_REASON", "STAGES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,11 @@ NO_GPU_REASON = (
 
 @functools.lru_cache(maxsize=1)
 def gpu_available() -> bool:
-    """True when a child process could run CUDA work here (checked without touching CUDA).
+    """True when the judge could run CUDA work here (checked without touching CUDA).
 
     ``nvidia-smi -L`` must list a GPU, and this process's torch must be a CUDA build (a
     CPU-only torch would fail every evaluation): ``torch.version.cuda``, read without
-    initialising CUDA, so nothing here creates a context and no second interpreter has to
-    import torch on the way to a search's start.
+    initialising CUDA, so nothing here creates a context.
     """
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -101,6 +100,19 @@ def compile_all(candidates: Sequence[Candidate], settings: CompileSettings, *, j
         return [f.result() for f in futures]
 
 
+def judge_job(job: HarnessJob, settings: HarnessSettings, *, sandbox: Any = None) -> HarnessReport:
+    """One job through this process's CUDA judge (:func:`evaluators.judge.judge_for`); never
+    raises for the candidate. ``settings.check_only`` downgrades ``check+time`` to ``check``.
+    ``sandbox``: the runner's :class:`evaluators.sandbox.SandboxSettings` (``None``: from the
+    environment, docs/SECURITY.md). Raises :class:`~evaluators.harness_job.HarnessError` (or
+    another :class:`~evaluators.base.InfrastructureError`) for our own failures only."""
+    from evaluators.judge import judge_for
+
+    if settings.check_only and job.mode == "check+time":
+        job = dataclasses.replace(job, mode="check")
+    return judge_for("cuda").evaluate(job, settings, sandbox=sandbox)
+
+
 def run_built(
     candidate: Candidate,
     so_bytes: bytes,
@@ -109,19 +121,17 @@ def run_built(
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
     shapes: tuple[int, ...] | None = None,
-    pool: Any = None,
 ) -> HarnessReport:
-    """The GPU stages of a built candidate in a fresh isolated process (its report).
+    """The GPU stages of a built candidate, decided by the judge (its report).
 
-    ``mode``: one of :data:`evaluators.child.protocol.MODES`; default ``check`` or
+    ``mode``: one of :data:`evaluators.harness_job.MODES`; default ``check`` or
     ``check+time`` from ``settings.check_only``. ``shapes``: indices of the task's shapes to
-    check (``None``: all). ``pool``: the GPU actor's :class:`~evaluators.warm.WarmPool` (warm
-    children and the GPU's schedule). Raises :class:`~evaluators.isolation.HarnessError`
-    only for a failure of the harness itself.
+    check (``None``: all). Raises :class:`~evaluators.harness_job.HarnessError` only for a
+    failure of ours.
     """
     job = HarnessJob(task=candidate.task, candidate_id=candidate.id, so_bytes=so_bytes, params=candidate.params,
                      mode=mode or _mode(settings), task_files=task_files, shapes=shapes)
-    return isolation.run_isolated(job, settings, pool=pool)
+    return judge_job(job, settings)
 
 
 def build_and_run(
@@ -135,7 +145,7 @@ def build_and_run(
     shapes: tuple[int, ...] | None = None,
     gpu: bool | None = True,
 ) -> Evaluation:
-    """Policy -> compile -> the isolated GPU stages of one candidate, in this process.
+    """Policy -> compile -> the GPU stages of one candidate (the judge of this process).
 
     A failing stage ends the evaluation: its stages are those run, the failed one last (no
     fitness). ``policy``: the policy check of the source (default
@@ -179,7 +189,7 @@ def check_kernel(
     correctness, timing), later ones ``skipped`` with the reason when an earlier one failed.
 
     ``gpu``: ``None`` = detect (:func:`gpu_available`); ``True`` forces the GPU stages (a
-    child without CUDA then raises :class:`~evaluators.isolation.HarnessError`); ``False``
+    machine without CUDA then raises :class:`~evaluators.harness_job.HarnessError`); ``False``
     skips them. ``shapes``: indices of the task's shapes to check (``None``: all).
     """
     cand = Candidate.create(task, source, params, operator=Operator.USER)
@@ -199,22 +209,20 @@ def evaluate_built(
     prior: tuple[StageResult, ...] = (),
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
-    pool: Any = None,
 ) -> Evaluation:
-    """Correctness + timing of a built candidate in a fresh isolated process.
+    """Correctness + timing of a built candidate, decided by the judge.
 
     ``prior``: the policy/compile results to put in front (the engine may pass them).
     ``mode``: ``"time-only"`` re-times an already-correct candidate (champion
     re-confirmation); default ``check`` or ``check+time`` from ``settings.check_only``.
-    Fitness is set only when every stage passed. ``pool``: as :func:`run_built` (the GPU actor
-    passes its own).
+    Fitness is set only when every stage passed.
     """
     return _evaluation(candidate, tuple(prior), run_built(candidate, so_bytes, settings, mode=mode,
-                                                          task_files=task_files, pool=pool))
+                                                          task_files=task_files))
 
 
 def _evaluation(candidate: Candidate, prior: tuple[StageResult, ...], report: HarnessReport) -> Evaluation:
-    """``prior`` and the isolated run's stages as one evaluation; fitness only when every
+    """``prior`` and the judge's stages as one evaluation; fitness only when every
     stage passed and the candidate was timed."""
     stages = prior + report.stages
     ok = all(s.status in (Status.OK, Status.SKIPPED) for s in stages)

@@ -100,7 +100,7 @@ def timing_after(mode: Mode, correctness_status: str | None) -> str | None:
     return f"not run: correctness {correctness_status}"
 
 
-#: torch dtype name -> the ABI's EvoDType code (evaluators/child/evo_abi.h)
+#: torch dtype name -> the ABI's EvoDType code (evaluators/abi/evo_abi.h)
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int32": 4, "int64": 5,
                "uint8": 6, "bool": 7}
 

@@ -1,6 +1,6 @@
 """Self-test of the evaluator (shared/EVALUATION.md): kernels that must FAIL every task.
 
-For every task five generic kernels are built and run through the real harness:
+For every task five generic kernels are built and judged (the judge and a runner, as any candidate):
 
 ``null``       returns cudaSuccess and writes nothing (stale memory / poison check);
 ``zero``       ``cudaMemsetAsync`` every output to 0 (all-zero outputs vs relative tolerance);
@@ -161,7 +161,7 @@ def run_selftest(
     *,
     jobs: int | None = None,
 ) -> list[SelftestRow]:
-    """Build every self-test kernel (in parallel) and run each through the harness (check mode).
+    """Build every self-test kernel (in parallel) and have the judge check each (check mode).
 
     A kernel that does not compile is a failure of the self-test itself (raised as
     ``RuntimeError`` naming the kernel and the compiler's message): the point is to

@@ -4,7 +4,7 @@ The engine package: records, config, the lineage store, the search loop and the 
 Importing ``evo`` needs neither a GPU nor Ray; ``evo.tasks`` imports torch.
 
 The names below are loaded on first use (PEP 562), not at ``import evo``: every process that
-imports a submodule runs this file first, and the isolated GPU child, the mutators and the
+imports a submodule runs this file first, and the GPU actor, the mutators and the
 island actors import ``evo.core.records`` without wanting the lineage store (sqlite-utils, numpy).
 ``tests/test_store_lease.py`` checks that ``import evo.core.records`` loads neither.
 """

@@ -1,6 +1,6 @@
-"""The kernel ABI has one source, ``evaluators/child/evo_abi.h``; Python states it once.
+"""The kernel ABI has one source, ``evaluators/abi/evo_abi.h``; Python states it once.
 
-Contract: :mod:`evaluators.child.abi`'s tables (``EVO_TENSOR_FIELDS``, ``EVO_DTYPES``, ``MAX_DIMS``,
+Contract: :mod:`evaluators.abi`'s tables (``EVO_TENSOR_FIELDS``, ``EVO_DTYPES``, ``MAX_DIMS``,
 ``ABI_VERSION``, ``LAUNCH_ARGS`` / ``WORKSPACE_ARGS`` and their result types) say exactly
 what the header declares, member for member, and every exported ``op.py`` carries that same
 struct and dtype table (it is rendered from those tables, not written by hand). These tests
@@ -22,14 +22,14 @@ from pathlib import Path
 from _inspect_run import TASK, build_run
 from standalone import ENGINE_IMPORT_BLOCKER as BLOCKER  # tests/ is on sys.path
 
-from evaluators.child import abi
+from evaluators import abi
 
-HEADER = (Path(__file__).resolve().parents[1] / "evaluators" / "child" / "evo_abi.h").read_text()
+HEADER = (Path(__file__).resolve().parents[1] / "evaluators" / "abi" / "evo_abi.h").read_text()
 
 #: C enumerator suffix -> torch dtype name (the test's own statement of the correspondence).
 TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
                "I32": "int32", "I64": "int64", "U8": "uint8", "BOOL": "bool"}
-#: C parameter / member type -> the ctypes name evaluators.child.abi uses for it.
+#: C parameter / member type -> the ctypes name evaluators.abi uses for it.
 C_TO_CTYPES = {"void*": "c_void_p", "int32_t": "c_int32", "int64_t": "c_int64", "int": "c_int",
                "EvoTensor*": "EvoTensor*", "double*": "c_double*", "cudaStream_t": "c_void_p"}
 
@@ -66,7 +66,7 @@ def test_version_and_max_dims():
 def test_dtype_codes_are_the_headers_enum():
     enum = {m.group(1): int(m.group(2)) for m in re.finditer(r"EVO_(\w+) = (\d+)", _block("enum EvoDType : int32_t"))}
     unknown = sorted(set(enum) - set(TORCH_NAMES))
-    assert not unknown, f"new EvoDType enumerator(s) {unknown}: add them to evaluators.child.abi.EVO_DTYPES and here"
+    assert not unknown, f"new EvoDType enumerator(s) {unknown}: add them to evaluators.abi.EVO_DTYPES and here"
     assert {TORCH_NAMES[k]: v for k, v in enum.items()} == abi.EVO_DTYPES
 
 
@@ -97,7 +97,7 @@ def test_entry_point_signatures_are_the_headers():
 
 
 def test_exported_op_carries_the_same_struct_and_dtype_table(tmp_path):
-    """An exported op.py, imported in a fresh Python with only torch, has evaluators.child.abi's
+    """An exported op.py, imported in a fresh Python with only torch, has evaluators.abi's
     struct (names, sizes, offsets) and dtype codes."""
     from evo.results.export import export
     from evo.store import Store

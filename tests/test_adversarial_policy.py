@@ -4,15 +4,15 @@ and (defence in depth) the runtime layer each fixture names stops it when policy
 Fixtures: tests/fixtures/attacks/*.cu. Each header names the attack and, as ``key: value``
 lines, ``expect-rule`` (the first policy violation, or ``none``), ``compiles`` (whether nvcc
 would build it if policy were bypassed), ``runtime-layer`` and ``runtime-expect`` (the
-harness verdict with policy bypassed: ``crash`` = the attack was stopped and the candidate
+verdict with policy bypassed: ``crash`` = the attack was stopped and the candidate
 reported an error, ``ok`` = the attack got through, a documented gap, ``timeout``,
 ``compile_error``), with ``-root`` / ``-files-open`` (Landlock file rules off) variants where
 they differ.
 
-The runtime half runs on the CPU: the attack's .so is loaded by a CPU stand-in of the
-harness child (fixtures/attacks/cpu_child.py) inside the very sandbox ``run_isolated``
-gives the real harness. The GPU half (tests/gpu/test_adversarial_gpu.py) repeats it in the
-real harness on an H200.
+The runtime half runs on the CPU: the attack's .so is loaded by a CPU stand-in of a runner
+(fixtures/attacks/cpu_child.py: the runner's seccomp filter, then the load and one call)
+inside the very sandbox the judge gives every runner. The GPU half
+(tests/gpu/test_adversarial_gpu.py) repeats it through the judge and the real runner.
 """
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ import concurrent.futures as cf
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from evaluators import sandbox as sb
+from evaluators.judge.runner_process import runner_env as _runner_env
 from evaluators.sandbox.landlock import _landlock_abi
-from evaluators.base import CompileSettings, HarnessSettings
-from evaluators.isolation import HarnessJob, run_isolated
+from evaluators.base import CompileSettings
 from evaluators.policy import POLICY_RULES, check_policy
 from evo.core.records import Candidate, Status
 from fakes.listener import TcpListener  # noqa: E402
+from fakes.sandboxed import run_sandboxed  # noqa: E402
 
 ATTACKS = Path(__file__).parent / "fixtures" / "attacks"
 CPU_CHILD = str(ATTACKS / "cpu_child.py")
@@ -171,6 +173,24 @@ def test_template_bomb_ends_quickly_as_compile_error_or_timeout(tmp_path):
 
 
 
+def _cpu_run(so: bytes, tmp_path: Path, timeout_s: float, sandbox=None) -> tuple[str, str]:
+    """(status, reason) of one call of ``so``'s ``evo_launch`` in a sandboxed CPU stand-in for a
+    runner (fixtures/attacks/cpu_child.py), by the judge's rules for a runner: killed at the
+    deadline is ``timeout``, dead without a return code is ``crash``, a nonzero return code is
+    ``crash``."""
+    jobdir = tmp_path / f"job{len(list(tmp_path.glob('job*')))}"
+    jobdir.mkdir()
+    (jobdir / "kernel.so").write_bytes(so)
+    env = {**_runner_env(), "PYTHONPATH": str(Path(sb.__file__).resolve().parents[2])}
+    ran = run_sandboxed([sys.executable, CPU_CHILD, str(jobdir)], jobdir, timeout_s, sandbox, env=env)
+    if ran.rc is None:
+        return "timeout", f"killed after {timeout_s} s"
+    if "rc" not in ran.seen:
+        return "crash", f"the runner died ({ran.rc}): {ran.stderr[-300:]}"
+    rc = ran.seen["rc"]
+    return ("ok", "") if rc == 0 else ("crash", f"evo_launch returned {rc}")
+
+
 @pytest.fixture()
 def listener():
     try:
@@ -210,14 +230,11 @@ def test_runtime_layer_stops_the_attack_when_policy_is_bypassed(name, built, lis
         # files_open: Landlock's file rules switched off (EVO_SANDBOX_READS=0, _LANDLOCK_FS=0)
         for files_open in ((False, True) if "runtime-expect-files-open" in h else (False,)):
             expect = _expected(h, files_open=files_open)
-            rep = run_isolated(
-                HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
-                HarnessSettings(timeout_s=4.0), entry=CPU_CHILD, workdir=tmp_path,
-                sandbox=sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
-            c = rep.stage("correctness")
-            assert c.status.value == expect, f"{name} (files_open={files_open}): {c.status.value}: {c.reason}"
+            status, reason = _cpu_run(built[name].so_bytes, tmp_path, 4.0,
+                                      sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
+            assert status == expect, f"{name} (files_open={files_open}): {status}: {reason}"
             if expect == "crash":
-                assert "evo_launch returned" in c.reason, c.reason
+                assert "evo_launch returned" in reason, reason
             if name == "fopen_db":
                 pwned = VICTIM_DB.read_bytes().startswith(b"pwned")
                 assert pwned == files_open, "the DB is written exactly when the file rules are off"
@@ -234,10 +251,8 @@ def test_attacks_get_through_without_the_sandbox(built, listener, tmp_path, monk
     if not shutil.which("python3"):
         pytest.skip("needs python3")
     for name in ("socket_connect", "system_shell"):
-        rep = run_isolated(HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
-                           HarnessSettings(timeout_s=10.0), entry=CPU_CHILD, workdir=tmp_path,
-                           sandbox=sb.SandboxSettings(enabled=False))
-        assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
+        status, reason = _cpu_run(built[name].so_bytes, tmp_path, 10.0, sb.SandboxSettings(enabled=False))
+        assert status == "ok", reason
     assert listener.accepted >= 2
 
 
@@ -253,10 +268,8 @@ def test_bypass_payloads_run_without_the_sandbox(built, listener, tmp_path):
         if "(x86-64 host code)" in source(ATTACKS / f"{name}.cu") and not x86:
             continue
         before = listener.accepted
-        rep = run_isolated(HarnessJob(task="kb19_relu", candidate_id=name, so_bytes=built[name].so_bytes),
-                           HarnessSettings(timeout_s=10.0), entry=CPU_CHILD, workdir=tmp_path,
-                           sandbox=sb.SandboxSettings(enabled=False))
-        assert rep.stage("correctness").status is Status.OK, (name, rep.stage("correctness").reason)
+        status, reason = _cpu_run(built[name].so_bytes, tmp_path, 10.0, sb.SandboxSettings(enabled=False))
+        assert status == "ok", (name, reason)
         deadline = time.monotonic() + 3.0  # the listener counts on its own thread
         while listener.accepted == before and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -2,7 +2,7 @@
 backticks, and every entry of its tree, is checked against the code (a renamed module or
 method makes the page fail here, not mislead a reader).
 
-What counts as a citation (in backticks): a path (``evo/engine/engine.py``, ``evaluators/child/``)
+What counts as a citation (in backticks): a path (``evo/engine/engine.py``, ``evaluators/judge/``)
 relative to the repository root; a dotted name starting with one of the project's packages
 (``evo.engine.seams.Stages``), imported and looked up attribute by attribute; a dotted name
 starting with a class (``Dispatch.take``, ``Stages.compile_fn``), the class found by name in

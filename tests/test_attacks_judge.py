@@ -70,7 +70,7 @@ EVIDENCE = {
     "stdout_forged_reply": "outside the protocol (more than one line in reply to CALL",
 }
 
-SETTINGS = HarnessSettings(trials=5, warmup=1, reps=10, timeout_s=60, call_timeout_s=10, isolation="judge",
+SETTINGS = HarnessSettings(trials=5, warmup=1, reps=10, timeout_s=60, call_timeout_s=10,
                            task_files=(TASK_FILE,))
 
 pytestmark = [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evaluators.base import HarnessSettings
-from evaluators.isolation import HarnessReport, ShapeTiming
+from evaluators.harness_job import HarnessReport, ShapeTiming
 from evo.results.bench import _rows_for, results_table, write_results
 from evo.core.records import Candidate, StageResult, Status
 

@@ -24,7 +24,7 @@ def local_ray():
 
 
 def _runtime():
-    return Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    return Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                    harness_settings=HarnessSettings())
 
 

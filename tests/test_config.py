@@ -353,7 +353,7 @@ def test_unknown_nested_key_with_suggestion(registry, tmp_path):
 
 def test_unknown_key_without_close_match_lists_allowed(registry):
     msg = one_line(error_of({**MINIMAL, "evaluator": {"zzz": 1}}))
-    assert "unknown key 'evaluator.zzz' (allowed: trials, warmup, reps, flush_mb, timeout_s, fresh_timing_process, reference, check_concurrency, warm_children, isolation, call_timeout_s)" in msg
+    assert "unknown key 'evaluator.zzz' (allowed: trials, warmup, reps, flush_mb, timeout_s, reference, call_timeout_s)" in msg
 
 
 def test_unknown_section_with_suggestion(registry):
@@ -636,7 +636,7 @@ def test_every_key_reaches_its_record(registry):
                    "archive": False},
         "compile": {"arch": "sm_100a", "timeout_s": 61, "memory_mb": 1024, "cache_dir": "/tmp/cc"},
         "evaluator": {"trials": 6, "warmup": 2, "reps": 11, "flush_mb": 65, "timeout_s": 31,
-                      "fresh_timing_process": False},
+                      "reference": "compile", "call_timeout_s": 4},
         "profile": {"enabled": True, "top_k": 4, "feedback_after": 0, "timeout_s": 9},
         "tuning": {"enabled": True, "trials_per_survivor": 3, "top_k": 5, "max_concurrent": 1},
         "run": {"seed": 42},
@@ -648,7 +648,8 @@ def test_every_key_reaches_its_record(registry):
     c = cfg.compile_settings()
     assert (c.arch, c.timeout_s, c.memory_mb, c.cache_dir) == ("sm_100a", 61.0, 1024, "/tmp/cc")
     h = cfg.harness_settings()
-    assert (h.trials, h.warmup, h.reps, h.flush_mb, h.timeout_s, h.fresh_timing_process) == (6, 2, 11, 65, 31.0, False)
+    assert (h.trials, h.warmup, h.reps, h.flush_mb, h.timeout_s, h.reference, h.call_timeout_s) == (
+        6, 2, 11, 65, 31.0, "compile", 4.0)
     p = cfg.profile_settings()
     assert (p.enabled, p.top_k, p.feedback_after, p.timeout_s, p.cache_dir) == (True, 4, 0, 9.0, "/tmp/profiles")
     t = cfg.tuning_settings()
@@ -670,10 +671,24 @@ def test_fields_set_by_code_are_not_config_keys(registry, section, key):
 
 def test_removed_key_says_what_to_do(registry):
     msg = one_line(error_of({**MINIMAL, "compile": {"workers": 0}}))
-    assert msg == ("configs/x.toml: 'compile.workers' was removed (no code could honour it): compiles run as "
+    assert msg == ("configs/x.toml: 'compile.workers' = 0 was removed (no code could honour it): compiles run as "
                    "Ray tasks, one per CPU that Ray has; set [ray] num_cpus to run fewer, and delete this line")
     msg = one_line(error_of(MINIMAL, overrides={"compile.workers": 4}))
-    assert msg.startswith("configs/x.toml: 'compile.workers' (set by override) was removed")
+    assert msg.startswith("configs/x.toml: 'compile.workers' = 4 (set by override) was removed")
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("isolation", "harness", "every verdict now comes from the judge"),
+    ("isolation", "judge", "every verdict now comes from the judge"),
+    ("warm_children", 2, "the judge stays warm"),
+    ("check_concurrency", 2, "the judge checks one candidate at a time"),
+    ("fresh_timing_process", False, "the judge times every candidate"),
+])
+def test_the_old_harness_keys_are_removed_with_one_line_naming_key_value_and_fix(registry, key, value, says):
+    msg = one_line(error_of({**MINIMAL, "evaluator": {key: value}}))
+    shown = f'"{value}"' if isinstance(value, str) else str(value).lower()
+    assert msg.startswith(f"configs/x.toml: 'evaluator.{key}' = {shown} was removed"), msg
+    assert says in msg and msg.endswith("delete this line") and "\n" not in msg
 
 
 def test_section_model_takes_keys_defaults_and_bounds_from_the_record():
@@ -717,17 +732,17 @@ def test_records_travel_as_pickle_and_json(registry, tmp_path):
     for rec in (cfg.compile_settings(), cfg.harness_settings(), cfg.profile_settings(), cfg.tuning_settings(),
                 cfg.engine_settings()):
         assert pickle.loads(pickle.dumps(rec)) == rec
-    hs = cfg.harness_settings()  # evaluators.isolation writes asdict(settings) into the child's job.json
+    hs = cfg.harness_settings()  # plain values all through (a record that goes into JSON stays one)
     assert json.loads(json.dumps(dataclasses.asdict(hs)))["task_files"] == [str(tmp_path / "t.py")]
 
 
-def test_the_gpu_child_imports_no_pydantic():
-    """The isolated child imports evaluators.base (HarnessSettings) on every candidate: the
-    records and their declarations stay standard-library only."""
+def test_the_settings_records_import_no_pydantic():
+    """The GPU actor and the judge import evaluators.base (HarnessSettings): the records and
+    their declarations stay standard-library only."""
     import subprocess
     import sys
 
-    code = ("import sys, evaluators.child.harness, evaluators.base, evaluators.profile, evo.core.settings, "
+    code = ("import sys, evaluators.judge.tasks, evaluators.base, evaluators.profile, evo.core.settings, "
             "evo.engine.engine_settings, evo.tuning.tuning_settings; assert 'pydantic' not in sys.modules, 'pydantic imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

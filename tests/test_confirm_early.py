@@ -133,7 +133,7 @@ def test_a_settled_task_is_confirmed_while_another_tasks_last_candidates_compile
         return fake.fake_evaluate(candidate, so_bytes, settings)
 
     budget = 6
-    rt = LocalRuntime(stages=Stages(compile_fn, evaluate_fn, evaluate_takes_pool=False),
+    rt = LocalRuntime(stages=Stages(compile_fn, evaluate_fn, evaluate_concurrent=False),
                       compile_settings=CompileSettings(), harness_settings=HarnessSettings(),
                       num_gpus=1, num_cpus=budget + 2).start()
     store = Store(tmp_path / "evo.db")

@@ -253,7 +253,7 @@ def _stages():
     from evo.engine.seams import Stages
     from fakes import stages as fake
 
-    return Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
+    return Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False)
 
 
 def _start_event(cfg, run_id):

@@ -61,7 +61,7 @@ def _shutdown_runtimes():
 def _runtime(stages: Stages | None = None, on: str = "local"):
     """A runtime of kind ``on`` (``local``: in-process, two fake GPUs; ``ray``: the Ray
     runtime, on the Ray instance the caller started), shut down when the test ends."""
-    stages = stages or Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
+    stages = stages or Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False)
     if on == "ray":
         from evo.engine.runtime import Runtime
 
@@ -136,7 +136,7 @@ DRIVER = textwrap.dedent('''
     store = Store({db!r})
     run_id = store.create_run("killed", {{}}, seed=3, config_hash="x")
     print(run_id, flush=True)
-    stages = Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
+    stages = Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False)
     {runtime}
     s = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=400, max_wall_seconds=300,
                        confirm_champions=False)
@@ -226,7 +226,7 @@ def test_a_mutator_that_reads_no_profile_gets_its_champion_profiled_before_confi
     synthetic = SimpleNamespace(get=lambda name: SimpleNamespace(bench_shapes=1, shapes=({"N": 1},)))
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("prof", {}, seed=2, config_hash="x")
-    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)).start()
+    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_concurrent=False)).start()
     settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=12, max_wall_seconds=120,
                               confirm_champions=True, profile=ProfileSettings(enabled=True, top_k=3, cache_dir=""))
     eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.0, 1), run_id=run_id, tasks=["synthetic_a"],
@@ -256,7 +256,7 @@ def test_profiling_and_tuning_through_the_engine(tmp_path):
     synthetic = SimpleNamespace(get=lambda name: SimpleNamespace(bench_shapes=1, shapes=({"N": 1},)))
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("tune", {}, seed=2, config_hash="x")
-    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)).start()
+    rt = _runtime(Stages(fake.fake_compile, fake.fake_evaluate, fake.fake_profile, evaluate_concurrent=False)).start()
     from mutators.knobs import KnobsMutator
 
     settings = EngineSettings(islands_per_task=1, population_size=8, max_evaluations=40, max_wall_seconds=120,

@@ -68,7 +68,7 @@ def test_wrap_items_breaks_before_the_item_that_would_pass_the_width():
 
 
 def test_op_template_gets_the_abi_from_evaluators_abi():
-    from evaluators.child import abi
+    from evaluators import abi
 
     f = X.abi_fields()
     assert set(f) <= X.template_fields("op.py")

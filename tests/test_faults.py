@@ -93,7 +93,7 @@ def _inject(tag: str, fault: str, params: dict[str, str]) -> Candidate:
 
 
 def _runtime() -> Runtime:
-    return Runtime(stages=Stages(ff.fault_compile, ff.fault_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    return Runtime(stages=Stages(ff.fault_compile, ff.fault_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                    harness_settings=HarnessSettings()).start()
 
 
@@ -311,7 +311,7 @@ def test_llm_endpoint_flapping_search_goes_on_and_failures_are_recorded(fault_di
                          attempt_sink=lambda rec: store.log_event(run_id, "llm_attempt", {"ok": rec.ok,
                                                                                           "kind": rec.kind}))
         mut.max_failed_attempts = 20
-        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+        rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                      harness_settings=HarnessSettings()).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=["kb19_relu"], seeds={},

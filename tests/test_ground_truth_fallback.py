@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evaluators.child.correctness import ground_truth, worst_element
+from evaluators.judge.checks import ground_truth, worst_element
 from evo.tasks.tolerance import FP32_ELEMENTWISE, check
 
 

@@ -45,7 +45,7 @@ class FakeOps(CpuOps):
 
 
 def _settings(**kw) -> HarnessSettings:
-    base = dict(trials=5, warmup=1, reps=10, timeout_s=60.0, isolation="judge", task_files=(TASK_FILE,))
+    base = dict(trials=5, warmup=1, reps=10, timeout_s=60.0, task_files=(TASK_FILE,))
     base.update(kw)
     return HarnessSettings(**base)
 
@@ -338,7 +338,7 @@ def test_the_compiled_reference_is_compiled_once_per_shape_before_any_runner(tmp
     """With both columns asked for, the judge compiles the reference (here a stand-in
     backend that counts) for the benchmark shape before the runner starts, once across
     candidates; fitness stays against eager and both speedups are stored."""
-    import evaluators.child.reference as R
+    import evaluators.judge.reference as R
 
     compiles: list = []
 
@@ -366,7 +366,7 @@ def test_the_compiled_reference_is_compiled_once_per_shape_before_any_runner(tmp
 
 
 def test_a_reference_that_cannot_compile_is_our_failure_when_fitness_is_against_it(tmp_path):
-    import evaluators.child.reference as R
+    import evaluators.judge.reference as R
 
     def broken(fn, mode, dynamic):
         def call(*a):

@@ -34,7 +34,7 @@ RUNNER_FIX = TESTS / "fixtures" / "runner"
 TASK_FILE = str(TESTS / "fixtures" / "judge" / "tiny_tasks.py")
 CSV = TESTS / "fixtures" / "ncu" / "kb19_relu_shape0.csv"
 CACHE = ROOT / ".evo" / "cache"
-HARNESS = HarnessSettings(timeout_s=60, call_timeout_s=10, isolation="judge", task_files=(TASK_FILE,))
+HARNESS = HarnessSettings(timeout_s=60, call_timeout_s=10, task_files=(TASK_FILE,))
 #: gpu__time_duration.sum of the recorded report's one kernel, in ms
 RECORDED_MS = 3.349184
 
@@ -278,7 +278,7 @@ def test_a_kernel_that_skips_its_work_under_ncu_is_incorrect(judge, sos, fake_nc
     # honest where it is not profiled ...
     rep = judge.evaluate(HarnessJob(task="judge_relu", candidate_id="skip", so_bytes=sos["skip_under_ncu"].read_bytes(),
                                     mode="check", task_files=(TASK_FILE,), seed=7),
-                         HarnessSettings(trials=2, timeout_s=60, isolation="judge", task_files=(TASK_FILE,)))
+                         HarnessSettings(trials=2, timeout_s=60, task_files=(TASK_FILE,)))
     assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
     # ... and caught where it is: its output is the judge's to check, whatever ncu measured
     r = _profile(judge, sos["skip_under_ncu"], fake_ncu)
@@ -354,7 +354,7 @@ def test_the_profilers_failures_are_ours_and_the_candidates_are_verdicts(judge, 
     assert not list(judge._workdir.iterdir())
 
 
-def test_profile_candidate_takes_the_judge_path_by_isolation(monkeypatch, tmp_path):
+def test_profile_candidate_takes_the_judge_path_and_caches_the_judges_profile(monkeypatch, tmp_path):
     import evaluators.judge as J
     import evaluators.judge.profile as JP
     from evaluators.profile import profile_candidate
@@ -363,35 +363,39 @@ def test_profile_candidate_takes_the_judge_path_by_isolation(monkeypatch, tmp_pa
     seen = []
 
     def fake(judge, cid, so, task, shape, *, settings, harness, task_files, gpu):
-        seen.append((judge, cid, task, shape, harness.isolation, gpu))
+        seen.append((judge, cid, task, shape, harness, gpu))
         return StageResult("profile", Status.OK, metrics={"profiled_by": "judge", "ncu_kernel_ms": 1.0})
 
     monkeypatch.setattr(JP, "profile_with_runner", fake)
     monkeypatch.setattr(J, "judge_for", lambda backend="cuda": f"judge:{backend}")
     cand = Candidate.create("kb19_relu", "src", {})
     s = ProfileSettings(cache_dir=str(tmp_path / "cache"))
-    r = profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="NVIDIA H200", isolation="judge")
+    r = profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="NVIDIA H200")
     assert r.status is Status.OK and r.metrics["profiled_by"] == "judge"
-    again = profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="NVIDIA H200", isolation="judge")
+    again = profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="NVIDIA H200")
     assert again.metrics["cached"] is True and len(seen) == 1
-    assert seen[0][0] == "judge:cuda" and seen[0][1] == cand.id and seen[0][4] == "judge"
-    with pytest.raises(ValueError, match="isolation"):
-        profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="x", isolation="nope")
+    assert seen[0][0] == "judge:cuda" and seen[0][1] == cand.id
+    # an entry in the cache that the judge did not make is never served
+    (key_file,) = [p for p in (tmp_path / "cache").rglob("*.json")]
+    key_file.write_text(key_file.read_text().replace('"profiled_by": "judge"', '"profiled_by": "other"'))
+    profile_candidate(cand, b"so", "kb19_relu", 0, settings=s, gpu="NVIDIA H200")
+    assert len(seen) == 2
 
 
-def test_the_gpu_actor_profiles_with_its_evaluations_isolation(monkeypatch):
+def test_the_gpu_actor_profiles_with_its_evaluations_settings(monkeypatch):
     import evaluators.profile as P
     from evaluators.actor import GpuEvaluator
     from evo.core.records import Candidate
 
     got = {}
     monkeypatch.setattr(P, "profile_candidate", lambda *a, **kw: got.update(kw) or "r")
-    actor = GpuEvaluator(lambda c, s, st: None, HarnessSettings(isolation="judge"), pooled=False)
+    hs = HarnessSettings(task_files=(TASK_FILE,))
+    actor = GpuEvaluator(lambda c, s, st: None, hs, concurrent=False)
     try:
         assert actor.profile(Candidate.create("kb19_relu", "src", {}), b"so", 0, ProfileSettings()) == "r"
     finally:
         actor.close()
-    assert got["isolation"] == "judge" and got["harness"].isolation == "judge"
+    assert got["harness"] is hs and got["task_files"] == (TASK_FILE,)
 
 
 # --- on a GPU, with the real ncu -----------------------------------------------------------------
@@ -420,7 +424,7 @@ def test_the_relu_seed_is_profiled_through_the_judge_on_a_gpu(tmp_path):
     assert out.result.passed, out.result.reason
     r = profile_with_runner(judge_for("cuda"), cand.id, out.so_bytes, "kb19_relu", 0,
                             settings=ProfileSettings(cache_dir="", timeout_s=300),
-                            harness=HarnessSettings(isolation="judge"))
+                            harness=HarnessSettings())
     print(f"[gpu] {r.status.value} {r.reason[:500]} {json.dumps(r.metrics, default=str)[:1500]} {r.artifacts}")
     assert r.status is Status.OK, f"{r.reason}\n{r.artifacts}"
     m = r.metrics

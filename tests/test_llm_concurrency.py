@@ -64,7 +64,7 @@ def test_eight_calls_of_2s_at_concurrency_4_overlap_and_gpu_results_are_collecte
         client = LLMClient([model], timeout_s=10, max_attempts=1, concurrency=4, budget=Budget(1.0),
                            sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"), concurrency=4)
-        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                           harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],
@@ -108,7 +108,7 @@ def _ordered_search(store, run_id, client, model):
     mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"), attempt_sink=log_attempt,
                      concurrency=4)
     mut.max_failed_attempts = 50
-    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                       harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     try:
         eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],

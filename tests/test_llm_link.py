@@ -65,7 +65,7 @@ def run(tmp_path_factory):
                            sink=rec.call)
         mut = LLMMutator(client, models, StoreContextProvider(store, run_id, gpu_name="H200"),
                          attempt_sink=rec.attempt, health=ModelHealth(models, on_stop=rec.model_stopped))
-        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False),
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False),
                           compile_settings=CompileSettings(),
                           harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:

@@ -33,7 +33,7 @@ from mutators.llm.prompt.templates import PromptError, render_prompt, template_f
 FIX = Path(__file__).parent / "fixtures"
 GOOD = (FIX / "llm" / "tiny_kernel.cu").read_text()
 BAD = GOOD.replace("int64_t(blockIdx.x) * BLOCK", "int64_t(blockIdx.x) * BLOK")
-ABI = (Path(__file__).parents[1] / "evaluators" / "child" / "evo_abi.h").read_text()
+ABI = (Path(__file__).parents[1] / "evaluators" / "abi" / "evo_abi.h").read_text()
 TASK = "tiny_copy"
 INFO = TaskInfo(
     reference_src="def reference(x):\n    return x.clone()",

@@ -40,7 +40,7 @@ def _search(store, run_id, client, model):
     mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"),
                      attempt_sink=lambda rec: store.log_event(run_id, "llm_attempt", {"ok": rec.ok, "kind": rec.kind}))
     mut.max_failed_attempts = 2
-    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                       harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK], seeds={},
                  settings=EngineSettings(islands_per_task=1, max_evaluations=3, in_flight=1,
@@ -110,7 +110,7 @@ def test_an_endpoint_that_rejects_the_key_stops_the_run_after_one_request(tmp_pa
         client = LLMClient([model], timeout_s=5, max_attempts=1, budget=Budget(1.0),
                            sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
-        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                           harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK], seeds={},
@@ -139,7 +139,7 @@ def test_a_seeded_run_repairs_a_broken_optimize_child(tmp_path):
         client = LLMClient([model], timeout_s=5, max_attempts=1, backoff_base_s=0.01,
                            budget=Budget(1.0), sink=lambda call: store.add_llm_call(run_id, **call.to_row()))
         mut = LLMMutator(client, [model], StoreContextProvider(store, run_id, gpu_name="H200"))
-        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+        rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                           harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
         try:
             eng = Engine(store=store, runtime=rt, mutator=mut, run_id=run_id, tasks=[TASK],

@@ -1,6 +1,6 @@
 """No undefined name in the product's code (pyflakes), whether or not a CPU test runs it.
 
-Why: parts of the product run only on a GPU (the timing loop of evaluators/child/timing.py,
+Why: parts of the product run only on a GPU (the judge's CUDA timing in evaluators/judge/timing.py,
 the profiled program); a name that a refactor left undefined there (a variable reused for
 something else and deleted, as once happened to the timing loop's list of references)
 would only show on the H200, as a crash of every timing. This test finds it on the CPU.

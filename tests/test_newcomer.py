@@ -221,7 +221,7 @@ def test_step_progress_draws_only_when_enabled():
 
 def test_bench_reports_compile_and_measure_progress(monkeypatch, tmp_path):
     import evaluators.compile as comp
-    import evaluators.isolation as iso
+    import evaluators.pipeline as pipeline
     from evaluators.base import CompileSettings, HarnessSettings
     from evo.results.bench import bench, seed_candidates
 
@@ -233,7 +233,7 @@ def test_bench_reports_compile_and_measure_progress(monkeypatch, tmp_path):
             self.result = StageResult("compile", Status.COMPILE_ERROR, "fake: not built", seconds=0.0)
 
     monkeypatch.setattr(comp, "compile_candidate", lambda c, s: Outcome())
-    monkeypatch.setattr(iso, "run_isolated", lambda *a, **k: pytest.fail("nothing to run"))
+    monkeypatch.setattr(pipeline, "judge_job", lambda *a, **k: pytest.fail("nothing to run"))
     cands = seed_candidates(["kb19_relu", "kb21_sigmoid"])
     calls: list[tuple[str, int, int]] = []
     rows = bench(cands, CompileSettings(), HarnessSettings(), table=tmp_path / "R.md", command="test", title="t",

@@ -72,9 +72,9 @@ def test_committed_probe_specs_resolve(spec):
 
 def test_table_is_on_disk_after_each_variant_so_a_cut_run_keeps_its_rows(tmp_path, monkeypatch):
     """A device call's time limit can kill the probe mid-spec: the rows finished so far must
-    already be in probe.md (here the second variant's harness run dies)."""
-    import evaluators.isolation as iso
-    from evaluators.isolation import HarnessReport
+    already be in probe.md (here the second variant's evaluation dies)."""
+    import evaluators.pipeline as pipeline
+    from evaluators.harness_job import HarnessReport
     from evo.core.records import StageResult, Status
 
     probe = _probe()
@@ -90,14 +90,14 @@ def test_table_is_on_disk_after_each_variant_so_a_cut_run_keeps_its_rows(tmp_pat
     monkeypatch.setattr(probe, "_compile_all", lambda cands, jobs: [Built() for _ in cands])
     calls = []
 
-    def fake_run(job, settings, pool=None):
+    def fake_run(job, settings, *, sandbox=None):
         calls.append(job.mode)
         if len(calls) == 2:
             raise KeyboardInterrupt("the device call's limit")
         return HarnessReport(stages=(StageResult("correctness", Status.OK),
                                      StageResult("timing", Status.SKIPPED)))
 
-    monkeypatch.setattr(iso, "run_isolated", fake_run)
+    monkeypatch.setattr(pipeline, "judge_job", fake_run)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         probe.main([str(spec), "--out", str(out), "--jobs", "1"])

@@ -1,5 +1,5 @@
 """Delayed profiling: ncu CSV parsing (recorded real output), roofline classes, descriptors,
-the profiling trigger rules, and profile_candidate's process handling with a stand-in ncu.
+and the profiling trigger rules (profile_candidate through the judge: tests/test_judge_profile.py).
 
 ``tests/fixtures/ncu/*.csv`` are real ``ncu --csv --page raw --print-units base`` outputs
 recorded on an H200 (see tests/fixtures/ncu/README.md for how they were made): a ReLU
@@ -9,8 +9,6 @@ recorded on an H200 (see tests/fixtures/ncu/README.md for how they were made): a
 from __future__ import annotations
 
 import json
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -193,120 +191,6 @@ def test_settings_validate():
 
 
 # ---------------------------------------------------------------------- running, with a stand-in ncu
-
-FAKE_NCU = """\
-#!{python}
-# Stand-in for ncu: behaves as mode.txt (next to this file) says; records its argv.
-import json, pathlib, shutil, sys, time
-here = pathlib.Path(__file__).parent
-mode = (here / "mode.txt").read_text().strip()
-args = sys.argv[1:]
-with open(here / "calls.log", "a") as f:
-    f.write(json.dumps(args) + "\\n")
-log = pathlib.Path(args[args.index("--log-file") + 1])
-metrics = args[args.index("--metrics") + 1].split(",")
-jobdir = pathlib.Path(args[-1])
-def result(ok, **kw):
-    (jobdir / "result.json").write_text(json.dumps(dict(ok=ok, gpu="NVIDIA H200", **kw)))
-if mode == "hang":
-    time.sleep(120)
-if mode == "perm":
-    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.")
-    sys.exit(1)
-if mode == "ncuerror":
-    result(True)
-    print("==ERROR== An error occurred while trying to profile.")
-    sys.exit(1)
-if mode == "childfail":
-    result(False, error="evo_launch returned cudaErrorInvalidValue (1)")
-    sys.exit(0)
-if mode == "nokernel":
-    result(True)
-    log.write_text("==WARNING== No kernels were profiled.\\n")
-    sys.exit(0)
-result(True, seconds=1.0)
-shutil.copy({fixture!r}, log)
-"""
-
-
-@pytest.fixture()
-def fake_ncu(tmp_path):
-    d = tmp_path / "ncu"
-    d.mkdir()
-    exe = d / "ncu"
-    exe.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(GEMM)))
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    (d / "mode.txt").write_text("ok")
-
-    def set_mode(mode):
-        (d / "mode.txt").write_text(mode)
-
-    def calls():
-        p = d / "calls.log"
-        return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
-
-    return exe, set_mode, calls
-
-
-def _run(exe, tmp_path, **kw):
-    from evo.tasks import get_task
-
-    settings = P.ProfileSettings(ncu=str(exe), cache_dir=str(tmp_path / "cache"), **kw)
-    cand = Candidate.create("gemm_bf16", "src", {})
-    return P.profile_candidate(cand, b"\x7fELF-not-really", get_task("gemm_bf16"), 1, settings=settings,
-                               gpu="NVIDIA H200")
-
-
-def test_profile_candidate_runs_ncu_and_caches(fake_ncu, tmp_path):
-    exe, set_mode, calls = fake_ncu
-    r = _run(exe, tmp_path)
-    assert r.stage == "profile" and r.status is Status.OK, r.reason
-    assert r.metrics["cached"] is False and r.metrics["bound"] == "compute-bound"
-    assert r.metrics["shape"] == {"M": 4096, "N": 4096, "K": 4096} and r.metrics["gpu"] == "NVIDIA H200"
-    argv = calls()[0]
-    for flag in ("--clock-control", "--nvtx", "--csv", "--launch-count"):
-        assert flag in argv
-    assert argv[argv.index("--clock-control") + 1] == "none"
-    assert argv[argv.index("--nvtx-include") + 1] == "evo_candidate/"
-    assert argv[argv.index("--page") + 1] == "raw"
-    assert argv[-3:-1] == ["-m", "evaluators.child.profile"]
-    again = _run(exe, tmp_path)
-    assert again.status is Status.OK and again.metrics["cached"] is True
-    assert len(calls()) == 1, "same binary, shape and GPU: served from the cache"
-
-
-def test_unknown_metric_is_reported_missing(fake_ncu, tmp_path):
-    exe, set_mode, calls = fake_ncu
-    r = _run(exe, tmp_path, metrics=P.DEFAULT_METRICS + ("sm__bogus_metric_xyz.sum",))
-    assert r.status is Status.OK, r.reason
-    assert "sm__bogus_metric_xyz.sum" in r.metrics["missing"]
-
-
-def test_profiler_failures_raise_and_candidate_failures_are_results(fake_ncu, tmp_path):
-    exe, set_mode, calls = fake_ncu
-    set_mode("perm")
-    with pytest.raises(P.ProfileError, match="permission"):
-        _run(exe, tmp_path)
-    set_mode("ncuerror")
-    with pytest.raises(P.ProfileError, match="ncu failed"):
-        _run(exe, tmp_path)
-    set_mode("childfail")
-    r = _run(exe, tmp_path)
-    assert r.status is Status.CRASH and "cudaErrorInvalidValue" in r.reason
-    set_mode("nokernel")
-    r = _run(exe, tmp_path)
-    assert r.status is Status.CRASH and "no kernel inside" in r.reason
-    with pytest.raises(P.NcuNotFoundError, match="profile.ncu"):
-        _run(tmp_path / "no-such-ncu", tmp_path)
-
-
-def test_timeout_kills_the_process_group(fake_ncu, tmp_path):
-    exe, set_mode, calls = fake_ncu
-    set_mode("hang")
-    r = _run(exe, tmp_path, timeout_s=1.0)
-    assert r.status is Status.TIMEOUT and "timed out after 1s" in r.reason
-    assert r.seconds < 30
-
 
 def test_profile_key_and_cache(tmp_path):
     k1 = P.profile_key("ab" * 32, {"M": 1}, "H200")

@@ -20,7 +20,7 @@ from mutators.llm.prompt.fields import prompt_fields
 from mutators.llm.prompt.ppcond import UNKNOWN, Macros, evaluate
 from mutators.llm.prompt.ppscan import scan_directives
 
-ABI = (Path(__file__).parents[1] / "evaluators" / "child" / "evo_abi.h").read_text()
+ABI = (Path(__file__).parents[1] / "evaluators" / "abi" / "evo_abi.h").read_text()
 RELU = seed_source("kb19_relu")
 
 

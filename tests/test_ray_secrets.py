@@ -65,7 +65,7 @@ def secrets_env(monkeypatch):
 
 
 def test_no_ray_process_holds_the_drivers_secrets(secrets_env):
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                  harness_settings=HarnessSettings(), num_cpus=2, num_gpus=1,
                  secret_env=("MY_LLM_VALUE",)).start()
     try:

@@ -1,6 +1,6 @@
 """Speedups against eager and against torch.compile in every result view (issue 37), on CPU.
 
-The timing metrics are made by the harness's own :func:`evaluators.child.timing.summarize` from
+The timing metrics are made by the judge's own :func:`evaluators.judge.summary.summarize` from
 fake samples, stored through the real store, and read back by the real ``evo`` commands
 (typer's CliRunner) and by :mod:`evo.results.bench` from fake harness reports.
 """
@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from evaluators.base import HarnessSettings
-from evaluators.child.reference import COMPILE_MODE
-from evaluators.child.timing import ShapeSamples, summarize
-from evaluators.isolation import HarnessReport, ShapeTiming
+from evaluators.judge.reference import COMPILE_MODE
+from evaluators.judge.summary import ShapeSamples, summarize
+from evaluators.harness_job import HarnessReport, ShapeTiming
 from evo.cli import app
 from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.store import Store

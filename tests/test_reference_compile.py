@@ -1,6 +1,6 @@
 """The torch.compile reference beside the eager one (issue 37), on the CPU.
 
-Contract (evaluators.child.reference, evaluators.child.timing.summarize): the compiled
+Contract (evaluators.judge.reference, evaluators.judge.summary.summarize): the compiled
 reference is compiled by its warm-up, before any timed call, and never recompiled by the
 timed calls; a compile failure is reported as such and never replaced by eager; fitness is
 against the configured basis and both speedups are kept when both were timed.
@@ -16,13 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from evaluators.base import HarnessSettings  # noqa: E402
-from evaluators.child.reference import (  # noqa: E402
+from evaluators.judge.reference import (  # noqa: E402
     COMPILE_MODE,
     ReferenceCompileError,
     references_for,
     warm_up,
 )
-from evaluators.child.timing import ShapeSamples, summarize  # noqa: E402
+from evaluators.judge.summary import ShapeSamples, summarize  # noqa: E402
 from evo.core.records import Status  # noqa: E402
 
 

@@ -42,7 +42,7 @@ def test_work_is_placed_by_resources(cluster, tmp_path):
     c, gpu_node = cluster
     store = Store(tmp_path / "evo.db")
     run_id = store.create_run("cluster", {}, seed=0, config_hash="x")
-    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    rt = Runtime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                  harness_settings=HarnessSettings(), address=c.address).start()
     assert rt.n_gpus == 1 and not rt.started_ray
     eng = Engine(store=store, runtime=rt, mutator=KnobsMutator(0.3, 2), run_id=run_id, tasks=["synthetic_a"],

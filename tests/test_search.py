@@ -45,7 +45,7 @@ num_gpus = 1
 num_cpus = 2
 """)
     cfg = load_config(cfg_path)
-    stages = Stages(compile_candidate, fake.fake_evaluate, evaluate_takes_pool=False)
+    stages = Stages(compile_candidate, fake.fake_evaluate, evaluate_concurrent=False)
     if ray.is_initialized():
         ray.shutdown()
     summary = run_search(cfg, progress=False, stages=stages)

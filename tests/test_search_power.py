@@ -183,7 +183,7 @@ def test_versus_hand_pairs_the_champion_with_the_hand_tuned_seed_of_the_cold_tas
     from evo.engine.seams import Stages
     from fakes import stages as fake
 
-    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False),
+    rt = LocalRuntime(stages=Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False),
                       compile_settings=CompileSettings(), harness_settings=HarnessSettings(),
                       num_gpus=1, num_cpus=1).start()
     try:

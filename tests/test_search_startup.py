@@ -136,7 +136,7 @@ def _stages():
     from evo.engine.seams import Stages
     from fakes import stages as fake
 
-    return Stages(fake.fake_compile, fake.fake_evaluate, evaluate_takes_pool=False)
+    return Stages(fake.fake_compile, fake.fake_evaluate, evaluate_concurrent=False)
 
 
 def test_a_local_runtime_starts_beside_the_driver_and_the_start_records_each_step(monkeypatch, tmp_path):

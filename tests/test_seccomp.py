@@ -1,10 +1,11 @@
-"""seccomp in the harness child (evaluators/sandbox/seccomp.py ``install_seccomp``, called by
-``evaluators/child/harness.py`` ``_confine`` right before the candidate's .so is loaded).
+"""The seccomp filter every runner installs before it loads the candidate
+(evaluators/sandbox/seccomp.py ``seccomp_program``; the C++ runner installs it on the judge's
+``SECCOMP``, tests/test_runner.py checks that path with the real runner).
 
-A CPU stand-in of the harness child (fixtures/sandbox/seccomp_child.py: a thread started
-before confinement, as CUDA's are, then the harness's own ``_confine``, then ctypes loads the
-candidate) runs a small gcc-built .so (fixtures/sandbox/syscalls.c) that tries every way out
-of its process, through the real ``run_isolated`` launch (wrapper, namespaces, Landlock).
+A Python child (fixtures/sandbox/seccomp_child.py: a thread started before confinement, as
+CUDA's are, then the filter, then ctypes loads the candidate) runs a small gcc-built .so
+(fixtures/sandbox/syscalls.c) that tries every way out of its process, through the real
+sandbox launch (wrapper, namespaces, Landlock).
 A control run with seccomp switched off shows the same .so does get out, so the confined
 run measures the filter, not a broken fixture.
 """
@@ -17,16 +18,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from evaluators import sandbox as sb
+from evaluators.judge.runner_process import runner_env
 from evaluators.sandbox.seccomp import _ARCHES, _machine
-from evaluators.base import HarnessSettings
-from evaluators.isolation import HarnessError, HarnessJob, run_isolated
-from evo.core.records import Status
+from fakes.sandboxed import run_sandboxed  # noqa: E402  (tests/ is on sys.path)
 
 FIX = Path(__file__).parent / "fixtures" / "sandbox"
 CHILD = str(FIX / "seccomp_child.py")
@@ -59,13 +61,16 @@ def fresh_probe():
 def _run(so: bytes, tmp_path: Path, args: dict, sandbox: sb.SandboxSettings | None = None):
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
-    task = json.dumps({"markers": str(markers), "hostile": 1, **args})
-    job = HarnessJob(task=task, candidate_id="s" * 64, so_bytes=so)
+    jobdir = tmp_path / f"job{len(list(tmp_path.glob('job*')))}"
+    jobdir.mkdir()
+    (jobdir / "kernel.so").write_bytes(so)
     # the markers directory is writable under Landlock: only seccomp stands between a
     # command and its marker
     sandbox = dataclasses.replace(sandbox or sb.SandboxSettings(), extra_writable=(str(markers),))
-    rep = run_isolated(job, HarnessSettings(timeout_s=30), entry=CHILD, workdir=tmp_path, sandbox=sandbox)
-    return rep, sorted(p.name for p in markers.iterdir())
+    env = {**runner_env(), "PYTHONPATH": str(Path(sb.__file__).resolve().parents[2])}
+    ran = run_sandboxed([sys.executable, CHILD, str(jobdir), json.dumps({"markers": str(markers), "hostile": 1, **args})],
+                        jobdir, 60, sandbox, env=env)
+    return ran, sorted(q.name for q in markers.iterdir())
 
 
 def _lines(text: str) -> dict[str, tuple[int, int]]:
@@ -80,11 +85,10 @@ def _lines(text: str) -> dict[str, tuple[int, int]]:
 @needs_arch
 def test_candidate_cannot_exec_fork_open_sockets_or_ptrace_but_threads_work(so_bytes, tmp_path):
     rep, markers = _run(so_bytes, tmp_path, {})
-    c = rep.stage("correctness")
-    assert c.status is Status.OK, c.reason
-    assert rep.env["seccomp"].startswith("seccomp-bpf"), rep.env["seccomp"]
-    assert "seccomp-required" in rep.env["sandbox"]
-    seen = json.loads(rep.env["seen"])
+    assert rep.rc == 0, rep.stderr[-2000:]
+    assert rep.seen["seccomp"].startswith("seccomp-bpf"), rep.seen["seccomp"]
+    assert "seccomp-required" in rep.layers
+    seen = rep.seen
     for where in ("main", "early"):   # early: a thread that existed before the filter (TSYNC)
         got = _lines(seen[where])
         for name in DENIED:
@@ -105,10 +109,10 @@ def test_control_without_seccomp_the_same_candidate_gets_out(so_bytes, tmp_path)
     """Seccomp off (EVO_SANDBOX_SECCOMP=0; the rest of the sandbox on): fork, exec, system()
     and sockets work, so the test above measures the filter."""
     rep, markers = _run(so_bytes, tmp_path, {"hostile": 0}, sb.SandboxSettings(seccomp=False))
-    assert rep.stage("correctness").status is Status.OK, rep.stage("correctness").reason
-    assert rep.env["seccomp"] == "off (EVO_SANDBOX_SECCOMP=0)"
-    assert "seccomp-required" not in rep.env["sandbox"]
-    got = _lines(json.loads(rep.env["seen"])["main"])
+    assert rep.rc == 0, rep.stderr[-2000:]
+    assert rep.seen["seccomp"] == "off (EVO_SANDBOX_SECCOMP=0)"
+    assert "seccomp-required" not in rep.layers
+    got = _lines(rep.seen["main"])
     assert got["fork"][0] == 0 and got["socket_unix"][0] == 0 and got["thread"] == (0, 0)
     assert {"fork_exec", "system", "posix_spawn"} <= set(markers), markers
 
@@ -118,29 +122,25 @@ def test_control_without_seccomp_the_same_candidate_gets_out(so_bytes, tmp_path)
 def test_i386_system_calls_kill_the_process(so_bytes, tmp_path):
     """``int 0x80`` enters the i386 table with other numbers: the filter's arch check kills."""
     rep, _ = _run(so_bytes, tmp_path, {"int80": True})
-    c = rep.stage("correctness")
-    if c.status is Status.CRASH and "SIGSEGV" in c.reason:
+    if rep.rc == -signal.SIGSEGV:
         pytest.skip("this kernel has no i386 emulation (int 0x80 faults before any filter)")
-    assert c.status is Status.CRASH and "SIGSYS" in c.reason, c.reason
+    assert rep.rc == -signal.SIGSYS, (rep.rc, rep.stderr[-1000:])
     rep, _ = _run(so_bytes, tmp_path, {"int80": True}, sb.SandboxSettings(seccomp=False))
-    assert rep.stage("correctness").status is Status.OK and int(rep.env["int80"]) > 0, "control: allowed"
+    assert rep.rc == 0 and int(rep.seen["int80"]) > 0, "control: allowed"
 
 
 @needs_gcc
-def test_a_filter_that_cannot_be_installed_is_a_harness_error(so_bytes, tmp_path):
-    """Never an unconfined candidate: the harness stops with kind 'sandbox' before loading it."""
-    with pytest.raises(HarnessError) as ei:
-        _run(so_bytes, tmp_path, {"arch": "riscv64"})
-    e = ei.value
-    assert e.kind == "sandbox" and "no system call table for architecture 'riscv64'" in str(e)
-    assert "EVO_SANDBOX_SECCOMP=0" in str(e) and "SECURITY.md" in e.fix
-    assert not (tmp_path / "markers").exists() or not list((tmp_path / "markers").iterdir())
+def test_a_filter_that_cannot_be_installed_stops_before_the_candidate_loads(so_bytes, tmp_path):
+    """Never an unconfined candidate: the install raises, naming the switch, before the load."""
+    rep, markers = _run(so_bytes, tmp_path, {"arch": "riscv64"})
+    assert rep.rc != 0 and "no system call table for architecture 'riscv64'" in rep.stderr, rep.stderr[-1000:]
+    assert "EVO_SANDBOX_SECCOMP=0" in rep.stderr and rep.seen == {} and markers == []
 
 
 def test_switches():
     assert sb.SandboxSettings.from_env({}).seccomp is True
     assert sb.SandboxSettings.from_env({"EVO_SANDBOX_SECCOMP": "0"}).seccomp is False
-    assert sb.seccomp_wanted({}) is True, "a harness started without the variable confines itself"
+    assert sb.seccomp_wanted({}) is True, "a process started without the variable confines itself"
     assert sb.seccomp_wanted({"EVO_SANDBOX_SECCOMP": "1"}) and not sb.seccomp_wanted({"EVO_SANDBOX_SECCOMP": "0"})
 
 

@@ -217,7 +217,7 @@ def test_the_gpu_actor_hands_the_retiming_mode_to_the_evaluation_and_not_to_a_st
         return _ev(candidate.id, 1.0, 1.0)
 
     monkeypatch.setattr(pipeline, "evaluate_built", built)
-    actor = GpuEvaluator(None, HarnessSettings(), pooled=False)
+    actor = GpuEvaluator(None, HarnessSettings(), concurrent=False)
     try:
         actor.evaluate(CHILD, b"so", "time-only")
         actor.evaluate(CHILD, b"so")
@@ -228,7 +228,7 @@ def test_the_gpu_actor_hands_the_retiming_mode_to_the_evaluation_and_not_to_a_st
     def stand_in(candidate, so_bytes, settings):
         return _ev(candidate.id, 1.0, 1.0)
 
-    other = GpuEvaluator(stand_in, HarnessSettings(), pooled=False)
+    other = GpuEvaluator(stand_in, HarnessSettings(), concurrent=False)
     try:
         assert other.evaluate(CHILD, b"so", "time-only").evaluation.candidate_id == CHILD.id
     finally:

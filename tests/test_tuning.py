@@ -257,7 +257,7 @@ def test_study_through_the_runtime(tmp_path):
     run_id = store.create_run("tune-test", {}, seed=0, config_hash="x")
     parent = _parent()
     store.add_candidate(run_id, parent)
-    rt = LocalRuntime(stages=Stages(compile_counted, fake.fake_evaluate, evaluate_takes_pool=False),
+    rt = LocalRuntime(stages=Stages(compile_counted, fake.fake_evaluate, evaluate_concurrent=False),
                       compile_settings=CompileSettings(cache_dir=str(tmp_path)),
                       harness_settings=HarnessSettings(), num_gpus=1, num_cpus=2).start()
     log = tmp_path / "compile.log"

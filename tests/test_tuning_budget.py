@@ -182,7 +182,7 @@ def test_every_study_the_engine_opens_finishes_within_the_budget(tmp_path, sp):
 
     store = Store(tmp_path / "evo.db")
     rid = store.create_run("budget", {}, seed=3, config_hash="x")
-    rt = LocalRuntime(stages=Stages(compile_trials_slowly, fake.fake_evaluate, evaluate_takes_pool=False),
+    rt = LocalRuntime(stages=Stages(compile_trials_slowly, fake.fake_evaluate, evaluate_concurrent=False),
                       compile_settings=CompileSettings(), harness_settings=HarnessSettings(),
                       num_gpus=1, num_cpus=2).start()
     settings = EngineSettings(islands_per_task=2, population_size=8, max_evaluations=24, max_wall_seconds=120,

@@ -1,14 +1,15 @@
-"""A user's own task end to end, on the CPU (issue 28): task files reach every isolated child,
-a failure of ours stops the run once (status ``failed``, resumable, one clear line), the seed
-forms of a user task, ``evo check`` argument checking, and exact integer/boolean outputs.
+"""A user's own task end to end, on the CPU (issue 28): task files reach the judge, a failure
+of ours stops the run once (status ``failed``, resumable, one clear line), the seed forms of a
+user task, ``evo check`` argument checking, and exact integer/boolean outputs (the judge's
+correctness trials).
 
-The engine tests use a real local Ray, the real GPU actor and the real isolation path
-(``run_isolated``: fresh process, sandbox, job directory); only the harness child is a fake
-that loads the task the way the real one does (tests/fixtures/isolation/load_task.py).
+The engine tests use a real local Ray and the real GPU actor; the GPU stage is a fake that
+looks the task up the way the judge does, in the GPU actor's process (tests/fakes/harness_stages.py).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -19,61 +20,46 @@ import pytest
 import torch
 
 from evaluators.base import CompileSettings, HarnessSettings
-from evaluators.isolation import HarnessError, HarnessJob, run_isolated
-from evo.core.records import Status
+from evaluators.harness_job import HarnessError
+from evo.core.records import Candidate, Status
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "configs" / "examples"
 MY_TASK = EXAMPLES / "my_task.py"
 ARGMAX_TASK = EXAMPLES / "my_argmax_task.py"
-CHILD = str(REPO / "tests" / "fixtures" / "isolation" / "load_task.py")
 
 
-# ----------------------------------------------------------------------------- isolation
+# ----------------------------------------------------------------------------- the judge's task lookup
 
 
-def test_task_files_from_the_settings_reach_the_child_and_name_the_task():
-    hs = HarnessSettings(timeout_s=120, fresh_timing_process=False, task_files=(str(MY_TASK),))
-    rep = run_isolated(HarnessJob(task="rownorm_l2", candidate_id="c" * 64, so_bytes=b"\x7fELF"), hs,
-                       entry=CHILD)
-    assert rep.stage("correctness").status is Status.OK, rep.stages
-    assert rep.env["task"] == "rownorm_l2" and rep.env["task_family"] == "user"
-    assert rep.env["task_files"] == f'["{MY_TASK}"]'
+def test_task_files_from_the_settings_reach_the_gpu_stage_and_name_the_task():
+    from fakes.harness_stages import isolated_evaluate
+
+    hs = HarnessSettings(timeout_s=120, task_files=(str(MY_TASK),))
+    ev = isolated_evaluate(Candidate.create("rownorm_l2", "x", {}), b"\x7fELF", hs)
+    assert ev.correct and ev.env["task"] == "rownorm_l2" and ev.env["task_family"] == "user"
 
 
-def test_a_task_the_child_cannot_load_is_our_failure_with_the_fix():
-    hs = HarnessSettings(timeout_s=120, fresh_timing_process=False)  # the task file is not passed
-    with pytest.raises(HarnessError) as e:
-        run_isolated(HarnessJob(task="rownorm_l2", candidate_id="c" * 64, so_bytes=b"\x7fELF"), hs, entry=CHILD)
+def test_a_task_the_judge_cannot_load_is_our_failure_with_the_fix():
+    from evaluators.judge import Judge
+    from evaluators.harness_job import HarnessJob
+
+    hs = HarnessSettings(timeout_s=120)  # the task file is not passed
+    judge = Judge(backend="host", start_runner=lambda **kw: pytest.fail("no runner before the task is known"))
+    try:
+        with pytest.raises(HarnessError) as e:
+            judge.evaluate(HarnessJob(task="rownorm_l2", candidate_id="c" * 64, so_bytes=b"\x7fELF"), hs)
+    finally:
+        judge.close()
     assert e.value.kind == "task"
     line = e.value.one_line()
     assert "\n" not in line and "unknown task 'rownorm_l2' in the GPU process" in line
     assert "[tasks] files" in line and "evo tasks --task-file" in line
-    assert "Traceback" in e.value.detail  # the long form is kept, for the log only
 
 
-def test_a_result_file_from_a_child_that_died_is_a_crash(tmp_path):
-    """A kernel that writes its own result file and then aborts must not pass."""
-    forger = tmp_path / "forger.py"
-    forger.write_text(textwrap.dedent("""
-        import json, os, sys
-        from pathlib import Path
-        d = Path(sys.argv[1])
-        (d / "result.json").write_text(json.dumps({"stages": [
-            {"stage": "correctness", "status": "ok"}, {"stage": "timing", "status": "ok"}],
-            "fitness": 100.0}))
-        os.abort()
-    """))
-    rep = run_isolated(HarnessJob(task="kb19_relu", candidate_id="c" * 64, so_bytes=b"\x7fELF"),
-                       HarnessSettings(timeout_s=60, fresh_timing_process=False), entry=str(forger))
-    assert rep.fitness is None
-    c = rep.stage("correctness")
-    assert c.status is Status.CRASH and "SIGABRT" in c.reason and "clean exit" in c.reason
-
-
-def test_the_harness_loads_task_files_and_siblings_in_a_fresh_process():
+def test_the_judge_loads_task_files_and_siblings_in_a_fresh_process():
     code = textwrap.dedent(f"""
-        from evaluators.child.harness import _load_task, TaskLoadError
+        from evaluators.judge.tasks import load_task as _load_task, TaskLoadError
         t = _load_task("rowargmax", [{str(ARGMAX_TASK)!r}])
         assert t.family == "user" and t.seed.endswith("my_argmax_seed.cu"), t
         try:
@@ -84,7 +70,8 @@ def test_the_harness_loads_task_files_and_siblings_in_a_fresh_process():
             raise SystemExit("no error for an unknown task")
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
@@ -126,12 +113,12 @@ def _runtime(evaluate, task_files=()):
     from evo.engine.seams import Stages
     from fakes import stages as fake
 
-    hs = HarnessSettings(timeout_s=120, fresh_timing_process=False, task_files=task_files)
-    return Runtime(stages=Stages(fake.fake_compile, evaluate, evaluate_takes_pool=False), compile_settings=CompileSettings(),
+    hs = HarnessSettings(timeout_s=120, task_files=task_files)
+    return Runtime(stages=Stages(fake.fake_compile, evaluate, evaluate_concurrent=False), compile_settings=CompileSettings(),
                    harness_settings=hs).start()
 
 
-def test_a_search_of_a_user_task_evaluates_in_the_isolated_child_and_confirms(local_ray, tmp_path):
+def test_a_search_of_a_user_task_evaluates_and_confirms(local_ray, tmp_path):
     from evo.store import Store
     from fakes import harness_stages
 
@@ -319,9 +306,10 @@ def _argmax_task(**kw):
 
 
 def _run(task, kernel):
-    from evaluators.child.correctness import check_correctness
+    """The judge's correctness trials of ``kernel`` (a Python function of inputs and outputs)."""
+    from fakes.judge_trials import judge_correctness
 
-    return check_correctness(task, kernel, device="cpu", trials=3, seed=1)
+    return judge_correctness(task, kernel, trials=3, seed=1)
 
 
 def test_integer_outputs_are_compared_exactly():
@@ -358,7 +346,7 @@ def test_boolean_outputs_catch_unwritten_elements():
     from evo.tasks.tolerance import check, check_deterministic
 
     ref = torch.tensor([True, False, True])
-    from evaluators.child.correctness import poison_
+    from evaluators.judge.checks import poison_
 
     out = poison_(torch.empty(3, dtype=torch.bool))
     out[1] = False  # two elements unwritten

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluators.child import abi
+from evaluators import abi
 
 ROOT = Path(__file__).resolve().parents[1]
-ABI_DIR = ROOT / "evaluators" / "child"
+ABI_DIR = ROOT / "evaluators" / "abi"
 
 DOUBLE = r"""
 #include <cstring>

@@ -2,7 +2,7 @@
 
 ``evo_workspace_bytes`` and the workspace checks of ``evo_launch`` are pure host code (one
 shared planning function, ``make_plan``), so a real sm_90a build of a seed can be loaded with
-:func:`evaluators.child.abi.load_kernel` and asked on a machine without a GPU: CPU torch tensors
+:func:`evaluators.abi.load_kernel` and asked on a machine without a GPU: CPU torch tensors
 stand in for the device tensors (only their pointers' alignment is read, nothing is
 dereferenced). The calls below never reach a kernel launch.
 
@@ -26,7 +26,7 @@ from evo.tasks.seedspec import render
 from evo.core.tunables import parse_tunables, violated_constraints
 
 torch = pytest.importorskip("torch")
-abi = pytest.importorskip("evaluators.child.abi")
+abi = pytest.importorskip("evaluators.abi")
 
 INVALID = 1   # cudaErrorInvalidValue
 

@@ -142,7 +142,7 @@ def main() -> int:
             judge = Judge(backend="cuda", sandbox=sb, workdir=args.out / "work")
             r = profile_with_runner(judge, cand.id, out.so_bytes, "kb19_relu", shape,
                                     settings=ProfileSettings(cache_dir="", timeout_s=120),
-                                    harness=HarnessSettings(isolation="judge"))
+                                    harness=HarnessSettings())
             m = r.metrics
             ncu_text = (r.artifacts.get("ncu") or "").strip().replace("\n", " / ")[:300]
             line = (f"{name} | {r.status.value} | {m.get('kernels')} | {m.get('ncu_kernel_ms')} | "

@@ -44,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from evaluators.child.correctness import ground_truth, output_dtype, poison_, same_bits
+    from evaluators.judge.checks import ground_truth, output_dtype, poison_, same_bits
     from evaluators.judge.exchange import IpcExchange
     from evaluators.judge.slots import free_slots, make_slots, probe_specs
     from evaluators.judge.timing import _sanity

@@ -15,9 +15,9 @@ that was measured.)
 seed registry (e.g. ``render:evo.tasks.gemm_seeds:F32_3XTF32_SEEDS``), so candidate templates
 are probed without committing rendered copies;
 ``params`` become ``-D`` tunables exactly as in a search. Every variant is compiled first (in
-parallel, cached), then checked and/or timed in its own isolated process, one after another,
-by the evaluator's protocol (``evaluators.isolation.run_isolated``; reference timed in the same
-process, L2 flushed, medians). ``time-only`` skips the correctness trials: use it only for
+parallel, cached), then checked and/or timed by the judge, one after another, by the
+evaluator's protocol (``evaluators.pipeline.run_built``: the candidate in a sandboxed runner;
+reference timed by the same loop, L2 flushed, medians). ``time-only`` skips the correctness trials: use it only for
 tunable sweeps of a kernel whose correctness a ``check+time`` entry establishes in the same
 spec. A short table (label, task, shape, ours ms, torch ms, speedup, % of SOL, status) is
 printed last and written to ``DIR/probe.md``, which is rewritten after every variant (a run cut
@@ -106,7 +106,7 @@ def seed_and_reference(name: str, so: Path, shape: dict, device):
     raises SystemExit naming the task when evo_launch returns an error."""
     import torch
 
-    from evaluators.child import abi
+    from evaluators import abi
     from evo.tasks.registry import get_task
 
     task = get_task(name)
@@ -154,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=200.0)
-    ap.add_argument("--same-process-timing", action="store_true",
-                    help="check+time in one process (the evaluator's fresh_timing_process = false)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting variants after this many seconds")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -167,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     entries = [e for p in args.spec for e in _load(p)]
     cands = [_candidate(e["task"], e["source"], e["params"]) for e in entries]
-    hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout,
-                         fresh_timing_process=not args.same_process_timing)
+    hs = HarnessSettings(reps=args.reps, warmup=args.warmup, timeout_s=args.timeout)
     t0 = time.monotonic()
     built = _compile_all(cands, args.jobs)
     log.info("compiled %d variants in %.0f s", len(built), time.monotonic() - t0)

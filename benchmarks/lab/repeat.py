@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks.lab.probe import _source
-    from evaluators.child.abi import load_kernel
+    from evaluators.abi import load_kernel
     from evaluators.base import CompileSettings
     from evaluators.compile import compile_to_file
     from evo.tasks import get_task

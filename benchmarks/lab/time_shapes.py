@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks.lab.probe import _candidate, _compile_all
-    from evaluators.child.abi import load_kernel
+    from evaluators.abi import load_kernel
     from evo.tasks import get_task
 
     task = get_task(args.task)

@@ -73,9 +73,9 @@ def cutlass_version() -> str:
 
 
 def abi_include_dir() -> Path:
-    """Directory holding ``evo_abi.h``: ``evaluators/child/``, beside its Python loader
-    (:mod:`evaluators.child.abi`; package data of ``evaluators.child``)."""
-    path = Path(__file__).resolve().parents[1] / "child"
+    """Directory holding ``evo_abi.h``: ``evaluators/abi/``, beside its Python statement
+    (:mod:`evaluators.abi`; package data of ``evaluators.abi``)."""
+    path = Path(__file__).resolve().parents[1] / "abi"
     if not (path / "evo_abi.h").is_file():
         raise FileNotFoundError(f"evo_abi.h is missing from {path}; the cute-evo install is broken")
     return path

@@ -1,8 +1,12 @@
 """The trusted side of the evaluator: the judge, which decides every verdict and never loads
 candidate code (:mod:`evaluators.judge.judge`), the memory it shares with runners
 (:mod:`~evaluators.judge.exchange`, :mod:`~evaluators.judge.slots`), correctness
-(:mod:`~evaluators.judge.trials`), timing and its corroboration (:mod:`~evaluators.judge.timing`),
-the timed calls' input draw (:mod:`~evaluators.judge.fill`) and its handle on one runner process
+(:mod:`~evaluators.judge.trials`, its output checks :mod:`~evaluators.judge.checks`), timing and
+its corroboration (:mod:`~evaluators.judge.timing`, the verdict from the samples
+:mod:`~evaluators.judge.summary`), the references (:mod:`~evaluators.judge.reference`), the
+timed calls' input draw (:mod:`~evaluators.judge.fill`), the task and the GPU's facts
+(:mod:`~evaluators.judge.tasks`, :mod:`~evaluators.judge.environment`), the ncu profile
+(:mod:`~evaluators.judge.profile`) and its handle on one runner process
 (:mod:`~evaluators.judge.runner_process`).
 
 The untrusted side is :mod:`evaluators.runner` (the C++ program that loads a candidate); what

@@ -19,7 +19,7 @@ moments); everything else, and a process whose self-check failed (logged once), 
 own draw. The values follow the task's distribution but are not its generator's bits: the
 timed calls' inputs are not the correctness trials' inputs, and need not be.
 
-Seeds come from the judge's OS randomness (:func:`evaluators.child.correctness.trial_seed`
+Seeds come from the judge's OS randomness (:func:`evaluators.judge.checks.trial_seed`
 of a secret run seed), so the candidate cannot predict the next call's values; Philox keyed by
 them is a counter-based generator of the same quality as torch's.
 """

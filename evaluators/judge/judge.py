@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from evaluators import protocol
 from evaluators.base import HarnessSettings
-from evaluators.harness_job import HarnessError, HarnessJob, HarnessReport, ShapeTiming
+from evaluators.harness_job import HARNESS_FIXES, HarnessError, HarnessJob, HarnessReport, ShapeTiming
 from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
@@ -165,7 +165,7 @@ class Judge:
         if self._exchange is None:
             import torch
 
-            from evaluators.child.reference import _ensure_user_name
+            from evaluators.judge.reference import _ensure_user_name
 
             _ensure_user_name()   # inductor (the fused tolerance check, compiled references) keys caches by it
             torch.cuda.set_device(0)
@@ -188,7 +188,7 @@ class Judge:
             slots = make_slots(ex, ins, outs)
         except ExchangeError as e:
             raise HarnessError(f"the judge could not allocate the buffers of {task.name} shape {si}: {e}",
-                               fix="free GPU memory (other processes on this GPU), or lower check_concurrency",
+                               fix="free GPU memory (other processes on this GPU)",
                                kind="memory") from e
         if cached:
             self._slots[key] = slots
@@ -238,7 +238,7 @@ class Judge:
         compile failure is our failure when fitness is against the compiled reference
         (``HarnessError`` kind ``reference``); otherwise only eager is timed and
         ``env["reference_compile_error"]`` says why."""
-        from evaluators.child.reference import COMPILE_MODE, ReferenceCompileError, references_for, warm_up
+        from evaluators.judge.reference import COMPILE_MODE, ReferenceCompileError, references_for, warm_up
         from evaluators.harness_job import HARNESS_FIXES
         from evaluators.judge.trials import fill_inputs
 
@@ -338,7 +338,7 @@ class Judge:
 
     def _rehearse(self, name: str, settings: HarnessSettings) -> None:
         """One task's :meth:`prepare` (the caller holds the lock)."""
-        from evaluators.child.harness import _load_task
+        from evaluators.judge.tasks import load_task as _load_task
 
         task = _load_task(name, list(settings.task_files))
         cuda = self.backend == "cuda"
@@ -453,7 +453,7 @@ class Judge:
 
     def _evaluate(self, job: HarnessJob, settings: HarnessSettings,
                   progress: Callable[[dict[str, Any]], None], sandbox: Any) -> HarnessReport:
-        from evaluators.child.harness import TaskLoadError, _load_task
+        from evaluators.judge.tasks import TaskLoadError, load_task as _load_task
 
         t0 = time.monotonic()
         mode = Mode(job.mode)
@@ -461,7 +461,7 @@ class Judge:
         try:
             task = _load_task(job.task, list(job.task_files or settings.task_files))
         except TaskLoadError as e:
-            raise HarnessError(str(e), kind="task") from e
+            raise HarnessError(str(e), kind="task", fix=HARNESS_FIXES["task"]) from e
         cuda = self.backend == "cuda"
         ops = self._device_ops(settings)
         self._workdir.mkdir(parents=True, exist_ok=True)
@@ -739,7 +739,7 @@ def _is_oom(e: BaseException) -> bool:
 def _sol_fn(task: Any, backend: str) -> Callable[[dict[str, int]], float | None]:
     if backend != "cuda":
         return lambda shape: None
-    from evaluators.child.harness import _sol_fn as harness_sol
+    from evaluators.judge.environment import sol_fn as harness_sol
 
     return harness_sol(task)
 
@@ -750,7 +750,7 @@ def _env(task: Any, settings: HarnessSettings, cuda: bool) -> dict[str, str]:
     if cuda:
         import torch
 
-        from evaluators.child.harness import _env_info
+        from evaluators.judge.environment import env_info as _env_info
 
         env = _env_info(torch, {"reps": settings.reps, "warmup": settings.warmup, "flush_mb": settings.flush_mb,
                                 "trials": settings.trials})

@@ -1,11 +1,8 @@
 """An Nsight Compute profile taken by the judge (issue 40: "ncu profiles a runner, under the
 same sandbox as any runner"): :func:`profile_with_runner`.
 
-The old path (:func:`evaluators.profile.profile_candidate` with ``isolation = "harness"``) runs
-``ncu python -m evaluators.child.profile JOBDIR``: a Python child that loads the candidate with
-no sandbox at all and whose ``result.json`` the parent believes. Here the candidate runs only
-in a runner (:mod:`evaluators.runner`), started by the judge's own machinery
-(:meth:`Judge._start_runner <evaluators.judge.judge.Judge._start_runner>`) with ncu in front:
+The candidate runs only in a runner (:mod:`evaluators.runner`), started by the judge's own
+machinery (:meth:`Judge._start_runner <evaluators.judge.judge.Judge._start_runner>`) with ncu in front:
 
 1. the shape's buffers are the judge's (:meth:`Judge._slots_for`); the runner maps them, its
    empty call is timed, it installs its seccomp filter, and only then loads the ``.so``;
@@ -31,8 +28,8 @@ to the candidate, and with a single ``CALL`` all of them belong to the profiled 
 calls would add kernels in a number the judge cannot know (a candidate may launch a different
 number per call), so ``--launch-skip`` could not be set soundly; the warm-up buys nothing for
 ncu's numbers anyway (ncu replays the kernel from saved memory, flushes caches before every
-pass by default, and ``gpu__time_duration`` excludes module loading). ``settings.warmup`` is
-therefore not used here and ``metrics["warmup"]`` is 0. Kernels a candidate launches on its
+pass by default, and ``gpu__time_duration`` excludes module loading), so ``metrics["warmup"]``
+is 0. Kernels a candidate launches on its
 first call only (lazy set-up) are captured with the rest, as they are part of that call.
 ``--launch-count`` (``settings.launch_count``) caps the captured kernels: when the cap is
 reached, ``metrics["ncu_capped"]`` is true and ``ncu_kernel_ms`` is a lower bound.
@@ -271,7 +268,7 @@ def profile_with_runner(judge: Any, candidate_id: str, so_bytes: bytes, task_nam
     per-call bound); ``gpu``: the GPU's name for the metrics (default: the judge's device).
     Raises :class:`~evaluators.profile.settings.NcuNotFoundError` or
     :class:`~evaluators.profile.settings.ProfileError` for failures of ours."""
-    from evaluators.child.harness import TaskLoadError, _load_task
+    from evaluators.judge.tasks import TaskLoadError, load_task as _load_task
     from evaluators.profile.run import find_ncu
 
     t0 = time.monotonic()
@@ -407,7 +404,7 @@ def _profiled_call(task: Any, runner: Any, so: Path, slots: Any, shp: dict[str, 
     else the candidate's verdict."""
     import torch
 
-    from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits
+    from evaluators.judge.checks import first_wrong_output, ground_truth, poison_, same_bits
     from evaluators.judge.timing import _sanity
     from evaluators.judge.trials import CallFailed, ask, check_done, fill_inputs
 

@@ -104,7 +104,7 @@ def probe_specs(task: Any, shape: dict[str, int], device: Any) -> tuple[tuple[Te
     as the reference returns them (floating outputs in the task's dtype, contiguous)."""
     import torch
 
-    from evaluators.child.correctness import _as_tuple, output_dtype
+    from evaluators.judge.checks import _as_tuple, output_dtype
 
     gen = torch.Generator(device=device)
     gen.manual_seed(0)

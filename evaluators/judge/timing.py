@@ -24,7 +24,7 @@ The candidate's time is the runner's event time, believed only when the judge's 
 (:func:`corroborate`): the median round trip minus the median round trip of the runner's own
 empty call (measured before the candidate was loaded, ``NULLCALL``) is what the call took;
 the runner may not claim much less. Medians, IQRs, speedups, the speed-of-light and
-reconfirm rules are those of :func:`evaluators.child.timing.summarize`.
+reconfirm rules are those of :func:`evaluators.judge.summary.summarize`.
 
 The device is reached through :class:`DeviceOps` so the loop runs on the CPU in the tests
 with a fake clock and a fake kernel.
@@ -155,7 +155,7 @@ class Calibration:
 
     @property
     def noise_ms(self) -> float:
-        from evaluators.child.timing import iqr
+        from evaluators.judge.summary import iqr
 
         return iqr(self.wall_ms) if len(self.wall_ms) > 1 else 0.0
 
@@ -183,7 +183,7 @@ def corroborate(shape: dict[str, int], cand_ms: Sequence[float], wall_ms: Sequen
     timed calls and of the empty ones alike: a busy host (the compile pool, the judge's own
     threads) only ever delays a round trip, so the low end is what the call itself took,
     while a runner that reports less than its call took is caught on every rep."""
-    from evaluators.child.timing import median
+    from evaluators.judge.summary import median
 
     claimed = median(cand_ms)
     implied = low_quantile(wall_ms) - calib.overhead_ms
@@ -311,7 +311,7 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
     wrongly on a fraction ``q`` of its calls escapes with probability about
     ``(1 - share * q) ** (reps - 2)``, and moving the median takes ``q >= 1/2``.
 
-    Returns ``(samples, failure, extra)``: the :class:`~evaluators.child.timing.ShapeSamples`
+    Returns ``(samples, failure, extra)``: the :class:`~evaluators.judge.summary.ShapeSamples`
     and ``None``, or ``None`` and the failing StageResult (``incorrect`` or ``invalid``);
     ``extra`` holds the judge's wall samples and the corroboration numbers. Raises
     :class:`CallFailed` when a call fails.
@@ -320,9 +320,9 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
 
     import torch
 
-    from evaluators.child.correctness import first_wrong_output, ground_truth, poison_, same_bits, trial_seed
-    from evaluators.child.reference import warm_up
-    from evaluators.child.timing import ShapeSamples
+    from evaluators.judge.checks import first_wrong_output, ground_truth, poison_, same_bits, trial_seed
+    from evaluators.judge.reference import warm_up
+    from evaluators.judge.summary import ShapeSamples
     from evaluators.judge.fill import input_filler
 
     dist = task.distributions[0] if task.distributions else "normal"
@@ -414,7 +414,7 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
     ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails. ``phases``
     receives the judge's seconds per step of the loop; ``pool``, ``share`` and ``draw`` are
     :func:`time_shape`'s."""
-    from evaluators.child.timing import summarize
+    from evaluators.judge.summary import summarize
 
     t0 = time.monotonic()
     samples, per_shape_extra = [], []

@@ -147,7 +147,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
     ``fused``: the tolerance check's ``torch.compile`` backend (:func:`evo.tasks.tolerance.check`)."""
     import torch
 
-    from evaluators.child.correctness import (_jsonable, _tolerance_fns, ground_truth, output_dtype, poison_,
+    from evaluators.judge.checks import (_jsonable, _tolerance_fns, ground_truth, output_dtype, poison_,
                                               same_bits, shape_order, trial_seed, worst_element)
 
     check, determinism = _tolerance_fns()
@@ -189,7 +189,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
             for k, (o, r) in enumerate(zip(slots.outs, truth)):
                 rule = getattr(task, "index_rule", None)
                 if rule is not None and not r.is_floating_point():
-                    from evaluators.child.correctness import _upcast
+                    from evaluators.judge.checks import _upcast
 
                     ok, why, m = rule(_upcast(saved, getattr(torch, task.reference_dtype)), o, r.to(o.device))
                 else:

@@ -1,6 +1,5 @@
 """What a profile measures and how it runs: :class:`ProfileSettings` (the record of
-``[profile]``), the ncu metric list (:data:`DEFAULT_METRICS`), the NVTX range the child
-wraps the measured call in, and the profiler's own errors.
+``[profile]``), the ncu metric list (:data:`DEFAULT_METRICS`) and the profiler's own errors.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ from evo.core.settings import config_key
 
 
 STAGE = "profile"
-#: Name of the NVTX push/pop range the profile child wraps the measured call in.
-NVTX_RANGE = "evo_candidate"
 #: Version of the metric summary below; part of the cache key so a change re-profiles.
 SUMMARY_VERSION = "1"
 #: Warp-stall reasons ncu reports per issued instruction on sm_70+; ``gmma`` (waiting on a
@@ -72,11 +69,9 @@ class ProfileSettings:
     ``timeout_s``: wall clock of one ncu run (its process group is killed after).
 
     Set by code: ``metrics``: the ncu metric list (default :data:`DEFAULT_METRICS`).
-    ``launch_count``: most kernels captured from the one measured call. ``warmup``:
-    candidate calls before the measured one. ``ncu``: executable name or path.
-    ``cache_dir``: JSON cache of finished profiles (``""`` = no cache; a run's is
-    ``profiles`` beside its compile cache). ``device``: GPU index among the caller's visible
-    devices. ``seed``: seed of the profiled call's inputs.
+    ``launch_count``: most kernels captured from the one measured call. ``ncu``: executable
+    name or path. ``cache_dir``: JSON cache of finished profiles (``""`` = no cache; a run's is
+    ``profiles`` beside its compile cache). ``seed``: seed of the profiled call's inputs.
     """
 
     enabled: bool = config_key(False)
@@ -85,10 +80,8 @@ class ProfileSettings:
     timeout_s: float = config_key(240.0, gt=0)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     launch_count: int = 4
-    warmup: int = 1
     ncu: str = "ncu"
     cache_dir: str = ".evo/profiles"
-    device: int = 0
     seed: int = 1234
 
     def __post_init__(self) -> None:

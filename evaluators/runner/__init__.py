@@ -1,7 +1,7 @@
 """The untrusted side of evaluation: the runner, the one process that loads a candidate.
 
 This package holds ONLY what belongs to that side: the runner's C++ source
-(``evo_runner.cpp``, package data; it includes ``evaluators/child/evo_abi.h``) and the code
+(``evo_runner.cpp``, package data; it includes ``evaluators/abi/evo_abi.h``) and the code
 that builds it (:mod:`evaluators.runner.build`). Nothing here is imported by a runner, and
 nothing here reads what a runner says: the judge (:mod:`evaluators.judge`, trusted) drives
 runners through :mod:`evaluators.judge.runner_process` and the line protocol of

@@ -3,7 +3,7 @@
 :func:`runner_binary` returns the path of a built runner: ``<cache_dir>/runner/evo_runner-
 <backend>-<key>``, where ``cache_dir`` is the compile cache's root (``compile.cache_dir``,
 default ``.evo/cache``, :class:`evaluators.base.CompileSettings`) and ``key`` is the sha256 of
-the source, the ABI header (``evaluators/child/evo_abi.h``), the backend, the compiler command
+the source, the ABI header (``evaluators/abi/evo_abi.h``), the backend, the compiler command
 and the compiler's version. A build goes to a temporary name and is renamed into place; an
 ``flock`` per key makes parallel callers (pytest workers, GPU actors) wait for one compiler run.
 

@@ -39,7 +39,7 @@
 #include <vector>
 
 #if defined(EVO_RUNNER_HOST) && !__has_include(<cuda_runtime.h>)
-// No CUDA toolkit headers here: the struct of evaluators/child/evo_abi.h, which stays the
+// No CUDA toolkit headers here: the struct of evaluators/abi/evo_abi.h, which stays the
 // source of the ABI (the static_assert below catches a drift in size).
 typedef struct CUstream_st* cudaStream_t;
 #define EVO_MAX_DIMS 8

@@ -1,16 +1,16 @@
-"""Sandbox for the isolated harness child: what a candidate's native code may reach.
+"""Sandbox for the runner: what a candidate's native code may reach.
 
-:func:`evaluators.isolation.run_isolated` asks :func:`sandbox_launch` to turn the child's
-``argv`` and environment into a sandboxed launch. The child is started through a tiny Python
-*exec wrapper* (``python -I -S -c WRAPPER CONFIG argv...``) that confines itself and then
-``execv``\\ s the real child, so the confinement is inherited by the harness, the candidate's
-``.so`` and anything they start. (A wrapper rather than ``preexec_fn``: the parent is often a
-threaded Ray worker, where ``preexec_fn`` is unsafe.)
+The judge (:meth:`evaluators.judge.runner_process.RunnerProcess.start`) asks
+:func:`sandbox_launch` to turn the runner's ``argv`` and environment into a sandboxed launch.
+The runner is started through a tiny Python *exec wrapper* (``python -I -S -c WRAPPER CONFIG
+argv...``) that confines itself and then ``execv``\\ s the runner, so the confinement is
+inherited by the runner, the candidate's ``.so`` and anything they start. (A wrapper rather
+than ``preexec_fn``: the parent is often a threaded Ray worker, where ``preexec_fn`` is unsafe.)
 
 Layers, each applied only where the kernel allows it (:func:`probe` detects once per process
 and logs one WARNING for what is missing):
 
-- **environment**: a whitelist (``isolation.child_env``) minus anything secret-looking, minus
+- **environment**: a whitelist (:func:`evaluators.judge.runner_process.runner_env`) minus anything secret-looking, minus
   the names in ``SandboxSettings.secret_env`` / ``$EVO_SECRET_ENV`` (e.g. an LLM ``key_env``
   without KEY/TOKEN in its name), minus any variable whose *value* carries a secret's value;
   ``HOME``, ``TMPDIR``, ``XDG_CACHE_HOME`` point into the private job directory.
@@ -26,32 +26,32 @@ and logs one WARNING for what is missing):
   user's current count plus ``nproc_margin``; root ignores it, so it is skipped with a
   WARNING), file size (``fsize_mb``: a candidate cannot fill the disk through its logs),
   core dumps off. Never the address space: CUDA reserves far more than it uses.
-- **files** (Landlock, default on): the child reads only beneath :func:`harness_paths`'s set,
-  derived per launch (its Python's prefixes and ``sys.path``, the project's packages but not
-  the rest of the project, system libraries and programs, CUDA, what CUDA reads in /proc and
-  /sys, the job directory, user task files' directories, ``EVO_SANDBOX_READABLE``) and writes
+- **files** (Landlock, default on): the runner reads only beneath :func:`~evaluators.sandbox.landlock.runner_paths`'s set
+  (a Python stand-in: :func:`harness_paths`'s), derived per launch (its binary and the
+  libraries it loads, system libraries and programs, CUDA, what CUDA reads in /proc and /sys,
+  the job directory, ``EVO_SANDBOX_READABLE``) and writes
   only below the job directory, ``/dev``, its own ``/proc/self`` (the CUDA driver writes there
   in ``cuInit``), the MPS pipe directory and ``EVO_SANDBOX_WRITABLE``: not /etc/passwd, other
   processes' /proc entries, the lineage DB, the user's files. ``EVO_SANDBOX_READS=0`` /
   ``EVO_SANDBOX_LANDLOCK_FS=0`` switch reads / writes off (docs/SECURITY.md). nvcc runs under
   the same kind of rules (``evaluators.compile.nvcc_landlock``).
-- **system calls** (in the harness itself, :func:`install_seccomp`, right before it loads the
-  candidate: after torch and CUDA are initialised, so nothing they need at start-up is
-  blocked, while the wrapper can still ``exec`` the harness): a seccomp-bpf filter, synced
+- **system calls** (in the runner itself, on the judge's ``SECCOMP`` right before ``LOAD``:
+  after its CUDA context is made, so nothing CUDA needs at start-up is blocked, while the
+  wrapper can still ``exec`` the runner; :func:`seccomp_program`): a seccomp-bpf filter, synced
   to every thread, refuses with ``EPERM`` ``execve``/``execveat``, ``fork``/``vfork``,
   ``clone`` without ``CLONE_THREAD`` or with a namespace flag (threads stay allowed;
   ``clone3`` answers ``ENOSYS`` so glibc falls back to ``clone``), every socket call,
   ``ptrace``/``process_vm_*``, mounts and namespaces, kexec/modules/bpf/perf/userfaultfd,
   keyrings, io_uring, signals to any process but itself, terminal injection (TIOCSTI).
   Another architecture's calls (i386 ``int 0x80``, x32) kill the process. Checked for
-  x86_64 and aarch64; elsewhere, or when the kernel refuses, the harness stops with a
-  harness error of kind ``sandbox`` unless ``EVO_SANDBOX_SECCOMP=0``.
-- **parents not readable**: :func:`sandbox_launch` makes the process that starts the child
-  undumpable (:func:`make_undumpable`), so the child cannot read its ``/proc/<ppid>/environ``
+  x86_64 and aarch64; elsewhere, or when the kernel refuses, the runner does not start (our
+  failure, before the candidate is loaded) unless ``EVO_SANDBOX_SECCOMP=0``.
+- **parents not readable**: :func:`sandbox_launch` makes the process that starts the runner
+  undumpable (:func:`make_undumpable`), so the runner cannot read its ``/proc/<ppid>/environ``
   or ``mem``; the driver does the same when it starts the runtime, and starts a local Ray
   instance without its secrets (:func:`secrets_withheld`).
 
-OOM score: the child sets ``oom_score_adj = 1000`` so the kernel's OOM killer picks a
+OOM score: the wrapper sets ``oom_score_adj = 1000`` so the kernel's OOM killer picks a
 runaway candidate before anything else.
 
 Switches (environment, read by :meth:`SandboxSettings.from_env`, inherited by Ray workers
@@ -61,20 +61,20 @@ started from the driver): ``EVO_SANDBOX=0`` (no wrapper at all: environment scru
 ``EVO_SANDBOX_READABLE=/a:/b``, ``EVO_SECRET_ENV=NAME,NAME``.
 
 Failure policy: the probe runs the very same wrapper once per process, so a layer that is
-used is known to work. If the wrapper still fails to confine itself, it writes
-``error.json`` and exits :data:`~evaluators.child.protocol.HARNESS_BUG_EXIT`, which
-``run_isolated`` raises as ``HarnessError``: the candidate never runs unconfined by accident.
+used is known to work. If the wrapper still fails to confine itself, it says so on stderr and
+exits 70 before the ``exec``; the judge sees a runner that did not start (our failure, a
+``HarnessError`` of kind ``runner``): the candidate never runs unconfined by accident.
 
 Layout:
 
 ===================  ========================================================================
-``launch.py``        :func:`sandbox_launch` (the child's launch), :func:`describe`, rlimits
-``settings.py``      :class:`SandboxSettings` from the switches; the variables set for the child
+``launch.py``        :func:`sandbox_launch` (the runner's launch), :func:`describe`, rlimits
+``settings.py``      :class:`SandboxSettings` from the switches; the variables set for the runner
 ``environment.py``   secrets: the scrubbed environment, secrets withheld, undumpable parents
-``wrapper.py``       the exec wrapper that confines itself, then execs the child
+``wrapper.py``       the exec wrapper that confines itself, then execs the runner
 ``capabilities.py``  what this machine allows, probed once with the same wrapper
-``landlock.py``      Landlock's code, its ABI, the paths the harness child may read and write
-``seccomp.py``       the seccomp-bpf filter the harness installs before loading the candidate
+``landlock.py``      Landlock's code, its ABI, the paths a runner may read and write
+``seccomp.py``       the seccomp-bpf filter a runner installs before loading the candidate
 ===================  ========================================================================
 """
 

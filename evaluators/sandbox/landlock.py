@@ -1,6 +1,6 @@
 """Landlock: the stdlib-only code that applies a rule set (:data:`LANDLOCK_CODE`, run by the
-child's exec wrapper and by nvcc's), the kernel's Landlock ABI, and the files the harness
-child (:func:`harness_paths`) or a native runner (:func:`runner_paths`) may read, list and
+child's exec wrapper and by nvcc's), the kernel's Landlock ABI, and the files a Python
+process (:func:`harness_paths`: a stand-in runner) or the native runner (:func:`runner_paths`) may read, list and
 write, derived per launch.
 """
 
@@ -89,7 +89,7 @@ def _landlock_abi() -> int:
     return int(r) if r > 0 else 0
 
 
-#: Read-only system locations the harness child needs (each only if it exists): shared
+#: Read-only system locations a runner needs (each only if it exists): shared
 #: libraries (the CUDA driver's among them), system programs, locale and time zone data, the loader's cache,
 #: what the CUDA driver and torch read from /proc and /sys. Not /etc as a whole (passwd,
 #: ssh, tokens), not /home, /root, /var, /tmp, /opt, other processes' /proc entries.
@@ -165,7 +165,7 @@ def _project_entries(root: Path) -> tuple[list[str], list[str]]:
 
 def harness_paths(argv: Sequence[str], env: Mapping[str, str], jobdir: str | os.PathLike[str], *,
                   readable: Sequence[str] = (), writable: Sequence[str] = ()) -> dict[str, list[str]]:
-    """What the harness child may read, list and write under Landlock, derived from this
+    """What a Python child (a stand-in runner) may read, list and write under Landlock, derived from this
     machine and the launch, never a fixed list of its paths: ``{"read", "list", "write"}``.
 
     read: the child's Python (its prefixes and every ``sys.path`` entry it will have, asked

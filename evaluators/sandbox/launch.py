@@ -1,4 +1,4 @@
-"""The sandboxed launch of a harness child (:func:`sandbox_launch`): the environment scrubbed,
+"""The sandboxed launch of a runner (:func:`sandbox_launch`): the environment scrubbed,
 a private HOME and TMPDIR, rlimits, and the wrapper's configuration for the layers this
 machine allows; :func:`describe` says which in one line.
 """
@@ -93,7 +93,7 @@ def sandbox_launch(
     e = scrub_env(env, extra=s.secret_env)
     e.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp),
              XDG_CACHE_HOME=str(home / ".cache"))
-    # The harness reads this before it loads the candidate (install_seccomp); set here, where
+    # A Python runner reads this before it loads the candidate (install_seccomp); set here, where
     # the candidate has no say, and only "0" when the user switched the sandbox off.
     e[SECCOMP_ENV] = "1" if (s.enabled and s.seccomp) else "0"
     make_undumpable()
@@ -141,5 +141,5 @@ def describe(settings: SandboxSettings | None = None) -> str:
                      + (" signal scoping" if caps.landlock_abi >= 6 else "")
                      + (" + read protection" if s.landlock_reads else "")
                      + (" + write protection" if s.landlock_fs else ""))
-    parts.append("seccomp in the harness" if s.seccomp else "NO seccomp (EVO_SANDBOX_SECCOMP=0)")
+    parts.append("seccomp in the runner" if s.seccomp else "NO seccomp (EVO_SANDBOX_SECCOMP=0)")
     return "sandbox: " + ", ".join(parts) + (f" [{'; '.join(caps.notes)}]" if caps.notes else "")

@@ -1,5 +1,6 @@
-"""The seccomp-bpf filter the harness child installs in itself right before it loads the
-candidate (:func:`install_seccomp`): what it refuses (:data:`SECCOMP_DENIED`,
+"""The seccomp-bpf filter a runner installs in itself right before it loads the candidate
+(:func:`seccomp_program`, made by the judge for the runner's pid and installed by the runner on
+``SECCOMP``; :func:`install_seccomp` installs it in a Python process): what it refuses (:data:`SECCOMP_DENIED`,
 :data:`SECCOMP_ARG_CHECKED`), per architecture (x86_64, aarch64), as classic BPF
 (:func:`seccomp_program`).
 """
@@ -15,8 +16,8 @@ from evaluators.sandbox.settings import SECCOMP_ENV, _flag
 
 
 class SandboxError(RuntimeError):
-    """A confinement layer the harness must apply could not be applied: our failure (the
-    harness reports it with ``kind = "sandbox"``); the candidate never runs unconfined."""
+    """A confinement layer that must be applied could not be: our failure (reported as a
+    runner that did not start); the candidate never runs unconfined."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ SECCOMP_DENIED: dict[str, str] = {
 #: ``clone``: only with CLONE_THREAD and no namespace flag (threads: CUDA, torch, OpenMP);
 #: ``clone3``: ENOSYS (its flags sit in memory a filter cannot read; glibc then uses clone);
 #: ``kill`` / ``tgkill`` / ``rt_sigqueueinfo`` / ``rt_tgsigqueueinfo``: only to its own pid
-#: (``kill(0, ...)``: its own process group, which the harness child leads alone);
+#: (``kill(0, ...)``: its own process group, which the runner leads alone);
 #: ``ioctl``: not TIOCSTI / TIOCLINUX (typing into a terminal the user has open);
 #: ``personality``: only the query ``personality(0xffffffff)``.
 SECCOMP_ARG_CHECKED = ("clone", "clone3", "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
@@ -212,11 +213,11 @@ def install_seccomp() -> str:
     """Confine this process, every thread of it and everything it starts (the filter of
     :mod:`evaluators.sandbox`); returns a one-line description for the evaluation's ``env``.
 
-    Called by the harness child right before it loads the candidate, after torch and CUDA are
-    initialised (CUDA's own threads exist by then: ``SECCOMP_FILTER_FLAG_TSYNC`` puts them
-    under the filter too, so a host callback the candidate queues on a driver thread is
-    confined as well). Sets ``PR_SET_NO_NEW_PRIVS`` first. Raises :class:`SandboxError` when
-    the filter cannot be installed or verified: the harness must then not run the candidate.
+    For a Python process that loads candidate code (a stand-in runner, the filter's own tests);
+    the C++ runner installs the same program itself. Call it right before the load, once
+    every thread exists (``SECCOMP_FILTER_FLAG_TSYNC`` puts existing threads under the filter
+    too). Sets ``PR_SET_NO_NEW_PRIVS`` first. Raises :class:`SandboxError` when the filter
+    cannot be installed or verified: the candidate must then not be loaded.
     """
     import sys as _sys
 
@@ -251,5 +252,5 @@ def install_seccomp() -> str:
 
 
 def seccomp_wanted(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the harness must install the filter (:data:`SECCOMP_ENV`, default yes)."""
+    """Whether the filter must be installed (:data:`SECCOMP_ENV`, default yes)."""
     return _flag(os.environ if environ is None else environ, SECCOMP_ENV, True)

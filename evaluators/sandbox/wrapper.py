@@ -28,13 +28,6 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def fail(what):
     msg = "sandbox setup failed at %s: %s" % (what, traceback.format_exc(limit=2).strip().splitlines()[-1])
-    jd = cfg.get("jobdir")
-    if jd:
-        try:
-            with open(os.path.join(jd, "error.json"), "w") as f:
-                json.dump({"error": msg, "traceback": traceback.format_exc()}, f)
-        except OSError:
-            pass
     sys.stderr.write(msg + "\n")
     os._exit(70)
 def check(r, what):

@@ -19,6 +19,16 @@ __all__ = ["describe", "model_at", "value_line"]
 _REMOVED_KEYS: dict[str, str] = {
     "compile.workers": "removed (no code could honour it): compiles run as Ray tasks, one per CPU that Ray "
                        "has; set [ray] num_cpus to run fewer, and delete this line",
+    "evaluator.isolation": "removed: every verdict now comes from the judge, which never loads candidate "
+                           "code, and each candidate runs in a sandboxed runner (docs/evaluator.md); delete "
+                           "this line",
+    "evaluator.warm_children": "removed with the Python harness children it kept warm: the judge stays warm "
+                               "and starts the next candidate's runner itself (docs/evaluator.md); delete this line",
+    "evaluator.check_concurrency": "removed with the Python harness: the judge checks one candidate at a time "
+                                   "and starts the next one's runner meanwhile (docs/evaluator.md); delete this line",
+    "evaluator.fresh_timing_process": "removed with the Python harness: the judge times every candidate in the "
+                                      "runner that ran its correctness trials, which holds nothing of the "
+                                      "judge's (docs/evaluator.md); delete this line",
 }
 
 
@@ -140,7 +150,7 @@ def describe(err: Mapping[str, Any], override_keys: set[str]) -> tuple[str, str]
             did = f"did you mean [{hint}]?; " if hint else ""
             return key, f"unknown section [{name}] ({note}{did}allowed: {', '.join(allowed)})"
         if key in _REMOVED_KEYS:
-            return key, f"'{key}'{' (set by override)' if via else ''} was {_REMOVED_KEYS[key]}"
+            return key, f"'{key}' = {_fmt(value)}{' (set by override)' if via else ''} was {_REMOVED_KEYS[key]}"
         prefix = _dotted(loc[:-1])
         hint = suggest(name, allowed)
         did = f"did you mean '{prefix}.{hint}'?; " if hint else ""

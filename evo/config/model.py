@@ -76,8 +76,8 @@ class Config(Section):
         return record(self.compile, CompileSettings)
 
     def harness_settings(self) -> HarnessSettings:
-        """The ``[evaluator]`` section as the GPU harness's settings record, with the run's
-        user task files (``[tasks] files``), which every isolated child imports."""
+        """The ``[evaluator]`` section as the judge's settings record, with the run's user task
+        files (``[tasks] files``), which the judge imports."""
         return record(self.evaluator, HarnessSettings, task_files=tuple(str(f) for f in self.tasks.files))
 
     def profile_settings(self) -> ProfileSettings:

@@ -7,7 +7,7 @@ defined beside the code that uses it:
 config section        settings record                                used by
 ====================  =============================================  =====================
 ``[compile]``         :class:`evaluators.base.CompileSettings`       the compile stage
-``[evaluator]``       :class:`evaluators.base.HarnessSettings`       the isolated GPU child
+``[evaluator]``       :class:`evaluators.base.HarnessSettings`       the judge
 ``[profile]``         :class:`evaluators.profile.ProfileSettings`    the profile stage
 ``[tuning]``          :class:`evo.tuning.tuning_settings.TuningSettings`    tuning studies
 ``[search]``          :class:`evo.engine.engine_settings.EngineSettings`    the engine, the islands
@@ -23,10 +23,9 @@ and validates the file once, at the edge; the records themselves do not re-check
 code and tests may build a record with any value on purpose (``memory_mb=256`` to provoke an
 out-of-memory build).
 
-Why not pydantic models: the records travel to Ray workers (pickle) and into the isolated
-GPU child as JSON (``dataclasses.asdict`` in :mod:`evaluators.isolation`), and the child
-imports :mod:`evaluators.base` on every candidate: this module imports nothing but the
-standard library, so neither the child nor any worker loads pydantic.
+Why not pydantic models: the records travel to Ray workers (pickle), and the GPU actor imports
+:mod:`evaluators.base`: this module imports nothing but the standard library, so no worker
+loads pydantic.
 """
 
 from __future__ import annotations

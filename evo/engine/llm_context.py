@@ -48,7 +48,7 @@ _CONST_TYPES = (int, float, str, bool, tuple)
 
 
 def _abi_text() -> str:
-    return resources.files("evaluators.child").joinpath("evo_abi.h").read_text()
+    return resources.files("evaluators.abi").joinpath("evo_abi.h").read_text()
 
 
 def card_facts() -> CardFacts:

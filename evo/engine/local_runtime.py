@@ -158,13 +158,14 @@ class LocalRuntime:
         if self.num_gpus < 1:
             raise ValueError("LocalRuntime needs at least one (fake) GPU")
         self._compiles = cf.ThreadPoolExecutor(max_workers=self.n_cpus, thread_name_prefix="local-compile")
-        pooled = self.stages.evaluate_takes_pool
-        threads = GpuEvaluator.concurrency(self.harness_settings, pooled=pooled)
-        self._gpu_slots = GpuEvaluator.slots(self.harness_settings, pooled=pooled)
+        concurrent = self.stages.evaluate_concurrent
+        threads = GpuEvaluator.concurrency(concurrent=concurrent)
+        self._gpu_slots = GpuEvaluator.slots()
         for g in range(self.num_gpus):
             pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"local-gpu{g}",
                                          initializer=setattr, initargs=(_here, "gpu", g))
-            ev = GpuEvaluator(self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn, pooled=pooled)
+            ev = GpuEvaluator(self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn,
+                              concurrent=concurrent)
             ev._worker = f"local:gpu{g}"
             self._pools.append(pool)
             self.gpu_actors.append(_Gpu(ev, pool))

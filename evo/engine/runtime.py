@@ -10,9 +10,9 @@ and the topology lives in one place; what the engine may rely on is the
 - compile: a Ray task with ``num_cpus=1`` per candidate, returning the ``.so`` bytes (GPU
   nodes need no shared disk); retried once if its worker process dies.
 - GPU: one :class:`~evaluators.actor.GpuEvaluator` actor per GPU (``num_gpus=1``), restarted
-  by Ray if it dies; a threaded actor (``max_concurrency``: its correctness slots, one
-  timing, one waiting), which schedules its GPU itself (evaluators.gpu_schedule). The engine
-  keeps :attr:`Runtime.gpu_slots` requests on each.
+  by Ray if it dies; a threaded actor (``max_concurrency``: the call its judge evaluates,
+  the next one waiting, a profile beside them), whose judge serialises its own GPU work. The
+  engine keeps :attr:`Runtime.gpu_slots` requests on each.
 - islands: one :class:`~populations.actor.IslandActor` per island (``num_cpus=0``), called
   through its typed proxy, :class:`RayIsland`.
 
@@ -132,7 +132,7 @@ def start_local_ray(settings: LocalRaySettings) -> tuple[str, ...]:
     """Start a local Ray instance in this process with ``settings``; returns the names of the
     environment variables withheld from its processes.
 
-    The GCS, the raylet and every worker (the GPU actor is a harness child's parent) inherit
+    The GCS, the raylet and every worker (the GPU actor is a runner's parent) inherit
     the environment they were started with: the secrets (the LLM keys) are removed from it for
     the call (:func:`evaluators.sandbox.secrets_withheld`), so they stay with the driver
     alone, which is made undumpable so that no process of the user can read them from /proc.
@@ -244,15 +244,15 @@ class Runtime:
                 f"(cluster resources: {dict(resources)})"
             )
         gpu_cls = ray.remote(GpuEvaluator)
-        # A threaded actor only for an evaluate_fn that takes the pool (the pipeline's): one
-        # without it runs one call at a time, two requests kept on it.
-        pooled = self.stages.evaluate_takes_pool
+        # A threaded actor only for an evaluate_fn that may be called concurrently (the judge's):
+        # another runs one call at a time, two requests kept on it.
+        concurrent = self.stages.evaluate_concurrent
         opts: dict[str, Any] = (
-            {"max_concurrency": GpuEvaluator.concurrency(self.harness_settings, pooled=True)} if pooled else {})
-        self._gpu_slots = GpuEvaluator.slots(self.harness_settings, pooled=pooled)
+            {"max_concurrency": GpuEvaluator.concurrency(concurrent=True)} if concurrent else {})
+        self._gpu_slots = GpuEvaluator.slots()
         self.gpu_actors = [
             gpu_cls.options(num_gpus=1, num_cpus=0, max_restarts=4, max_task_retries=0, **opts).remote(
-                self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn, pooled=pooled
+                self.stages.evaluate_fn, self.harness_settings, self.stages.profile_fn, concurrent=concurrent
             )
             for _ in range(n_gpus)
         ]
@@ -271,9 +271,8 @@ class Runtime:
 
     @property
     def gpu_slots(self) -> int:
-        """Requests the engine keeps on one GPU actor: each correctness slot, and one more
-        queued so that no gap opens when one finishes (2 for an actor that runs one call at
-        a time). Set by :meth:`start`."""
+        """Requests the engine keeps on one GPU actor: the one evaluated and one more queued,
+        so that no gap opens when one finishes. Set by :meth:`start`."""
         return self._gpu_slots
 
     @property
@@ -334,9 +333,9 @@ class Runtime:
 
     def shutdown(self) -> None:
         for a in self.gpu_actors:
-            try:  # the warm children die with their directories, not orphaned by the kill
+            try:  # its activity sampler stops before the kill
                 ray.get(a.close.remote(), timeout=30)
-            except Exception as e:  # noqa: BLE001 - a dead actor's children died with it
+            except Exception as e:  # noqa: BLE001 - a dead actor has nothing left to close
                 log.debug("GPU actor close: %s", e)
             ray.kill(a, no_restart=True)
         self.gpu_actors = []

@@ -142,11 +142,11 @@ class Stages:
     compile_fn: CompileFn  # runs in a Ray compile task (num_cpus=1)
     evaluate_fn: EvaluateFn | None = None  # in the GPU actor; None = evaluators.pipeline.evaluate_built
     profile_fn: ProfileFn | None = None  # in the GPU actor; None = evaluators.profile (ncu)
-    #: ``evaluate_fn`` takes the actor's warm pool (``pool=``) and obeys its GPU schedule, so
-    #: the actor runs several calls at once (the pipeline's does); False: it is called without
-    #: one, one call at a time with the GPU to itself (the tests' fakes). The runtimes size
-    #: the actor's threads and :attr:`SubmittedWork.gpu_slots` from it.
-    evaluate_takes_pool: bool = True
+    #: ``evaluate_fn`` may be called from several of the actor's threads at once, because it
+    #: serialises its own GPU work (the pipeline's: the judge evaluates one candidate at a time
+    #: and starts the next one's runner meanwhile); False: it is called one call at a time
+    #: (the tests' fakes). The runtimes size the actor's threads from it.
+    evaluate_concurrent: bool = True
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -187,8 +187,8 @@ class SubmittedWork(Protocol):
 
     @property
     def gpu_slots(self) -> int:
-        """Requests the engine keeps on each GPU actor at once (>= 2: the actor runs several
-        correctness processes and schedules its GPU itself, evaluators.gpu_schedule)."""
+        """Requests the engine keeps on each GPU actor at once (>= 2: the one evaluated and the
+        next, whose runner the judge starts meanwhile)."""
         ...
 
     def submit_compile(self, candidate: Candidate) -> Any:

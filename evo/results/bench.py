@@ -2,9 +2,9 @@
 
 Used by ``evo bench`` (champions of a run, or the seeds of chosen tasks) and by
 ``benchmarks/lab/seeds.py``. Each kernel is compiled (in parallel, cached) and then checked and
-timed in its own isolated process (``evaluators.isolation.run_isolated``, mode
-``check+time``), one after another so timings never overlap; the reference is timed by the
-same protocol in the same process. The markdown table names GPU, driver, CUDA, torch, date
+decided by the judge (``evaluators.pipeline.run_built``, mode ``check+time``: the candidate in a
+sandboxed runner of its own), one after another so timings never overlap; the reference is
+timed by the same loop on the same GPU. The markdown table names GPU, driver, CUDA, torch, date
 and the command, and is rewritten after every kernel so a run cut short keeps its rows.
 
 When the harness also timed the reference under ``torch.compile``

@@ -1,12 +1,12 @@
 """What a kernel task is: the contract between the task suite, the seeds and the harness.
 
 A :class:`Task` is frozen data plus module-level functions (so it pickles by reference for
-Ray and for the spawned harness process). The harness (``evaluators/child/harness.py``) is its
-only caller on the GPU side; ``evo tasks`` and the speed-of-light bound read its counts.
+Ray). The judge (``evaluators/judge/``) is its only caller on the GPU side; ``evo tasks`` and
+the speed-of-light bound read its counts.
 
-Kernel ABI mapping (see ``kernels/evo_abi.h``): ``evo_launch`` receives ``make_inputs``'s
+Kernel ABI mapping (see ``evaluators/abi/evo_abi.h``): ``evo_launch`` receives ``make_inputs``'s
 tensors as ``in`` in the same order as ``reference``'s arguments, ``scalars`` as the task's
-``scalars`` tuple, and one output per tensor that ``reference`` returns (the harness
+``scalars`` tuple, and one output per tensor that ``reference`` returns (the judge
 allocates them with the reference's shape and dtype).
 """
 

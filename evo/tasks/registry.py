@@ -7,7 +7,7 @@ when a file is loaded. :data:`BUILTIN_TASKS` holds the built-in tasks only
 :mod:`evo.tasks.modern`); the module functions :func:`get_task`, :func:`task_names`,
 :func:`families`, :func:`tasks_for` and :func:`task_table` read it. Whoever knows of user task
 files (a search's config, a command's ``--task-file``, a run's record) builds its own registry
-at its start and passes it to what looks tasks up; isolated children build theirs from the
+at its start and passes it to what looks tasks up; the judge builds its own from the
 job's ``task_files``.
 
 Every task is validated (:func:`validate_task`) when it enters a registry, so a malformed
@@ -161,8 +161,8 @@ class TaskRegistry:
 
     ``TaskRegistry(tasks)`` validates every task; an equal task twice is kept once, a
     different task under a taken name raises :class:`DuplicateTaskError`. :attr:`files` are
-    the absolute paths of the user task files loaded into it, in order: what an isolated
-    child is given to build the same registry (``HarnessSettings.task_files``).
+    the absolute paths of the user task files loaded into it, in order: what the judge
+    is given to build the same registry (``HarnessSettings.task_files``).
     """
 
     __slots__ = ("_tasks", "_files")

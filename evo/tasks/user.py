@@ -3,8 +3,8 @@
 A task file is plain Python that defines either ``TASKS = [Task(...), ...]`` or a function
 ``tasks() -> list[Task]`` (see ``configs/examples/my_task.py`` and docs/tasks.md). Its
 reference, ``make_inputs``, ``flops`` and ``bytes`` must be module-level functions (or
-picklable objects such as :class:`evo.tasks.inputs.TensorInputs`): the task is pickled into
-the isolated harness process.
+picklable objects such as :class:`evo.tasks.inputs.TensorInputs`): the task is pickled to
+the GPU actor.
 
 How that works: the file is imported as the module ``evo.tasks.user._f<hex of its absolute
 path>``. This module (``evo.tasks.user``) acts as a package for those names and installs an

@@ -605,7 +605,7 @@ def tune_once(study: TuningStudy, evaluate: Callable[[Candidate], Evaluation]) -
 
 def make_local_evaluate(compile_settings: Any, harness_settings: Any,
                         policy: Callable[[str], Any] | None = None) -> Callable[[Candidate], Evaluation]:
-    """policy -> compile -> isolated GPU evaluation of one candidate, in this process.
+    """policy -> compile -> the judge's GPU evaluation of one candidate, in this process.
 
     The CLI's evaluate callable for :func:`tune_once`. A failing stage stops the cascade and
     its result is the evaluation (the study records it as a failed trial).

@@ -59,7 +59,7 @@ def _llm() -> Impl:
     bad_src = good_src.replace("int64_t(blockIdx.x) * BLOCK", "int64_t(blockIdx.x) * BLOK")
     err = 'kernel.cu(16): error: identifier "BLOK" is undefined'
     task = "tiny_copy"
-    abi = (Path(__file__).resolve().parents[2] / "evaluators" / "child" / "evo_abi.h").read_text()
+    abi = (Path(__file__).resolve().parents[2] / "evaluators" / "abi" / "evo_abi.h").read_text()
     info = TaskInfo(reference_src="def reference(x):\n    return x.clone()", abi_text=abi,
                     shapes_text="- {N: 1048576}", dtype="float32", tolerance_text="exact (a copy)")
     broken = Member(Candidate.create(task, bad_src, {}, operator="llm:fake"), None, Status.COMPILE_ERROR, error=err)

@@ -51,7 +51,7 @@ def _cand(notes: str = "", **params: str) -> Candidate:
 
 
 def _stages():
-    return Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile, evaluate_takes_pool=False)
+    return Stages(conformance_compile, fake.fake_evaluate, fake.fake_profile, evaluate_concurrent=False)
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)

@@ -154,7 +154,7 @@ EVALUATE_CASES = {
         Candidate.create("synthetic_a", fake.SOURCE, GOOD_PARAMS, notes="fault:incorrect")),
     "fakes.harness_stages.isolated_evaluate": lambda: EvaluateCase(
         harness_stages.isolated_evaluate, _fake_build, Candidate.create("kb19_relu", fake.SOURCE, GOOD_PARAMS), None,
-        HarnessSettings(timeout_s=120, fresh_timing_process=False)),
+        HarnessSettings(timeout_s=120)),
 }
 
 

@@ -7,7 +7,7 @@ Two halves, both with the static policy bypassed (the point is the layer behind 
   reference's output, a side thread, two timing tricks): each must fail with the stage and
   status its header names;
 - the host attacks of tests/fixtures/attacks/ in the real harness process (torch + CUDA,
-  sandboxed by run_isolated): each must end with its header's ``runtime-expect``.
+  sandboxed like every runner): each must end with its header's ``runtime-expect``.
 
 Every observation is printed as a Markdown row and, when ``EVO_ADVERSARIAL_TABLE`` names a
 file, appended there for benchmarks/RELIABILITY.md:
@@ -25,7 +25,8 @@ import pytest
 
 from evaluators import sandbox as sb
 from evaluators.base import CompileSettings, HarnessSettings
-from evaluators.isolation import HarnessJob, HarnessReport, run_isolated
+from evaluators.harness_job import HarnessJob, HarnessReport
+from evaluators.pipeline import judge_job
 from evo.core.records import Candidate, Operator, Status
 from fakes.listener import TcpListener  # noqa: E402
 
@@ -35,9 +36,7 @@ TESTS = Path(__file__).resolve().parents[1]
 BAD = TESTS / "fixtures" / "bad"
 ATTACKS = TESTS / "fixtures" / "attacks"
 SMALL = (1, 2)  # check shapes of kb19_relu and kb01_square (index 0 is the benchmark shape)
-#: "harness" (default) or "judge" (issue 40): which path evaluates (EVO_TEST_ISOLATION)
-ISOLATION = os.environ.get("EVO_TEST_ISOLATION", "harness")
-FAST = HarnessSettings(trials=5, warmup=2, reps=10, flush_mb=256, timeout_s=180, isolation=ISOLATION)
+FAST = HarnessSettings(trials=5, warmup=2, reps=10, flush_mb=256, timeout_s=180)
 KEY = "sk-attack-test-0123456789abcdefghij"
 PORT = 47613
 VICTIM_DB = Path("/tmp/evo-attack-victim.db")
@@ -92,7 +91,7 @@ def built(tmp_path_factory) -> dict[str, object]:
 
 
 def _run(so: bytes, name: str, task: str, mode: str, shapes, bench, settings=FAST, sandbox=None) -> HarnessReport:
-    rep = run_isolated(HarnessJob(task=task, candidate_id=name, so_bytes=so, mode=mode, shapes=shapes,
+    rep = judge_job(HarnessJob(task=task, candidate_id=name, so_bytes=so, mode=mode, shapes=shapes,
                                   bench_shapes=bench), settings, sandbox=sandbox)
     for s in rep.stages:
         print(f"[{name}] {s.stage}: {s.status.value} {s.reason[:300]}")
@@ -127,10 +126,8 @@ HOST_ATTACKS = sorted(p.stem for p in ATTACKS.glob("*.cu"))
 
 
 @pytest.mark.parametrize("name", HOST_ATTACKS)
-def test_host_attack_in_the_real_harness(built, name, monkeypatch):
+def test_host_attack_through_the_judge_and_runner(built, name, monkeypatch):
     h = _header(ATTACKS / f"{name}.cu")
-    if h.get("judge-only") == "yes" and ISOLATION == "harness":
-        pytest.skip("an exploit of the harness path (issue 40): run with EVO_TEST_ISOLATION=judge")
     expect = h["runtime-expect"]
     if os.geteuid() == 0 and "runtime-expect-root" in h:
         expect = h["runtime-expect-root"]
@@ -149,8 +146,7 @@ def test_host_attack_in_the_real_harness(built, name, monkeypatch):
         variants.append((True, h["runtime-expect-files-open"]))
     try:
         for files_open, want in variants:
-            settings = HarnessSettings(trials=5, warmup=2, reps=10, timeout_s=45 if want == "timeout" else 180,
-                                       isolation=ISOLATION)
+            settings = HarnessSettings(trials=5, warmup=2, reps=10, timeout_s=45 if want == "timeout" else 180)
             rep = _run(out.so_bytes, name, "kb19_relu", "check", SMALL, None, settings=settings,
                        sandbox=sb.SandboxSettings(landlock_fs=not files_open, landlock_reads=not files_open))
             c = rep.stage("correctness")

@@ -26,7 +26,8 @@ CASES = [("kb23_softmax", {}), ("kb24_log_softmax", {}), ("softmax_bf16", STREAM
 @pytest.mark.parametrize("name,override", CASES, ids=[n for n, _ in CASES])
 def test_row_stream_on_uneven_rows(name, override, tmp_path):
     from evaluators.compile import compile_candidate
-    from evaluators.isolation import HarnessJob, run_isolated
+    from evaluators.harness_job import HarnessJob
+    from evaluators.pipeline import judge_job
     from evo.tasks.seeds import seed_params, seed_source
 
     params = {**seed_params(name), **override}
@@ -34,7 +35,7 @@ def test_row_stream_on_uneven_rows(name, override, tmp_path):
     cand = Candidate.create(name, seed_source(name), params, operator=Operator.USER)
     outcome = compile_candidate(cand, CompileSettings(cache_dir=str(tmp_path / "cc")))
     assert outcome.ok, outcome.result.reason
-    rep = run_isolated(
+    rep = judge_job(
         HarnessJob(task=f"{name}_tails", candidate_id=cand.id, so_bytes=outcome.so_bytes, mode="check",
                    task_files=(str(TAILS),)),
         HarnessSettings(trials=5, timeout_s=180),

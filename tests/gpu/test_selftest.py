@@ -30,8 +30,7 @@ def test_every_selftest_kernel_fails(tmp_path):
     from evaluators.selftest import run_selftest
 
     rows = run_selftest(_tasks(), CompileSettings(cache_dir=str(tmp_path / "cc")),
-                        HarnessSettings(trials=5, timeout_s=300,
-                                        isolation=os.environ.get("EVO_TEST_ISOLATION", "harness")))
+                        HarnessSettings(trials=5, timeout_s=300))
     for r in rows:
         print(f"[selftest] {r.task:22s} {r.kernel:9s} {r.stage.status.value:10s} {r.stage.reason[:160]}")
     holes = [(r.task, r.kernel, r.stage.reason) for r in rows if not r.passed_selftest]

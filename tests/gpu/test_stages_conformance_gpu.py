@@ -61,7 +61,7 @@ def test_the_gpu_actors_ncu_profile_conforms(relu_builds, tmp_path):
 
     if shutil.which("ncu") is None:
         pytest.skip("ncu (Nsight Compute) is not on PATH")
-    profile = GpuEvaluator(None, FAST, pooled=True).profile
+    profile = GpuEvaluator(None, FAST, concurrent=True).profile
     assert isinstance(profile, ProfileFn)
     cand, so = relu_builds["good"]
     st = profile(cand, so, 0, ProfileSettings(enabled=True, cache_dir=str(tmp_path)))

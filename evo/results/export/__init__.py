@@ -32,7 +32,7 @@ For each task (a run: every task's champion; an id: that one kernel) this writes
 
 The generated files are templates in ``templates/*.tmpl`` (package data), rendered by
 :func:`~evo.results.export.render.render_template`; op.py's copy of the ABI struct, dtype
-codes and entry-point signatures is rendered from :mod:`evaluators.child.abi` (see
+codes and entry-point signatures is rendered from :mod:`evaluators.abi` (see
 :func:`~evo.results.export.render.abi_fields`), itself checked against ``evo_abi.h`` by
 ``tests/test_abi_header.py``.
 

@@ -107,9 +107,9 @@ def _recheck(cand: Candidate, ev: Evaluation, choice: Choice) -> dict[str, Any]:
     The policy is re-run here, on the source exactly as exported (tunables baked in as
     ``#define`` lines) and on the candidate with its parameters: the run may have used an
     older, looser policy, and the exported ``.so`` is loaded into the user's own process,
-    unsandboxed. The other entries are the verdicts of the run's evaluation (computed by the
-    harness in its sandboxed child; see docs/SECURITY.md for what that does and does not
-    guarantee)."""
+    unsandboxed. The other entries are the verdicts of the run's evaluation (decided by the
+    judge, which never loads candidate code; see docs/SECURITY.md for what that does and does
+    not guarantee)."""
     from evaluators.policy import check_policy
 
     baked = bake_params(cand.source, cand.params, header="")
@@ -144,7 +144,7 @@ def judge_recheck(cand: Candidate, so_bytes: bytes, task_files: Sequence[str] = 
     if not (gpu_available() if gpu is None else gpu):
         return {"status": "not re-checked: no CUDA GPU on this machine (run `evo export` on a GPU machine "
                           "for the judge's re-check)"}
-    settings = HarnessSettings(isolation="judge", task_files=tuple(task_files))
+    settings = HarnessSettings(task_files=tuple(task_files))
     rep = run_built(cand, so_bytes, settings, mode="check+time", task_files=tuple(task_files))
     stages = {s.stage: s for s in rep.stages}
     if not rep.passed or rep.fitness is None:

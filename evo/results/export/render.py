@@ -1,5 +1,5 @@
 """The generated files' templates (``templates/*.tmpl``, package data) and the fields
-rendered into them, the ABI's among them (from :mod:`evaluators.child.abi`)."""
+rendered into them, the ABI's among them (from :mod:`evaluators.abi`)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _wrap_items(head: str, items: Sequence[str], tail: str, column: int, width: 
 
 
 def _py_ctype(name: str) -> str:
-    """Python source for an ABI type name of :mod:`evaluators.child.abi` (``EvoTensor*`` ->
+    """Python source for an ABI type name of :mod:`evaluators.abi` (``EvoTensor*`` ->
     ``ctypes.POINTER(EvoTensor)``), as the exported op.py spells it."""
     if name == "EvoTensor*":
         return "ctypes.POINTER(EvoTensor)"
@@ -94,12 +94,12 @@ def _py_ctype(name: str) -> str:
 
 
 def abi_fields() -> dict[str, str]:
-    """The ABI fields of ``op.py.tmpl``, rendered from :mod:`evaluators.child.abi` (the one Python
+    """The ABI fields of ``op.py.tmpl``, rendered from :mod:`evaluators.abi` (the one Python
     statement of ``evo_abi.h``): the struct, dtype codes and entry-point signatures."""
-    from evaluators.child import abi
+    from evaluators import abi
 
     if abi.WORKSPACE_ARGS != abi.LAUNCH_ARGS[:-1]:  # op.py.tmpl writes ws.argtypes = fn.argtypes[:-1]
-        raise ExportTemplateError("evaluators.child.abi.WORKSPACE_ARGS is no longer LAUNCH_ARGS[:-1]; "
+        raise ExportTemplateError("evaluators.abi.WORKSPACE_ARGS is no longer LAUNCH_ARGS[:-1]; "
                                   "op.py.tmpl binds evo_workspace_bytes that way: update it")
     fields = ["["]
     for name, ct, n in abi.EVO_TENSOR_FIELDS:

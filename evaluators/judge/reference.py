@@ -1,9 +1,9 @@
-"""The references a candidate is timed against (runs inside the isolated harness process).
+"""The references a candidate is timed against (kept by the judge, once per task).
 
 A user choosing this tool would otherwise run their PyTorch code eagerly or under
-``torch.compile``; both are baselines worth a number. The timing stage
-(:mod:`evaluators.child.timing`) times every reference returned here by the same protocol as
-the candidate, interleaved rep by rep with it, in the same fresh process:
+``torch.compile``; both are baselines worth a number. The judge's timing
+(:mod:`evaluators.judge.timing`) times every reference returned here by the same loop as the
+candidate, interleaved rep by rep with it, on the same GPU:
 
 - ``eager``: the task's reference as written (always timed; fitness is measured against it
   unless ``[evaluator] reference = "compile"``);
@@ -11,8 +11,8 @@ the candidate, interleaved rep by rep with it, in the same fresh process:
   timed when the fitness basis is ``compile`` or the caller asks for it
   (``HarnessSettings.time_compiled_reference``, set by ``evo bench``).
 
-Compilation happens on the first call for each shape; :func:`warm_up` makes those calls (and
-the warm-up repetitions) before any clock starts, so compile time never enters a timed
+Compilation happens on the first call for each shape; :func:`warm_up` makes those calls (in
+the judge, before any runner starts) before any clock starts, so compile time never enters a timed
 sample. A reference that fails to compile raises :class:`ReferenceCompileError`: it is
 reported as such (a compile-basis run stops with that message; ``evo bench`` prints
 "compile failed" in the column) and is never silently replaced by the eager one.

@@ -1,6 +1,6 @@
 """The kernel ABI on the Python side: ``EvoTensor`` as a ctypes struct and the .so loader.
 
-The C header ``evaluators/child/evo_abi.h`` is the source of the ABI; this module is its one
+The C header ``evaluators/abi/evo_abi.h`` is the source of the ABI; this module is its one
 Python statement: the struct's fields (:data:`EVO_TENSOR_FIELDS`), the dtype codes
 (:data:`EVO_DTYPES`) and the entry points' signatures (:data:`LAUNCH_ARGS` and friends), as
 plain data. :class:`EvoTensor` and :func:`load_kernel` are built from that data, and so is the
@@ -8,8 +8,9 @@ copy of the struct in every exported ``op.py`` (``evo/results/export/render.py``
 from here); ``tests/test_abi_header.py`` parses the header and fails on any difference.
 Change the header, then this data, never the struct anywhere else.
 
-Used only inside the isolated harness process (``evaluators/child/harness.py``): the parent never
-loads a candidate's shared object.
+The runner (``evaluators/runner/evo_runner.cpp``) is the only process of the engine that loads a
+candidate's shared object; :func:`load_kernel` serves the kernel lab's in-process tools
+(benchmarks/lab/) and the tests, on kernels the user trusts, never the judge.
 
 Nothing here initialises CUDA. :func:`describe` takes anything tensor-like
 (``data_ptr()``, ``dtype``, ``shape``, ``stride()``), so torch is imported lazily and only
