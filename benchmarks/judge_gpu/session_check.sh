@@ -5,7 +5,9 @@
 # 2. the timed calls' input draw: speed and repeat bits -> OUT/fill_speed.txt, OUT/fill_tests.txt
 # 3. the demo under the judge to its end, its records   -> OUT/a.tgz (demo.db, startup_events.txt,
 #    read by startup_events.py and evaluation_gaps.py       evaluation_gaps.txt, judge_demo.*)
-# 4. the adversarial GPU tests under the judge          -> OUT/b/ (EVO_JUDGE_ADV_S, default 120 s)
+# 4. the adversarial GPU tests under the judge          -> OUT/b.tgz (EVO_JUDGE_ADV_S, default 120 s)
+# 5. the evaluation path's own GPU tests (hangs, re-timing, the stages' conformance)
+#                                                       -> OUT/gpu_path.txt (EVO_GPU_PATH_S, default 100 s)
 # The demo's results are packed before step 4, so a call cut short there keeps them.
 set -u
 out=${1:?usage: session_check.sh OUT_DIR}
@@ -24,7 +26,11 @@ done
 (cd "$out" && tar czf a.tgz a && rm -rf a)
 EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$out/b" judge \
   > "$out/b_run.txt" 2>&1
+timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_harness_gpu.py \
+  tests/gpu/test_stages_conformance_gpu.py > "$out/gpu_path.txt" 2>&1
+(cd "$out" && tar czf b.tgz b && rm -rf b)   # eight files at most come back from a device call
 echo "== GPU";          cat "$out/gpu.txt"
 echo "== input draw";   cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_tests.txt"
 echo "== demo";         tail -n 12 "$out/a_run.txt"
 echo "== adversarial";  grep -E "rc=|passed|failed" "$out/b_run.txt" | tail -n 3
+echo "== evaluation path";  tail -n 3 "$out/gpu_path.txt"
