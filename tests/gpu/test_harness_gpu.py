@@ -106,26 +106,28 @@ def test_exploit_fails_correctness(built, name, shapes, expect, words):
 
 
 def test_side_stream_is_caught_by_timing(built):
+    # the runner's events see an empty interval; the judge's clock over the same calls does not
     rep = _run(built, "side_stream", mode="check+time", bench=(0,))
     assert rep.stage("correctness").status is Status.OK
     t = rep.stage("timing")
-    assert t.status is Status.INVALID and "another stream" in t.reason
+    assert t.status is Status.INVALID and "not what the call took" in t.reason, t.reason
     assert rep.fitness is None
 
 
 def test_call_counter_is_caught_after_timing(built):
-    # reps=30: its counter (24) runs out inside the timing process too, which starts from 0
+    # one runner does correctness and timing: its counter (24) runs out among the timed calls,
+    # and the last timed call is always checked
     rep = _run(built, "call_counter", mode="check+time", bench=(0,),
                settings=HarnessSettings(trials=5, warmup=2, reps=30, flush_mb=256, timeout_s=180))
     assert rep.stage("correctness").status is Status.OK
     t = rep.stage("timing")
-    assert t.status is Status.INCORRECT and "output changed" in t.reason
+    assert t.status is Status.INCORRECT and "output of a timed call is wrong" in t.reason, t.reason
 
 
 def test_hang_times_out_then_gpu_is_healthy(built):
     rep = _run(built, "hang", settings=HarnessSettings(trials=5, timeout_s=25))
     c = rep.stage("correctness")
-    assert c.status is Status.TIMEOUT and "correctness" in c.reason
+    assert c.status is Status.TIMEOUT and "no answer within" in c.reason, c.reason
     _seed_still_passes(built)
 
 
