@@ -4,7 +4,7 @@ times, skips work, hangs, dies, forges result files or answers outside the proto
 
 The runner here is tests/fakes/fake_runner.py (the protocol line for line, on host buffers it
 maps from the judge's files); the real C++ runner's host backend is tested in
-tests/test_runner.py, and the same judge with it in tests/test_judge_runner.py.
+tests/test_runner.py, and the same judge with it in tests/test_attacks_judge.py.
 """
 
 from __future__ import annotations

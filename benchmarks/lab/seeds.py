@@ -6,9 +6,9 @@
     python benchmarks/lab/seeds.py --selftest [--task ...]  # evaluator self-test instead
 
 Each seed is compiled (``evaluators.compile.compile_candidate``, in parallel across CPUs,
-cached), then checked and timed in its own isolated process (``run_isolated``, mode
+cached), then checked and timed through the judge (``evaluators.pipeline.run_built``, mode
 ``check+time``: every shape checked, benchmark shapes timed against the reference by the
-same protocol). The table records, per benchmark shape: seed and torch medians, speedup,
+same protocol; the GPU is the one ``CUDA_VISIBLE_DEVICES`` names first). The table records, per benchmark shape: seed and torch medians, speedup,
 the seed's percentage of the speed-of-light bound, and the status. The header names GPU,
 driver, CUDA, torch, date and the command. Per-task JSON logs go under ``--out``. The short
 table is printed last.
@@ -50,11 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/seeds", help="folder for per-task JSON logs")
     ap.add_argument("--table", default=str(ROOT / "benchmarks" / "lab" / "SEEDS.md"), help="markdown table to write")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compiles")
-    ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--reps", type=int, default=HarnessSettings.reps)
     ap.add_argument("--warmup", type=int, default=HarnessSettings.warmup)
     ap.add_argument("--trials", type=int, default=HarnessSettings.trials)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per isolated run")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per evaluation of one seed")
     ap.add_argument("--cache-dir", default=CompileSettings.cache_dir)
     ap.add_argument("--arch", default=CompileSettings.arch)
     ap.add_argument("--selftest", action="store_true", help="run the evaluator self-test instead")
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                         handlers=[logging.StreamHandler(sys.stderr), logging.FileHandler(out / "seeds.log")])
     cs = CompileSettings(cache_dir=args.cache_dir, arch=args.arch)
     hs = HarnessSettings(trials=args.trials, warmup=args.warmup, reps=args.reps,
-                         timeout_s=args.timeout, device=args.device)
+                         timeout_s=args.timeout)
     try:
         tasks = _select(args.task, args.family)
     except KeyError as e:

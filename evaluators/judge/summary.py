@@ -8,8 +8,8 @@ kept), then, in this order, ``invalid`` when device work outlasted the end event
 speed-of-light bound (the measurement cannot be real). fitness = geometric mean over shapes of
 ``ref_median / candidate_median`` against the basis the config names (eager, or the reference
 under ``torch.compile``: :mod:`evaluators.judge.reference`); a speedup above
-:data:`RECONFIRM_SPEEDUP` sets ``metrics["needs_reconfirm"]`` (the engine re-times it before it
-can become a champion). The samples themselves are taken by :mod:`evaluators.judge.timing`.
+:data:`RECONFIRM_SPEEDUP` sets ``metrics["needs_reconfirm"]``, a flag for readers of the record
+(every champion is evaluated again before it is stored: :mod:`evo.engine.champions`). The samples themselves are taken by :mod:`evaluators.judge.timing`.
 """
 
 from __future__ import annotations

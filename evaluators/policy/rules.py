@@ -212,24 +212,24 @@ POLICY_RULES: tuple[Rule, ...] = (
     Rule("no-redefined-keywords", "redefining a keyword, a CUDA specifier or a reserved name (#define const, "
          "#define __device__) makes code read differently to this check and to the compiler",
          check_redefined_keywords),
-    Rule("no-host-process", "the candidate runs inside the trusted harness: it must not start processes, "
+    Rule("no-host-process", "the candidate runs inside the evaluator's sandboxed runner: it must not start processes, "
          "load code (dlopen/dlsym), make raw syscalls, or end the process", nm.check_process),
-    Rule("no-python-api", "the harness is a Python process: the Python C API (PyRun_SimpleString, "
-         "PyGILState_Ensure, any Py* symbol) would run arbitrary Python inside it", nm.check_python_api),
+    Rule("no-python-api", "the Python C API (PyRun_SimpleString, "
+         "PyGILState_Ensure, any Py* symbol) would run arbitrary Python in the process that loads the kernel", nm.check_python_api),
     Rule("no-host-file-io", "reading or writing files could leak reference results between calls or tamper "
          "with the evaluator", nm.names_rule("no-host-file-io", nm.FILE_IO)),
     Rule("no-network", "a kernel has no business with sockets; results could be fetched from outside",
          nm.names_rule("no-network", nm.NETWORK)),
     Rule("no-threads", "host threads keep working after evo_launch returns, outside what the timer measures",
          nm.names_rule("no-threads", nm.THREADS)),
-    Rule("no-env", "the environment is not an input; reading it lets a kernel detect the harness",
+    Rule("no-env", "the environment is not an input; reading it lets a kernel detect the evaluator",
          nm.names_rule("no-env", nm.ENV)),
     Rule("no-host-time", "host clocks and sleeps let a kernel detect or pace the timer",
          nm.names_rule("no-host-time", nm.TIME)),
     Rule("no-library-fallback", "the search evolves hand-written CuTe kernels; calling cuBLAS/cuDNN/torch or "
          "CUTLASS's device-level GEMM wrappers would measure a library, not the candidate",
          nm.check_library),
-    Rule("no-side-stream-or-sync", "all work must go on the harness's stream: side streams, the default stream, "
+    Rule("no-side-stream-or-sync", "all work must go on the stream evo_launch is given: side streams, the default stream, "
          "events, graphs, host callbacks, device-wide syncs and allocations escape or distort the timer",
          nm.check_side_stream),
     Rule("no-global-state", "mutable state that survives between calls lets a kernel cache results (by input "
@@ -239,7 +239,7 @@ POLICY_RULES: tuple[Rule, ...] = (
     Rule("no-linker-tricks", "asm labels, alias/weakref/ifunc/symver/constructor attributes and symbol-renaming "
          "pragmas bind a harmless-looking name to a forbidden function (or run code at load time)",
          st.check_linker_tricks),
-    Rule("one-entry-point", "the harness calls exactly one `evo_launch` with the ABI signature from evo_abi.h",
+    Rule("one-entry-point", "the runner calls exactly one `evo_launch` with the ABI signature from evo_abi.h",
          st.check_entry_point),
     Rule("param-syntax", "tunable values become -D macros; anything but a number or identifier could inject "
          "code past this check", check_params),
