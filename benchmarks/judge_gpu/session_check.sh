@@ -8,7 +8,8 @@
 # 4. the adversarial GPU tests under the judge          -> OUT/b.tgz (EVO_JUDGE_ADV_S, default 120 s)
 # 5. the evaluation path's own GPU tests (hangs, re-timing, the stages' conformance)
 #                                                       -> OUT/gpu_path.txt (EVO_GPU_PATH_S, default 100 s)
-# The demo's results are packed before step 4, so a call cut short there keeps them.
+# The demo's results are packed before step 4, so a call cut short there keeps them;
+# EVO_CHECK_QUICK=1 stops there.
 set -u
 out=${1:?usage: session_check.sh OUT_DIR}
 mkdir -p "$out"
@@ -24,6 +25,10 @@ for s in startup_events evaluation_gaps; do
   $py "benchmarks/judge_gpu/$s.py" "$out/a/demo.db" > "$out/a/$s.txt" 2>&1
 done
 (cd "$out" && tar czf a.tgz a && rm -rf a)
+if [ -n "${EVO_CHECK_QUICK:-}" ]; then   # the demo only, when little device time is left
+  echo "== GPU"; cat "$out/gpu.txt"; echo "== input draw"; cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_tests.txt"
+  echo "== demo"; tail -n 12 "$out/a_run.txt"; exit 0
+fi
 EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$out/b" judge \
   > "$out/b_run.txt" 2>&1
 timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_harness_gpu.py \
