@@ -317,3 +317,28 @@ def test_the_wall_clock_limit_leaves_what_is_not_on_a_gpu_pending_for_resume(tmp
     assert resumed.evaluations == 20
     assert all(store.get_evaluation(c.id, run_id) is not None for c in cands), "the pending seeds were evaluated"
     store.close()
+
+
+def test_the_engine_feeds_pacing_each_task_s_latency_and_proposals(tmp_path):
+    """evo.engine.pacing is told every compile's and GPU result's seconds with its task, and every
+    proposal: a task whose compiles take longer shows the longer latency, and the proposals it
+    counts are the run's mutation children."""
+    import dataclasses
+
+    from evo.core.records import Candidate
+
+    def compile_by_task(candidate: Candidate, settings: CompileSettings):
+        out = fake.fake_compile(candidate, settings)
+        slow = 30.0 if candidate.task == TASKS[0] else 10.0
+        return dataclasses.replace(out, result=dataclasses.replace(out.result, seconds=slow))
+
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("engine-test", {}, seed=0, config_hash="x")
+    rt = _runtime(Stages(compile_by_task, fake.fake_evaluate, evaluate_concurrent=False)).start()
+    engine = _engine(store, run_id, rt, budget=16, confirm=False)
+    engine.run()
+    latency = engine.pacing.latency()
+    assert set(latency) == set(TASKS) and latency[TASKS[0]] > latency[TASKS[1]] + 15.0, latency
+    children = [c for c in store.candidates(run_id) if c.operator != "seed"]
+    assert sum(engine.pacing._proposed.values()) == len(children) > 0
+    store.close()
