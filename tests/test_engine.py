@@ -340,5 +340,5 @@ def test_the_engine_feeds_pacing_each_task_s_latency_and_proposals(tmp_path):
     latency = engine.pacing.latency()
     assert set(latency) == set(TASKS) and latency[TASKS[0]] > latency[TASKS[1]] + 15.0, latency
     children = [c for c in store.candidates(run_id) if c.operator != "seed"]
-    assert sum(engine.pacing._proposed.values()) == len(children) > 0
+    assert sum(engine.pacing.proposals().values()) == len(children) > 0
     store.close()

@@ -338,9 +338,9 @@ class Judge:
 
     def _rehearse(self, name: str, settings: HarnessSettings) -> None:
         """One task's :meth:`prepare` (the caller holds the lock)."""
-        from evaluators.judge.tasks import load_task as _load_task
+        from evaluators.judge.tasks import load_task
 
-        task = _load_task(name, list(settings.task_files))
+        task = load_task(name, list(settings.task_files))
         cuda = self.backend == "cuda"
         self._workdir.mkdir(parents=True, exist_ok=True)
         tmp = None if cuda else Path(tempfile.mkdtemp(prefix="prepare-", dir=self._workdir))
@@ -453,13 +453,13 @@ class Judge:
 
     def _evaluate(self, job: HarnessJob, settings: HarnessSettings,
                   progress: Callable[[dict[str, Any]], None], sandbox: Any) -> HarnessReport:
-        from evaluators.judge.tasks import TaskLoadError, load_task as _load_task
+        from evaluators.judge.tasks import TaskLoadError, load_task
 
         t0 = time.monotonic()
         mode = Mode(job.mode)
         seed = secrets.randbits(62) if job.seed is None else int(job.seed)
         try:
-            task = _load_task(job.task, list(job.task_files or settings.task_files))
+            task = load_task(job.task, list(job.task_files or settings.task_files))
         except TaskLoadError as e:
             raise HarnessError(str(e), kind="task", fix=HARNESS_FIXES["task"]) from e
         cuda = self.backend == "cuda"
@@ -739,9 +739,9 @@ def _is_oom(e: BaseException) -> bool:
 def _sol_fn(task: Any, backend: str) -> Callable[[dict[str, int]], float | None]:
     if backend != "cuda":
         return lambda shape: None
-    from evaluators.judge.environment import sol_fn as harness_sol
+    from evaluators.judge.environment import sol_fn
 
-    return harness_sol(task)
+    return sol_fn(task)
 
 
 def _env(task: Any, settings: HarnessSettings, cuda: bool) -> dict[str, str]:
@@ -750,10 +750,10 @@ def _env(task: Any, settings: HarnessSettings, cuda: bool) -> dict[str, str]:
     if cuda:
         import torch
 
-        from evaluators.judge.environment import env_info as _env_info
+        from evaluators.judge.environment import env_info
 
-        env = _env_info(torch, {"reps": settings.reps, "warmup": settings.warmup, "flush_mb": settings.flush_mb,
-                                "trials": settings.trials})
+        env = env_info(torch, {"reps": settings.reps, "warmup": settings.warmup, "flush_mb": settings.flush_mb,
+                               "trials": settings.trials})
     else:
         import torch
 

@@ -268,12 +268,12 @@ def profile_with_runner(judge: Any, candidate_id: str, so_bytes: bytes, task_nam
     per-call bound); ``gpu``: the GPU's name for the metrics (default: the judge's device).
     Raises :class:`~evaluators.profile.settings.NcuNotFoundError` or
     :class:`~evaluators.profile.settings.ProfileError` for failures of ours."""
-    from evaluators.judge.tasks import TaskLoadError, load_task as _load_task
+    from evaluators.judge.tasks import TaskLoadError, load_task
     from evaluators.profile.run import find_ncu
 
     t0 = time.monotonic()
     try:
-        task = _load_task(task_name, list(task_files or harness.task_files))
+        task = load_task(task_name, list(task_files or harness.task_files))
     except TaskLoadError as e:
         raise ProfileError(f"cannot profile {candidate_id}: {e}") from e
     si = _shape_index(task, shape)

@@ -137,7 +137,7 @@ class Engine:
         # From the measured compile and GPU rates (evo.engine.inflight): enough to keep the slower
         # pool busy, at most a minute of work queued behind the budget.
         g = self.rt.n_gpus
-        return inflight_bound(self.rates.rates(g), workers=max(1, self.rt.n_cpus - 1), n_gpus=g,
+        return inflight_bound(self.rates.rates(g), workers=self._workers, n_gpus=g,
                               gpu_slots=self.rt.gpu_slots)
 
     # ------------------------------------------------------------------ run
@@ -256,14 +256,14 @@ class Engine:
         n, failed = len(self.islands), set()
         bound = self.max_inflight
         limit = bound - self.survivors.reserve(bound)
+        islands, x = [(i.index, i.task) for i in self.islands], self._throughput()  # fixed for this fill
         # ordered: the pool queues what it cannot run yet (its load would make fills depend on timing)
         while self.n_inflight < limit and len(failed) < n and not self._stop_reason and \
                 (self.items.ordered or self.proposer.has_room()):
             remaining = self._budget_left() - self.survivors.owed()
             if remaining <= 0:
                 return  # never propose more than the budget can evaluate, less the studies' trials
-            order = self.pacing.order([(i.index, i.task) for i in self.islands], throughput=self._throughput(),
-                                      inflight=bound, remaining=remaining, start=self._rr % n)
+            order = self.pacing.order(islands, throughput=x, inflight=bound, remaining=remaining, start=self._rr % n)
             isl = self.islands[next(i for i in order if i not in failed)]
             self._rr += 1
             if not isl.exhausted and self.proposer.propose(isl):
@@ -276,7 +276,12 @@ class Engine:
         """Evaluations a second the run sustains (0 until measured): :mod:`evo.engine.pacing`'s X."""
         g = self.rt.n_gpus
         rates = self.rates.rates(g)
-        return throughput(rates, workers=max(1, self.rt.n_cpus - 1), n_gpus=g) if rates else 0.0
+        return throughput(rates, workers=self._workers, n_gpus=g) if rates else 0.0
+
+    @property
+    def _workers(self) -> int:
+        """Compile workers the rates are read against: every CPU but the engine's own."""
+        return max(1, self.rt.n_cpus - 1)
 
     def _stop(self, reason: str, replace: bool = False) -> bool:
         """Set the run's stop reason unless one is set (``replace``: even then)."""

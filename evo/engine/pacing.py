@@ -108,6 +108,10 @@ class Pacing:
         self._proposed[task] += 1
         self._island[island] += 1
 
+    def proposals(self) -> dict[str, int]:
+        """Proposals so far by task."""
+        return dict(self._proposed)
+
     def latency(self) -> dict[str, float]:
         """Each task's mean compile plus GPU seconds, for tasks with ``min_samples`` compiles
         (a task's first compile is the first sign of its latency, and compiles are most of
