@@ -148,7 +148,7 @@ def run_correctness(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots
     import torch
 
     from evaluators.judge.checks import (_jsonable, _tolerance_fns, ground_truth, output_dtype, poison_,
-                                              same_bits, shape_order, trial_seed, worst_element)
+                                         same_bits, shape_order, trial_seed, worst_element)
 
     check, determinism = _tolerance_fns()
     t_start = time.monotonic()
