@@ -89,7 +89,7 @@ def test_an_honest_kernel_passes_and_is_timed_by_the_judges_references(tmp_path)
     # where the judge's own time went, per step, in the evaluation's env (the run's records
     # say which step limits the rate)
     phases = {k: float(v) for k, v in (kv.split("=") for kv in rep.env["judge_phases"].split())}
-    assert {"buffers", "runner_start", "runner_map", "runner_calibrate", "runner_seccomp", "load", "correctness",
+    assert {"env", "buffers", "runner_start", "runner_map", "runner_calibrate", "runner_seccomp", "load", "correctness",
             "timing_warmup", "timing_inputs", "timing_reference", "timing_call", "timing_check",
             "close"} <= set(phases)
     assert all(v >= 0 for v in phases.values())

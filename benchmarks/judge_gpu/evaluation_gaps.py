@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         t, tot = _t(created) - t0, sum(ph.values())
         timing = sum(v for k, v in ph.items() if k.startswith("timing"))
         print(f"{t:7.2f} {task:20s} {secs:6.2f} start={ph.get('runner_start', 0):.2f} "
-              f"corr={ph.get('correctness', 0):.2f} timing={timing:.2f} tot={tot:.2f} "
+              f"corr={ph.get('correctness', 0):.2f} timing={timing:.2f} env={ph.get('env', 0):.3f} tot={tot:.2f} "
               f"{'FIRST' if task not in seen else ''} {env.get('runner', '')[:5]}")
         seen.add(task)
         rows.append((task, t, tot))

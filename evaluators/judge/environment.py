@@ -2,8 +2,11 @@
 of a task on it.
 
 :func:`env_info`: GPU name, UUID, capability, SMs, L2 and memory size, CUDA, torch, Python,
-the protocol's repetition counts, and the driver, clocks, power and temperature as
-``nvidia-smi`` reads them (shared/EVALUATION.md: every stored time records them).
+the protocol's repetition counts, and the driver, clocks, power and temperature
+(shared/EVALUATION.md: every stored time records them), read through NVML, the driver's
+library that ``nvidia-smi`` itself calls: microseconds in this process instead of a
+``nvidia-smi`` process per evaluation, on the judge's path between candidates. Where NVML
+cannot be read, ``nvidia-smi`` is asked as before.
 :func:`sol_fn`: shape -> the fastest time the GPU's datasheet allows for the task's FLOPs and
 compulsory bytes; a median under it is ``invalid`` (:func:`evaluators.judge.summary.summarize`).
 Runs in the judge, never in a runner.
@@ -11,10 +14,12 @@ Runs in the judge, never in a runner.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import subprocess
 import sys
+import threading
 from typing import Any, Callable
 
 from evaluators.protocol import PROTOCOL_VERSION
@@ -22,6 +27,76 @@ from evaluators.protocol import PROTOCOL_VERSION
 __all__ = ["env_info", "sol_fn"]
 
 log = logging.getLogger(__name__)
+
+
+_SMI_KEYS = ("driver", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "power_w", "temp_c")
+_NVML_CLOCK_SM, _NVML_CLOCK_MEM, _NVML_TEMPERATURE_GPU = 1, 2, 0
+
+
+class NvmlEnv:
+    """The driver version, clocks, power and temperature of one device through NVML, the
+    same values and formats as ``nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,
+    clocks.max.sm,power.draw,temperature.gpu`` gives.
+
+    ``lib`` is ``libnvidia-ml.so.1`` loaded by ctypes (or a fake with its functions); a value
+    NVML does not give (a call's non-zero return) is left out, as the ``nvidia-smi`` path
+    leaves out "N/A". :meth:`open` returns None where NVML or the device cannot be reached."""
+
+    def __init__(self, lib: Any, device: Any) -> None:
+        self._lib = lib
+        self._dev = device
+
+    @classmethod
+    def open(cls, target: str, lib: Any = None) -> "NvmlEnv | None":
+        try:
+            lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return None
+            dev = ctypes.c_void_p()
+            if target.startswith(("GPU-", "MIG-")):
+                rc = lib.nvmlDeviceGetHandleByUUID(target.encode(), ctypes.byref(dev))
+            elif target.isdigit():
+                rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(target)), ctypes.byref(dev))
+            else:
+                return None
+        except (OSError, AttributeError):
+            return None
+        return cls(lib, dev) if rc == 0 else None
+
+    def _uint(self, fn: str, *args: Any) -> int | None:
+        v = ctypes.c_uint()
+        return v.value if getattr(self._lib, fn)(self._dev, *args, ctypes.byref(v)) == 0 else None
+
+    def read(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        buf = ctypes.create_string_buffer(96)
+        if self._lib.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(len(buf))) == 0 and buf.value:
+            out["driver"] = buf.value.decode(errors="replace")
+        for key, fn, args in (("sm_clock_mhz", "nvmlDeviceGetClockInfo", (_NVML_CLOCK_SM,)),
+                              ("mem_clock_mhz", "nvmlDeviceGetClockInfo", (_NVML_CLOCK_MEM,)),
+                              ("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo", (_NVML_CLOCK_SM,)),
+                              ("power_w", "nvmlDeviceGetPowerUsage", ()),
+                              ("temp_c", "nvmlDeviceGetTemperature", (_NVML_TEMPERATURE_GPU,))):
+            v = self._uint(fn, *(ctypes.c_uint(a) for a in args))
+            if v is not None:
+                out[key] = f"{v / 1000:.2f}" if key == "power_w" else str(v)
+        return out
+
+
+_nvml: dict[str, "NvmlEnv | None"] = {}
+_nvml_lock = threading.Lock()
+
+
+def _driver_state(uuid: str | None, index: str) -> dict[str, str]:
+    """The driver's state for the stored time: NVML (opened once per device), else
+    ``nvidia-smi``."""
+    target = uuid or index
+    with _nvml_lock:
+        if target not in _nvml:
+            _nvml[target] = NvmlEnv.open(target)
+        nv = _nvml[target]
+    got = nv.read() if nv is not None else {}
+    return got if got else _nvidia_smi(uuid, index)
 
 
 def _nvidia_smi(uuid: str | None, index: str) -> dict[str, str]:
@@ -37,8 +112,7 @@ def _nvidia_smi(uuid: str | None, index: str) -> dict[str, str]:
     if out.returncode != 0 or not out.stdout.strip():
         return {}
     vals = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
-    keys = ["driver", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "power_w", "temp_c"]
-    return {k: v for k, v in zip(keys, vals) if v and "N/A" not in v and "Not Supported" not in v}
+    return {k: v for k, v in zip(_SMI_KEYS, vals) if v and "N/A" not in v and "Not Supported" not in v}
 
 
 def env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
@@ -65,7 +139,7 @@ def env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
         "flush_mb": str(settings.get("flush_mb")),
         "trials": str(settings.get("trials")),
     }
-    env.update(_nvidia_smi(uuid_s, os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
+    env.update(_driver_state(uuid_s, os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()))
     return env
 
 

@@ -478,7 +478,9 @@ class Judge:
         needed = sorted(set((check_shapes if mode.checks else []) + (bench if mode.times else [])))
         own: list[ShapeSlots] = []
         slots: dict[int, ShapeSlots] = {}
-        env = _env(task, settings, cuda)
+        phases = Phases()
+        with phases("env"):   # the driver's clocks, power and temperature for the stored time
+            env = _env(task, settings, cuda)
         if cuda:   # what the judge holds as a candidate starts (a leak shows here, run after run)
             import torch
 
@@ -486,7 +488,6 @@ class Judge:
             env["judge_memory_gib"] = (f"torch allocated {torch.cuda.memory_allocated() / 2**30:.2f}, "
                                        f"reserved {torch.cuda.memory_reserved() / 2**30:.2f}, "
                                        f"cached buffers {held / 2**30:.2f}")
-        phases = Phases()
         runner = None
         try:
             with phases("buffers"):
