@@ -151,8 +151,15 @@ def build_ptx(request, tmp_path: Path, task: str, source: str, params: dict[str,
 
 
 def build_cache(request) -> Path:
-    """The suite's one nvcc build cache (see the module docstring); created on first use."""
-    return Path(request.config.cache.mkdir(BUILD_CACHE))
+    """The suite's one nvcc build cache (see the module docstring); created on first use.
+    Under ``-p no:cacheprovider`` (no ``config.cache``) a directory under the system's temp
+    directory serves instead."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir(BUILD_CACHE))
+    d = Path(tempfile.gettempdir()) / BUILD_CACHE
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 #: The extra nvcc flag of a device-only build: ``-cubin`` comes after ``compile_candidate``'s
