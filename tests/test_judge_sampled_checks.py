@@ -166,3 +166,32 @@ def test_a_task_that_cannot_be_prepared_is_logged_not_raised(tmp_path, caplog):
     assert judge.prepare(["no_such_task", "judge_relu"], _settings()) == ["judge_relu"]
     assert "preparing the judge for task no_such_task failed" in caplog.text
     judge.close()
+
+
+def test_an_evaluation_that_waited_behind_set_up_says_how_long_behind_what(tmp_path):
+    """The run's start-up in its records: the first evaluation that had to wait for the judge's
+    lock while the judge prepared a task names the step, how long it waited, and the set-up
+    steps done by then; one that found the lock free records neither."""
+    import threading
+    import time
+
+    judge, _ops, _made = _judge(tmp_path, [relu_kernel])
+    assert judge.prepare(["judge_relu"], _settings(reps=REPS)) == ["judge_relu"]
+    out: dict = {}
+    with judge._lock, judge._step("prepare other_task"):
+        t = threading.Thread(target=lambda: out.update(rep=judge.evaluate(_job(), _settings(reps=REPS))))
+        t.start()
+        deadline = time.monotonic() + 30
+        while judge._waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert judge._waiting == 1
+        time.sleep(0.05)
+    t.join(30)
+    env = out["rep"].env
+    waited, _, behind = env["judge_wait"].partition(" s behind ")
+    assert float(waited) >= 0.05 and behind == "prepare other_task"
+    steps = [w.split("=")[0] for w in env["judge_setup"].split()]
+    assert steps == ["prepare:judge_relu", "prepare:other_task"]
+    rep = judge.evaluate(_job(), _settings(reps=REPS))
+    assert "judge_wait" not in rep.env and "judge_setup" not in rep.env
+    judge.close()

@@ -1,5 +1,6 @@
 """Per evaluation of a demo store: seconds after the run was created, task, the judge's phases
-(runner start, correctness, timing, total) and, at the end, the GPU's idle gaps between
+(runner start, correctness, timing, total), how long an evaluation waited for the judge's
+lock behind its set-up or another evaluation (with the set-up's steps), and, at the end, the GPU's idle gaps between
 verdicts (a gap: the time between two verdicts less the later one's judge phases).
 
 usage: python3 benchmarks/judge_gpu/evaluation_gaps.py DB
@@ -20,6 +21,17 @@ from startup_events import _t  # noqa: E402
 SHOWN_GAP_S = 0.5
 
 
+def _setup(steps: str, t0: float) -> str:
+    """The judge's set-up steps (``step=start-end`` in epoch seconds) in seconds after the run
+    was created."""
+    out = []
+    for item in steps.split():
+        name, _, span = item.partition("=")
+        a, _, b = span.partition("-")
+        out.append(f"{name} +{float(a) - t0:.2f}..+{float(b) - t0:.2f}")
+    return "; set-up: " + ", ".join(out) if out else ""
+
+
 def main(argv: list[str]) -> int:
     db = sqlite3.connect(argv[0])
     t0 = _t(db.execute("SELECT created FROM runs").fetchone()[0])
@@ -37,6 +49,8 @@ def main(argv: list[str]) -> int:
               f"{'FIRST' if task not in seen else ''} {env.get('runner', '')[:5]}")
         seen.add(task)
         rows.append((task, t, tot))
+        if env.get("judge_wait"):   # it waited for the judge's lock: behind what, and its set-up
+            print(f"        waited {env['judge_wait']}{_setup(env.get('judge_setup', ''), t0)}")
     print("---gaps")
     busy = idle = 0.0
     for i, (task, t, tot) in enumerate(rows):

@@ -141,6 +141,12 @@ class Judge:
         self._count_lock = threading.Lock()
         #: finished candidates' runners being closed (:meth:`_close_later`)
         self._closing: list[threading.Thread] = []
+        #: what holds the lock now ("warm", "prepare TASK", "evaluate ID"), read by an
+        #: evaluation that has to wait for it; the set-up steps done, ``(step, start, end)`` in
+        #: epoch seconds: both go into the env of the evaluations that waited (the run's
+        #: start-up, in its records)
+        self._doing = ""
+        self._setup: list[tuple[str, float, float]] = []
 
     # ----------------------------------------------------------------- set-up (ours)
 
@@ -276,7 +282,7 @@ class Judge:
         Our failure raises, as the first evaluation's would."""
         if self.backend != "cuda":
             return
-        with self._lock:
+        with self._lock, self._step("warm"):
             import torch
 
             from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
@@ -325,7 +331,8 @@ class Judge:
                 if any(k[0] == name for k in self._refs):
                     continue
                 try:
-                    self._rehearse(name, settings)
+                    with self._step(f"prepare {name}"):
+                        self._rehearse(name, settings)
                     done.append(name)
                 except Exception as e:  # noqa: BLE001 - our failure; the evaluation reports it
                     log.warning("preparing the judge for task %s failed (its first evaluation will try again): %s",
@@ -396,10 +403,13 @@ class Judge:
         failures only; everything the candidate does is in the report. ``sandbox``: this
         runner's :class:`~evaluators.sandbox.SandboxSettings` (default: the judge's, else
         from the environment)."""
-        with self._waiting_for_lock():
+        t0, behind = time.perf_counter(), self._doing
+        with self._waiting_for_lock(), self._step(f"evaluate {job.candidate_id[:12]}", record=False):
+            waited = (time.perf_counter() - t0, behind)
             for attempt in (1, 2):
                 try:
-                    return self._evaluate(job, settings, progress, sandbox if sandbox is not None else self._sandbox)
+                    return self._evaluate(job, settings, progress, sandbox if sandbox is not None else self._sandbox,
+                                          waited)
                 except HarnessError:
                     raise
                 except Exception as e:   # our own: the candidate never runs in this process
@@ -416,6 +426,30 @@ class Judge:
                                        fix="free GPU memory (other processes on this GPU) and resume the run",
                                        kind="memory") from e
             raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _step(self, what: str, *, record: bool = True):
+        """Mark the lock's holder as doing ``what`` (the caller holds the lock); a set-up step
+        (``record``) is kept with its start and end."""
+        self._doing, t0 = what, time.time()
+        try:
+            yield
+        finally:
+            self._doing = ""
+            if record:
+                self._setup.append((what, t0, time.time()))
+
+    def _waited_env(self, waited: tuple[float, str]) -> dict[str, str]:
+        """The env keys of an evaluation that waited for the lock (none when it did not): how
+        long and behind what, and, when it waited behind set-up rather than another
+        evaluation, the judge's set-up steps until then (epoch seconds)."""
+        secs, behind = waited
+        if secs < 0.001:
+            return {}
+        out = {"judge_wait": f"{secs:.3f} s behind {behind or 'the lock'}"}
+        if self._setup and not behind.startswith("evaluate"):
+            out["judge_setup"] = " ".join(f"{w.replace(' ', ':')}={a:.3f}-{b:.3f}" for w, a, b in self._setup)
+        return out
 
     @contextlib.contextmanager
     def _waiting_for_lock(self):
@@ -452,7 +486,8 @@ class Judge:
             torch.cuda.empty_cache()
 
     def _evaluate(self, job: HarnessJob, settings: HarnessSettings,
-                  progress: Callable[[dict[str, Any]], None], sandbox: Any) -> HarnessReport:
+                  progress: Callable[[dict[str, Any]], None], sandbox: Any,
+                  waited: tuple[float, str] = (0.0, "")) -> HarnessReport:
         from evaluators.judge.tasks import TaskLoadError, load_task
 
         t0 = time.monotonic()
@@ -481,6 +516,7 @@ class Judge:
         phases = Phases()
         with phases("env"):   # the driver's clocks, power and temperature for the stored time
             env = _env(task, settings, cuda)
+        env.update(self._waited_env(waited))
         if cuda:   # what the judge holds as a candidate starts (a leak shows here, run after run)
             import torch
 
