@@ -75,12 +75,19 @@ class HarnessJob:
     bench_shapes: tuple[int, ...] | None = None
     task_files: tuple[str, ...] = ()
     seed: int | None = None
+    #: mode ``paired`` only: the baseline's id and built .so (timed beside the candidate)
+    baseline_id: str = ""
+    baseline_so: bytes = b""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"HarnessJob.mode={self.mode!r}; valid modes: {', '.join(MODES)}")
         if not isinstance(self.so_bytes, (bytes, bytearray)) or not self.so_bytes:
             raise ValueError("HarnessJob.so_bytes must be the non-empty bytes of the built .so")
+        paired = self.mode == Mode.PAIRED.value
+        if paired != bool(self.baseline_so) or (paired and not self.baseline_id):
+            raise ValueError(f"HarnessJob.baseline_so and baseline_id: required with mode 'paired', "
+                             f"and only with it (mode={self.mode!r})")
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,11 @@ class Mode(str, enum.Enum):
     CHECK = "check"
     #: correctness, then timing once correctness passed
     CHECK_TIME = "check+time"
-    #: timing only, of a binary already found correct (champion confirmation)
+    #: timing only, of a binary already found correct
     TIME_ONLY = "time-only"
+    #: correctness, then timing interleaved call by call with a baseline's binary, each in a
+    #: runner of its own (champion confirmation: the champion against the task's seed)
+    PAIRED = "paired"
 
     @property
     def checks(self) -> bool:

@@ -31,6 +31,7 @@ candidate code. Everything after the ``LOAD`` is the candidate's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -48,7 +49,7 @@ from evaluators.harness_job import HARNESS_FIXES, HarnessError, HarnessJob, Harn
 from evaluators.judge.exchange import Exchange, ExchangeError, HostExchange, IpcExchange
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots, free_slots, make_slots, probe_specs
-from evaluators.judge.timing import Calibration, CpuOps, CudaOps, DeviceOps, ReferencePool, time_shapes
+from evaluators.judge.timing import Baseline, Calibration, CpuOps, CudaOps, DeviceOps, ReferencePool, time_shapes
 from evaluators.judge.trials import CallFailed, run_correctness
 from evaluators.protocol import Done, Loaded, Mapped, Mode
 from evo.core.records import StageResult, Status
@@ -524,7 +525,7 @@ class Judge:
             env["judge_memory_gib"] = (f"torch allocated {torch.cuda.memory_allocated() / 2**30:.2f}, "
                                        f"reserved {torch.cuda.memory_reserved() / 2**30:.2f}, "
                                        f"cached buffers {held / 2**30:.2f}")
-        runner = None
+        runner = base = None
         try:
             with phases("buffers"):
                 for si in needed:
@@ -541,14 +542,18 @@ class Judge:
             if self._evaluations:   # a judge that has evaluated before will likely evaluate again
                 self._start_spare(settings, sandbox)
             self._evaluations += 1
+            if mode is Mode.PAIRED:
+                base = self._start_baseline(job, slots, settings, sandbox, phases, env)
             stages = self._run(task, job, mode, seed, settings, runner, so, slots, calib, ops, references,
-                               check_shapes, bench, env, progress, phases)
+                               check_shapes, bench, env, progress, phases, base)
         finally:
             if spare is not None:   # taken, but this evaluation failed before it became the runner
                 spare.kill()
             with phases("close"):
                 if runner is not None:
                     self._close_later(runner, jobdir)
+                if base is not None:
+                    self._close_later(base.runner, base.jobdir)
             env["judge_phases"] = phases.dumps()
             for s in own:
                 free_slots(ex, s)
@@ -686,25 +691,62 @@ class Judge:
             raise HarnessError(f"the runner failed before the candidate was loaded: {type(e).__name__}: {e}",
                                detail=tail, kind="runner", fix="see the runner's stderr in the detail") from e
 
+    def _start_baseline(self, job: HarnessJob, slots: dict[int, ShapeSlots], settings: HarnessSettings,
+                        sandbox: Any, phases: Phases, env: dict[str, str]) -> "_BaselineRunner":
+        """The baseline's runner of a ``paired`` job (:class:`Mode`), started and calibrated
+        like the candidate's, its binary written beside it (loaded only once the candidate
+        passed correctness). Our failure raises, as for the candidate's runner."""
+        jobdir = Path(tempfile.mkdtemp(prefix=f"{job.baseline_id[:12]}-baseline-", dir=self._workdir))
+        so = jobdir / "kernel.so"
+        so.write_bytes(job.baseline_so)
+        so.chmod(0o500)
+        try:
+            runner, calib = self._start_runner(jobdir, slots, settings, {}, sandbox, phases=phases)
+        except BaseException:
+            shutil.rmtree(jobdir, ignore_errors=True)
+            raise
+        env["paired_with"] = job.baseline_id
+        return _BaselineRunner(runner, calib, so, jobdir)
+
+    @staticmethod
+    def _load_baseline(base: "_BaselineRunner", caller: Callable) -> tuple[Baseline | None, str]:
+        """The baseline's binary loaded into its runner: ``(Baseline, "")``, or ``(None, why)``
+        when it did not load (the candidate is then timed alone; the pairing's error is
+        recorded, never held against the candidate)."""
+        request, call = caller(base.runner, "the baseline's")
+        try:
+            reply, _ = request(protocol.load(str(base.so)), "loading the baseline")
+        except CallFailed as e:
+            return None, f"the baseline did not load: {e.reason}"
+        if not isinstance(reply, Loaded):
+            return None, f"the baseline did not load: the runner answered {reply}"
+        return Baseline(call, base.calib), ""
+
     def _run(self, task: Any, job: HarnessJob, mode: Mode, seed: int, settings: HarnessSettings, runner: Any,
              so: Path, slots: dict[int, ShapeSlots], calib: Calibration, ops: DeviceOps, references: list[Any],
              check_shapes: list[int], bench: list[int], env: dict[str, str],
-             progress: Callable[[dict[str, Any]], None], phases: Phases) -> list[StageResult]:
+             progress: Callable[[dict[str, Any]], None], phases: Phases,
+             base: "_BaselineRunner | None" = None) -> list[StageResult]:
         from evaluators.judge.trials import ask
 
         deadline = time.monotonic() + float(settings.timeout_s)
         scalars = tuple(float(s) for s in task.scalars)
         call_timeout = float(getattr(settings, "call_timeout_s", 10.0))
 
-        def request(line: str, what: str) -> tuple[Any, float]:
-            return ask(runner, line, what, deadline=deadline, bound=call_timeout,
-                       spent=f"the evaluation's {settings.timeout_s:.0f} s")
+        def caller(r: Any, whose: str) -> tuple[Callable[[str, str], tuple[Any, float]], Callable]:
+            def request(line: str, what: str) -> tuple[Any, float]:
+                return ask(r, line, what, deadline=deadline, bound=call_timeout,
+                           spent=f"the evaluation's {settings.timeout_s:.0f} s")
 
-        def call(s: ShapeSlots) -> tuple[Done, float]:
-            reply, wall = request(protocol.call(s.in_args, s.out_args, scalars), "the candidate's call")
-            if not isinstance(reply, Done):
-                raise CallFailed(Status.CRASH, f"the runner answered {reply} to a call")
-            return reply, wall * 1e3
+            def call(s: ShapeSlots) -> tuple[Done, float]:
+                reply, wall = request(protocol.call(s.in_args, s.out_args, scalars), f"{whose} call")
+                if not isinstance(reply, Done):
+                    raise CallFailed(Status.CRASH, f"the runner answered {reply} to a call")
+                return reply, wall * 1e3
+
+            return request, call
+
+        request, call = caller(runner, "the candidate's")
 
         stages: list[StageResult] = []
         current = "correctness" if mode.checks else "timing"
@@ -725,17 +767,32 @@ class Judge:
                 stages.append(StageResult("timing", Status.SKIPPED, skip))
                 return stages
             current = "timing"
+            baseline, unpaired = self._load_baseline(base, caller) if base is not None else (None, "")
             self._await_quiet()
-            stages.append(time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
-                                      reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
-                                      sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
-                                      progress=progress, phases=phases, fused=self._fused, pool=self._ref_pool,
-                                      draw=self._draw))
+            timing = time_shapes(task, call, slots.__getitem__, shape_indices=bench, references=references,
+                                 reps=settings.reps, warmup=settings.warmup, seed=seed, ops=ops, calib=calib,
+                                 sol_ms=_sol_fn(task, self.backend), basis=settings.reference,
+                                 progress=progress, phases=phases, fused=self._fused, pool=self._ref_pool,
+                                 draw=self._draw, baseline=baseline)
+            if unpaired and timing.status is Status.OK:
+                timing = dataclasses.replace(timing, metrics={**timing.metrics, "paired": {"error": unpaired}})
+            stages.append(timing)
         except CallFailed as f:
             stages.append(StageResult(current, f.status, f.reason, {}, f.artifacts))
             if current == "correctness":
                 stages.append(StageResult("timing", Status.SKIPPED, f"not run: correctness {f.status.value}"))
         return stages
+
+
+@dataclasses.dataclass(frozen=True)
+class _BaselineRunner:
+    """A ``paired`` job's second runner: the baseline's, with its calibration, its binary and
+    its job directory."""
+
+    runner: Any
+    calib: Calibration
+    so: Path
+    jobdir: Path
 
 
 class _Spare:

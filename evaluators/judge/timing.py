@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from evaluators.judge.phases import Phases
 from evaluators.judge.slots import ShapeSlots
-from evaluators.judge.trials import Call, check_done
+from evaluators.judge.trials import Call, CallFailed, check_done
 from evo.core.records import StageResult, Status
 
-__all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "corroborate", "low_quantile", "time_shape", "time_shapes",
+__all__ = ["DeviceOps", "CpuOps", "CudaOps", "Calibration", "Baseline", "corroborate", "low_quantile", "time_shape",
+           "time_shapes", "paired_metrics",
            "ReferencePool", "check_share", "CHECK_SHARE", "SANITY_REL_L2", "CORROBORATE_REL", "CORROBORATE_ABS_MS", "CORROBORATE_NOISE_K"]
 
 #: A timed output whose relative L2 distance to the eager reference's exceeds this was not
@@ -291,12 +292,37 @@ def check_share(reps: int, pooled: int, share: float) -> float:
     return min(1.0, max(float(share), need / float(reps)))
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The other member of a paired timing (a champion confirmation: shared/EVALUATION.md,
+    "paired, interleaved re-timing"): its own runner's call and empty-call calibration. Its
+    calls are interleaved with the candidate's on the same fresh inputs, the order alternating
+    rep by rep, each call prepared, timed and checked as the candidate's are. The baseline
+    (the task's seed) was judged before; a failure of its own ends its part of the loop and
+    is reported (``extra["baseline"]["error"]``), never held against the candidate."""
+
+    call: Call
+    calib: Calibration
+
+
+@dataclass
+class _Member:
+    call: Call
+    calib: Calibration
+    primary: bool
+    ms: list = field(default_factory=list)
+    walls: list = field(default_factory=list)
+    checked: int = 0
+    failed: str | None = None
+
+
 def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int], references: Sequence[Any],
                reps: int, warmup: int, seed: int, ops: DeviceOps, calib: Calibration,
                progress: Callable[[dict[str, Any]], None] = lambda p: None,
                phases: Phases | None = None, fused: str | None = None,
                pool: ReferencePool | None = None, share: float = CHECK_SHARE,
-               draw: Callable[[], float] | None = None) -> tuple[Any, StageResult | None, dict]:
+               draw: Callable[[], float] | None = None,
+               baseline: Baseline | None = None) -> tuple[Any, StageResult | None, dict]:
     """Warm-up and ``reps`` judge-driven timed calls of one shape.
 
     Every call is prepared the same way (fresh inputs, outputs poisoned, L2 flushed) and
@@ -307,14 +333,19 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
     call's inputs are drawn again from their seed (first and last: compared with the
     buffers, bit for bit), the reference runs on that copy after an L2 flush (its time
     enters ``pool``) and the output is compared with it (:func:`_sanity`; the first call
-    also against the fp64 ground truth with the task's tolerance). A kernel that answers
+    also against the fp64 ground truth with the task's tolerance): a kernel that answers
     wrongly on a fraction ``q`` of its calls escapes with probability about
     ``(1 - share * q) ** (reps - 2)``, and moving the median takes ``q >= 1/2``.
 
+    With a ``baseline`` (:class:`Baseline`) each rep's fresh inputs serve both members, one
+    call each, the order alternating (the candidate first on even reps); each call gets its
+    own poison, flush and check, and the reference runs once a rep for both.
+
     Returns ``(samples, failure, extra)``: the :class:`~evaluators.judge.summary.ShapeSamples`
     and ``None``, or ``None`` and the failing StageResult (``incorrect`` or ``invalid``);
-    ``extra`` holds the judge's wall samples and the corroboration numbers. Raises
-    :class:`CallFailed` when a call fails.
+    ``extra`` holds the judge's wall samples and the corroboration numbers, and with a
+    baseline ``extra["baseline"]``: its times (``ms``, one per rep) and corroboration, or
+    ``error``. Raises :class:`CallFailed` when a call of the candidate fails.
     """
     import secrets
 
@@ -335,73 +366,111 @@ def time_shape(task: Any, call: Call, slots: ShapeSlots, *, shape: dict[str, int
     p = check_share(int(reps), min((len(x) for x in prior), default=0), share)
     if draw is None:
         draw = secrets.SystemRandom().random
+    members = [_Member(call, calib, True)] + ([_Member(baseline.call, baseline.calib, False)] if baseline else [])
+    cand = members[0]
     progress({"stage": "timing", "shape": shape, "step": "warm-up"})
     with ph("timing_warmup"):
         with torch.no_grad():
             fill(slots.ins, trial_seed(seed, 2000, 0))
             warm_up(task.name, refs, [tuple(slots.ins)], warmup, ops.sync)
-        for i in range(max(int(warmup), 1)):
-            check_done(call(slots)[0], f"shape {shape}, warm-up call {i}")
-    cand, walls, own_ms = [], [], [[] for _ in refs]
-    checked = 0
+        for m in members:
+            try:
+                for i in range(max(int(warmup), 1)):
+                    check_done(m.call(slots)[0], f"shape {shape}, warm-up call {i}")
+            except CallFailed as e:
+                if m.primary:
+                    raise
+                m.failed = f"the baseline's warm-up: {e.reason}"
+    own_ms: list[list[float]] = [[] for _ in refs]
     progress({"stage": "timing", "shape": shape, "step": f"{reps} timed calls"})
     last = int(reps) - 1
     for r in range(int(reps)):
         where = f"shape {shape}, timed call {r}"
         rep_seed = trial_seed(seed, 1000 + r, 1)
-        with ph("timing_inputs"):   # the same for every call, checked or not
-            with torch.no_grad():
-                fill(slots.ins, rep_seed)
-                for o in slots.outs:
-                    poison_(o)
-            ops.flush()
-            ops.sync()
-        with ph("timing_call"):
-            done, wall = call(slots)
-        check_done(done, where)
-        cand.append(done.ms)
-        walls.append(wall)
         ends = r in (0, last)
-        if not (ends or draw() < p):
-            continue
-        checked += 1
-        with ph("timing_reference"), torch.no_grad():
-            given = [torch.empty_like(x) for x in slots.ins]
-            fill(given, rep_seed)
-            eager_out = None
-            for j, ref in enumerate(refs):
+        given = eager_out = truth = None
+        with ph("timing_inputs"), torch.no_grad():   # the same for every call, checked or not
+            fill(slots.ins, rep_seed)
+        order = [m for m in members if m.failed is None]
+        for m in order if r % 2 == 0 else order[::-1]:
+            with ph("timing_inputs"):
+                with torch.no_grad():
+                    for o in slots.outs:
+                        poison_(o)
                 ops.flush()
-                out, ms = ops.time_ms(lambda ref=ref, args=given: ref.fn(*args))
-                own_ms[j].append(ms)
-                if j == 0:
-                    eager_out = out if isinstance(out, (tuple, list)) else (out,)
-        with ph("timing_check"), torch.no_grad():
-            if ends:
-                for k, (x, s) in enumerate(zip(slots.ins, given)):
-                    if not same_bits(x, s):
-                        return None, StageResult("timing", Status.INCORRECT,
-                                                 f"{where}: the kernel modified input {k}"), {}
-            wrong = _sanity(task, slots.outs, eager_out, seed=trial_seed(seed, 3000 + r, 0))
-            if wrong is None and r == 0:
-                wrong = first_wrong_output(task, slots.outs, ground_truth(task, given, host_fallback=True), fused=fused)
-        del given, eager_out
-        if wrong:
-            return None, StageResult(
-                "timing", Status.INCORRECT,
-                f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
-                "passed: the kernel behaves differently when timed"), {}
-    reason, nums = corroborate(shape, cand, walls, calib)
-    extra = {"wall_ms": walls, **nums, "checked_calls": checked, "check_share": round(p, 4),
+                ops.sync()
+            try:
+                with ph("timing_call"):
+                    done, wall = m.call(slots)
+                check_done(done, where)
+            except CallFailed as e:
+                if m.primary:
+                    raise
+                m.failed = f"the baseline's {where}: {e.reason}"
+                continue
+            m.ms.append(done.ms)
+            m.walls.append(wall)
+            if not (ends or draw() < p):
+                continue
+            m.checked += 1
+            if given is None:   # the reference once a rep, for whichever member is checked
+                with ph("timing_reference"), torch.no_grad():
+                    given = [torch.empty_like(x) for x in slots.ins]
+                    fill(given, rep_seed)
+                    for j, ref in enumerate(refs):
+                        ops.flush()
+                        out, ms = ops.time_ms(lambda ref=ref, args=given: ref.fn(*args))
+                        own_ms[j].append(ms)
+                        if j == 0:
+                            eager_out = out if isinstance(out, (tuple, list)) else (out,)
+            with ph("timing_check"), torch.no_grad():
+                wrong = None
+                if ends:
+                    for k, (x, g) in enumerate(zip(slots.ins, given)):
+                        if not same_bits(x, g):
+                            if m.primary:
+                                return None, StageResult("timing", Status.INCORRECT,
+                                                         f"{where}: the kernel modified input {k}"), {}
+                            wrong = f"it modified input {k}"
+                            break
+                if wrong is None:
+                    wrong = _sanity(task, slots.outs, eager_out, seed=trial_seed(seed, 3000 + r, 0))
+                if wrong is None and r == 0:
+                    if truth is None:
+                        truth = ground_truth(task, given, host_fallback=True)
+                    wrong = first_wrong_output(task, slots.outs, truth, fused=fused)
+            if wrong:
+                if m.primary:
+                    return None, StageResult(
+                        "timing", Status.INCORRECT,
+                        f"{where}, {wrong}: the output of a timed call is wrong although the correctness stage "
+                        "passed: the kernel behaves differently when timed"), {}
+                m.failed = f"the baseline's {where}: {wrong}"
+        del given, eager_out, truth
+    reason, nums = corroborate(shape, cand.ms, cand.walls, calib)
+    extra = {"wall_ms": cand.walls, **nums, "checked_calls": cand.checked, "check_share": round(p, 4),
              "reference_own": len(own_ms[0]) if own_ms else 0}
+    if baseline is not None:
+        extra["baseline"] = _baseline_extra(shape, members[1])
     if reason:
-        return None, StageResult("timing", Status.INVALID, reason, {"shape": shape, "samples_ms": cand, **extra}), extra
+        return None, StageResult("timing", Status.INVALID, reason, {"shape": shape, "samples_ms": cand.ms, **extra}), extra
     ref_ms = []
     for k, old, own in zip(keys, prior, own_ms):
         pool.add(k, own)
         ref_ms.append(tuple((old + own)[-max(int(reps), len(own)):]))
     extra["reference_pooled"] = len(ref_ms[0]) - len(own_ms[0]) if ref_ms else 0
     compiled = next((x for ref, x in zip(refs, ref_ms) if ref.kind == "compile"), ())
-    return ShapeSamples(shape, tuple(cand), ref_ms[0] if ref_ms else (), (), 1, None, (), compiled), None, extra
+    return ShapeSamples(shape, tuple(cand.ms), ref_ms[0] if ref_ms else (), (), 1, None, (), compiled), None, extra
+
+
+def _baseline_extra(shape: dict[str, int], b: _Member) -> dict[str, Any]:
+    """The baseline's part of a paired loop: its times and corroboration, or why it has none."""
+    if b.failed is None:
+        why, nums = corroborate(shape, b.ms, b.walls, b.calib)
+        if why is None:
+            return {"ms": list(b.ms), "checked_calls": b.checked, **nums}
+        b.failed = f"the baseline's timing: {why}"
+    return {"error": b.failed}
 
 
 def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *, shape_indices: Sequence[int],
@@ -409,20 +478,23 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
                 sol_ms: Callable[[dict[str, int]], float | None], basis: str = "eager",
                 progress: Callable[[dict[str, Any]], None] = lambda p: None,
                 phases: Phases | None = None, fused: str | None = None, pool: ReferencePool | None = None,
-                share: float = CHECK_SHARE, draw: Callable[[], float] | None = None) -> StageResult:
+                share: float = CHECK_SHARE, draw: Callable[[], float] | None = None,
+                baseline: Baseline | None = None) -> StageResult:
     """The timing stage over the benchmark shapes: ``ok`` with fitness, or the first
     ``incorrect`` / ``invalid``. Raises :class:`CallFailed` when a call fails. ``phases``
-    receives the judge's seconds per step of the loop; ``pool``, ``share`` and ``draw`` are
-    :func:`time_shape`'s."""
+    receives the judge's seconds per step of the loop; ``pool``, ``share``, ``draw`` and
+    ``baseline`` are :func:`time_shape`'s. With a baseline, ``metrics["paired"]`` holds the
+    paired times (:func:`paired_metrics`)."""
     from evaluators.judge.summary import summarize
 
     t0 = time.monotonic()
-    samples, per_shape_extra = [], []
+    samples, per_shape_extra, base = [], [], []
     for si in shape_indices:
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
                                        warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress,
-                                       phases=phases, fused=fused, pool=pool, share=share, draw=draw)
+                                       phases=phases, fused=fused, pool=pool, share=share, draw=draw,
+                                       baseline=baseline)
         if failure is not None and failure.status is Status.INVALID:
             # A host busy for the whole loop can still push every round trip up: one more
             # loop, and the timing stands only if it agrees (a liar fails both).
@@ -430,7 +502,7 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
             s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
                                            reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
                                            progress=progress, phases=phases, fused=fused, pool=pool,
-                                           share=share, draw=draw)
+                                           share=share, draw=draw, baseline=baseline)
             extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,
@@ -441,9 +513,36 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
             sol = None
         samples.append(type(s)(s.shape, s.cand_ms, s.ref_ms, s.leftover_ms, s.copies, sol, s.sync_ms,
                                s.compile_ref_ms))
+        b = extra.pop("baseline", None)
+        if b is not None:
+            base.append(b)
+            extra["baseline"] = {k: v for k, v in b.items() if k != "ms"}
         per_shape_extra.append({"shape": shape, **{k: v for k, v in extra.items() if k != "wall_ms"},
                                 "wall_samples_ms": extra.get("wall_ms", [])})
     res = summarize(samples, basis)
     metrics = {**res.metrics, "reps": int(reps), "warmup": int(warmup), "corroboration": per_shape_extra,
                "calibration": calib.to_json(), "timed_by": "judge"}
+    if baseline is not None and res.status is Status.OK:
+        metrics["paired"] = paired_metrics(samples, base, basis)
     return StageResult(res.stage, res.status, res.reason, metrics, res.artifacts, time.monotonic() - t0)
+
+
+def paired_metrics(samples: Sequence[Any], base: Sequence[dict[str, Any]], basis: str) -> dict[str, Any]:
+    """The paired times of a timing with a baseline: ``shapes`` (each shape's dict), and per
+    shape the baseline's and the candidate's time of every rep (``baseline_ms``,
+    ``candidate_ms``: rep ``r`` of both came from the same inputs, back to back), with
+    ``baseline_fitness`` (the baseline's times against the same reference samples); or
+    ``error`` naming what the baseline failed (its runner, a call, a check, its timing's
+    corroboration)."""
+    from evaluators.judge.summary import summarize
+
+    err = next((b["error"] for b in base if "error" in b), None)
+    if err is not None or len(base) != len(samples):
+        return {"error": err or "the baseline was not timed on every shape"}
+    bs = [type(s)(s.shape, tuple(b["ms"]), s.ref_ms, (), s.copies, None, (), s.compile_ref_ms)
+          for s, b in zip(samples, base)]
+    bres = summarize(bs, basis)
+    return {"shapes": [dict(s.shape) for s in samples], "baseline_ms": [list(b["ms"]) for b in base],
+            "candidate_ms": [list(s.cand_ms) for s in samples],
+            "baseline_fitness": bres.metrics.get("fitness") if bres.status is Status.OK else None,
+            "order": "alternating, the candidate first on even reps"}
