@@ -413,9 +413,9 @@ def load_rows(out: Path) -> list[Row]:
 # ---------------------------------------------------------------------- main
 
 
-def versus_hand(rt, task: str, champion, fitness: float, *, pairs: int = 5) -> dict:
-    """The run's champion against the hand-tuned seed, both built for the cold task, in
-    ``pairs`` rounds of back-to-back fresh evaluations (the engine's champion confirmation,
+def versus_hand(rt, task: str, champion, fitness: float) -> dict:
+    """The run's champion against the hand-tuned seed, both built for the cold task, timed
+    call by call in one paired evaluation (the engine's champion confirmation,
     :func:`evo.engine.champions.confirm_champion`, with the hand-tuned seed as the baseline):
     ``{"verdict", "gain", "error"}``, ``gain`` the speedup interval of the champion over the
     hand-tuned seed. "Beats the hand-tuned seed outside its confidence interval" (issue 41)
@@ -430,7 +430,7 @@ def versus_hand(rt, task: str, champion, fitness: float, *, pairs: int = 5) -> d
                             island=-1, notes="hand-tuned seed (search_power.py)")
     if hand.id == champion.id:
         return {"verdict": "same kernel", "gain": None, "error": ""}
-    c = confirm_champion(rt, f"{task}_cold", champion, fitness, baseline=hand, pairs=pairs)
+    c = confirm_champion(rt, f"{task}_cold", champion, fitness, baseline=hand)
     gain = c.record.get("gain")
     verdict = c.record.get("verdict") or ""
     if gain and gain.get("high", 1.0) < 1.0:
@@ -441,7 +441,7 @@ def versus_hand(rt, task: str, champion, fitness: float, *, pairs: int = 5) -> d
     return {"verdict": verdict, "gain": gain, "error": error}
 
 
-def run_versus_hand(task: str, cfg_path: Path, db: Path, *, pairs: int = 5) -> dict:
+def run_versus_hand(task: str, cfg_path: Path, db: Path) -> dict:
     """:func:`versus_hand` for the newest run of ``db``'s champion of ``<task>_cold``, on a
     runtime made as ``evo search`` makes one from the search's config."""
     from evo.config import load_config, load_tasks
@@ -461,7 +461,7 @@ def run_versus_hand(task: str, cfg_path: Path, db: Path, *, pairs: int = 5) -> d
                  harness_settings=cfg.harness_settings(), num_gpus=1)
     rt.start()
     try:
-        return versus_hand(rt, task, cand, fitness, pairs=pairs)
+        return versus_hand(rt, task, cand, fitness)
     finally:
         rt.shutdown()
 
@@ -509,9 +509,9 @@ def run_task(task: str, args, work: Path) -> tuple[Row, int]:
                 "--no-progress", timeout=bench_to, log_path=logf)
             row.best_bench = bench_speedup(champ, f"{task}_cold")
         read_row(row, db)
-        if args.versus_hand_pairs > 0:
+        if args.versus_hand:
             try:
-                row.vs_hand = run_versus_hand(task, cfg, db, pairs=args.versus_hand_pairs)
+                row.vs_hand = run_versus_hand(task, cfg, db)
             except Exception as e:  # noqa: BLE001 - one row's extra column: the table is still written
                 row.vs_hand = {"verdict": "", "gain": None, "error": f"{type(e).__name__}: {e}"[:300]}
         checkpoint(db)
@@ -532,9 +532,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--work", type=Path, default=Path("runs/search_power"), help="configs, stores, logs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/search_power/results.md"))
     p.add_argument("--cache-dir", default=None, help="compile.cache_dir of the searches (default: the config default)")
-    p.add_argument("--versus-hand-pairs", type=int, default=3,
-                   help="paired rounds of the champion against the hand-tuned seed after the search "
-                        "(default 3, the engine's confirmation; 0: skip)")
+    p.add_argument("--versus-hand", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the search, time the champion call by call against the hand-tuned seed "
+                        "(the engine's confirmation; default on)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="limit of each evo command, seconds")
     p.add_argument("--dry-run", action="store_true", help="no GPU: configs + `evo search --dry-run` per task")
     args = p.parse_args(argv)

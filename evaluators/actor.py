@@ -22,6 +22,7 @@ sampled activity so far (:mod:`evaluators.activity`; ``None`` where NVML cannot 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import socket
@@ -111,8 +112,9 @@ class GpuEvaluator:
 
             evaluate_fn = evaluate_built
         self._evaluate = evaluate_fn
-        #: the evaluate function takes ``mode`` (evaluate_built does; a stand-in need not)
-        self._takes_mode = default_evaluate
+        #: the evaluate function takes ``mode`` and ``baseline`` (evaluate_built does; a
+        #: stand-in need not)
+        self._takes_mode = default_evaluate or {"mode", "baseline"} <= set(inspect.signature(evaluate_fn).parameters)
         self._settings = settings
         #: held around every call of a function that may not be called concurrently, and
         #: around a stand-in profiler (the judge serialises its own work)
@@ -143,11 +145,18 @@ class GpuEvaluator:
         the running call and one queued so that no gap opens between candidates."""
         return SLOTS
 
-    def evaluate(self, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> GpuResult:
-        """``mode``: None (correctness, then timing) or ``"time-only"`` (a re-timing;
-        :meth:`evo.engine.seams.ClusterRuntime.submit_gpu`)."""
+    def evaluate(self, candidate: Candidate, so_bytes: bytes, mode: str | None = None,
+                 baseline: Candidate | None = None, baseline_so: bytes | None = None) -> GpuResult:
+        """``mode``: None (correctness, then timing), ``"time-only"`` (a re-timing) or
+        ``"paired"`` (champion confirmation: timed call by call with ``baseline``, whose built
+        binary is ``baseline_so``); :meth:`evo.engine.seams.ClusterRuntime.submit_gpu`. An
+        evaluate function without modes evaluates fully."""
         t0 = time.time()
-        kw = {"mode": mode} if mode is not None and self._takes_mode else {}
+        kw: dict = {}
+        if mode is not None and self._takes_mode:
+            kw["mode"] = mode
+            if baseline is not None and baseline_so is not None:
+                kw["baseline"] = (baseline, baseline_so)
         if self._one_at_a_time is None:
             ev = self._evaluate(candidate, so_bytes, self._settings, **kw)
         else:

@@ -121,16 +121,19 @@ def run_built(
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
     shapes: tuple[int, ...] | None = None,
+    baseline: tuple[Candidate, bytes] | None = None,
 ) -> HarnessReport:
     """The GPU stages of a built candidate, decided by the judge (its report).
 
     ``mode``: one of :data:`evaluators.harness_job.MODES`; default ``check`` or
     ``check+time`` from ``settings.check_only``. ``shapes``: indices of the task's shapes to
-    check (``None``: all). Raises :class:`~evaluators.harness_job.HarnessError` only for a
+    check (``None``: all). ``baseline``: ``(candidate, built .so)`` timed beside it, mode
+    ``paired`` only. Raises :class:`~evaluators.harness_job.HarnessError` only for a
     failure of ours.
     """
+    base = {"baseline_id": baseline[0].id, "baseline_so": baseline[1]} if baseline is not None else {}
     job = HarnessJob(task=candidate.task, candidate_id=candidate.id, so_bytes=so_bytes, params=candidate.params,
-                     mode=mode or _mode(settings), task_files=task_files, shapes=shapes)
+                     mode=mode or _mode(settings), task_files=task_files, shapes=shapes, **base)
     return judge_job(job, settings)
 
 
@@ -209,16 +212,19 @@ def evaluate_built(
     prior: tuple[StageResult, ...] = (),
     mode: str | None = None,
     task_files: tuple[str, ...] = (),
+    baseline: tuple[Candidate, bytes] | None = None,
 ) -> Evaluation:
     """Correctness + timing of a built candidate, decided by the judge.
 
     ``prior``: the policy/compile results to put in front (the engine may pass them).
-    ``mode``: ``"time-only"`` re-times an already-correct candidate (champion
-    re-confirmation); default ``check`` or ``check+time`` from ``settings.check_only``.
-    Fitness is set only when every stage passed.
+    ``mode``: ``"paired"`` (champion confirmation) checks the candidate again and times it
+    call by call with ``baseline`` (``(candidate, built .so)``, the task's seed), the paired
+    times in the timing stage's ``metrics["paired"]``; ``"time-only"`` re-times an
+    already-correct candidate; default ``check`` or ``check+time`` from
+    ``settings.check_only``. Fitness is set only when every stage passed.
     """
     return _evaluation(candidate, tuple(prior), run_built(candidate, so_bytes, settings, mode=mode,
-                                                          task_files=task_files))
+                                                          task_files=task_files, baseline=baseline))
 
 
 def _evaluation(candidate: Candidate, prior: tuple[StageResult, ...], report: HarnessReport) -> Evaluation:

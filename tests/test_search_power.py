@@ -189,13 +189,13 @@ def test_versus_hand_pairs_the_champion_with_the_hand_tuned_seed_of_the_cold_tas
     try:
         good = Candidate.create("kb19_relu_cold", fake.SOURCE, {"TILE": "128", "STAGES": "4", "VEC": "4"})
         bad = Candidate.create("kb19_relu_cold", fake.SOURCE, {"TILE": "16", "STAGES": "1", "VEC": "1"})
-        up = sp.versus_hand(rt, "kb19_relu", good, fake.fitness_of(good.params_dict), pairs=3)
-        assert up["verdict"] == "faster" and up["gain"]["ratio"] > 1 and up["gain"]["rounds"] == 3, up
+        up = sp.versus_hand(rt, "kb19_relu", good, fake.fitness_of(good.params_dict))
+        assert up["verdict"] == "faster" and up["gain"]["ratio"] > 1 and up["gain"]["rounds"] == fake.PAIRED_REPS, up
         from evo.tasks.seeds import seed_params, seed_source
 
         hand = fake.fitness_of(seed_params("kb19_relu"), seed_source("kb19_relu"))
         assert up["gain"]["ratio"] == pytest.approx(fake.fitness_of(good.params_dict) / hand, rel=1e-6)
-        down = sp.versus_hand(rt, "kb19_relu", bad, fake.fitness_of(bad.params_dict), pairs=3)
+        down = sp.versus_hand(rt, "kb19_relu", bad, fake.fitness_of(bad.params_dict))
         assert down["verdict"] in ("slower", "no significant gain") and down["gain"]["ratio"] <= 1, down
     finally:
         rt.shutdown()

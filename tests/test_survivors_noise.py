@@ -9,7 +9,7 @@ import pytest
 
 from evo.core.records import Candidate, Evaluation, StageResult, Status
 from evo.engine.champions import (NO_SIGNIFICANT_GAIN, PairedTimings, SpeedupInterval, confirm_champion,
-                           paired_from_evaluations, speedup_interval)
+                                  paired_from_metrics, speedup_interval)
 
 
 def _paired(base, cand):
@@ -76,40 +76,37 @@ def test_confidence_must_be_a_probability():
         speedup_interval(_paired([1, 1], [1, 1]), 1.0)
 
 
-def _ev(cid, ms, fitness):
-    rows = [{"shape": "s0", "median_ms": ms}]
-    return Evaluation(cid, (StageResult("timing", Status.OK, metrics={"shapes": rows}),), fitness=fitness, gpu="H200")
-
-
-def test_paired_from_evaluations_uses_per_shape_medians_or_fitness():
-    a, b = _ev("a", 2.0, 1.0), _ev("b", 1.0, 2.0)
-    t = paired_from_evaluations([(a, b), (a, b)])
-    assert t.shapes == ("s0",) and t.baseline_ms == ((2.0, 2.0),) and t.candidate_ms == ((1.0, 1.0),)
-    bare = [(Evaluation("a", (), fitness=1.0), Evaluation("b", (), fitness=1.25))] * 2
-    assert speedup_interval(paired_from_evaluations(bare)).ratio == pytest.approx(1.25)
+def _ev(cid, ms, fitness, paired=None):
+    rows = [{"shape": {"n": 4}, "median_ms": ms}]
+    metrics = {"shapes": rows, **({"paired": paired} if paired is not None else {})}
+    return Evaluation(cid, (StageResult("timing", Status.OK, metrics=metrics),), fitness=fitness, gpu="H200")
 
 
 class _Rt:
-    """A runtime whose GPU returns the next scripted median time of each candidate."""
+    """A runtime whose GPU answers as the judge does: a plain evaluation at the candidate's
+    scripted first time, or (mode ``paired``) the scripted per-rep times of both members."""
 
-    def __init__(self, times):
-        self.times = {k: list(v) for k, v in times.items()}
-        self.order = []
-        self.modes = []
+    def __init__(self, times, base_times=(), paired_error=None):
+        self.times, self.base_times, self.paired_error = times, list(base_times), paired_error
+        self.calls = []
 
     def submit_compile(self, c):
         return ("c", c)
 
-    def submit_gpu(self, gpu, c, so, mode=None):
-        self.order.append(c.id)
-        self.modes.append(mode)
-        ms = self.times[c.id].pop(0)
-        return ("g", _ev(c.id, ms, 1.0 / ms))
+    def submit_gpu(self, gpu, c, so, mode=None, baseline=None, baseline_so=None):
+        self.calls.append((c.id, mode, baseline.id if baseline is not None else None, baseline_so))
+        reps = self.times[c.id]
+        if mode != "paired":
+            return ("g", _ev(c.id, reps[0], 1.0 / reps[0]))
+        paired = ({"error": self.paired_error} if self.paired_error else
+                  {"shapes": [{"n": 4}], "baseline_ms": [list(self.base_times)], "candidate_ms": [list(reps)],
+                   "baseline_fitness": 1.0 / (sum(self.base_times) / len(self.base_times))})
+        return ("g", _ev(c.id, sorted(reps)[len(reps) // 2], 1.0 / sorted(reps)[len(reps) // 2], paired))
 
     def get(self, ref):
         kind, x = ref
         if kind == "c":
-            return SimpleNamespace(result=SimpleNamespace(passed=True, reason=""), so_bytes=b"so")
+            return SimpleNamespace(result=SimpleNamespace(passed=True, reason=""), so_bytes=b"so-" + x.id.encode())
         return SimpleNamespace(evaluation=x)
 
     def remote_errors(self):
@@ -121,30 +118,28 @@ CHILD = Candidate.create("kb19_relu", "// child\n", {})
 
 
 def test_a_champion_inside_the_noise_leaves_the_seed_crowned():
-    rt = _Rt({SEED.id: [1.00, 1.01, 0.99], CHILD.id: [0.995, 1.005, 1.0]})
-    c = confirm_champion(rt, "kb19_relu", CHILD, 1.005, baseline=SEED)
+    rt = _Rt({CHILD.id: [0.995, 1.005, 1.0, 0.99]}, base_times=[1.00, 1.01, 0.99, 1.0])
+    c = confirm_champion(rt, "kb19_relu", CHILD, 1.0, baseline=SEED)
     assert c.record["verdict"] == NO_SIGNIFICANT_GAIN and c.crown == SEED
-    assert c.record["baseline_id"] == SEED.id and c.record["gain"]["rounds"] == 3
+    assert c.record["baseline_id"] == SEED.id and c.record["gain"]["rounds"] == 4   # the reps are the rounds
     assert c.record["confirmed"]  # the re-timing itself agrees with the search's number
-    cid, fit = c.champion(CHILD, 1.005)
-    assert cid == SEED.id and fit == pytest.approx((1 / 1.00 * 1 / 1.01 * 1 / 0.99) ** (1 / 3))
-    # rounds alternate: (child, seed), (seed, child), (child, seed)
-    assert rt.order == [CHILD.id, SEED.id, SEED.id, CHILD.id, CHILD.id, SEED.id]
-    # the first re-evaluation checks the champion again; the rounds after it re-time only
-    assert rt.modes == [None] + ["time-only"] * 5
+    cid, fit = c.champion(CHILD, 1.0)
+    assert cid == SEED.id and fit == pytest.approx(1.0)
+    # one evaluation, the champion checked again and timed call by call with the seed's binary
+    assert rt.calls[-1] == (CHILD.id, "paired", SEED.id, b"so-" + SEED.id.encode())
 
 
 def test_a_champion_faster_than_the_noise_is_crowned():
-    rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.80, 0.81, 0.79]})
+    rt = _Rt({CHILD.id: [0.80, 0.81, 0.79]}, base_times=[1.0, 1.02, 0.98])
     c = confirm_champion(rt, "kb19_relu", CHILD, 1.25, baseline=SEED)
     assert c.record["verdict"] == "faster" and c.crown == CHILD and c.champion(CHILD, 1.25) == (CHILD.id, 1.25)
-    assert c.record["gain"]["low"] > 1.0
+    assert c.record["gain"]["low"] > 1.0 and len(rt.calls) == 1
 
 
 def test_the_seed_as_champion_is_retimed_once_without_a_gain():
     rt = _Rt({SEED.id: [1.0]})
     c = confirm_champion(rt, "kb19_relu", SEED, 1.0, baseline=SEED)
-    assert rt.order == [SEED.id] and "gain" not in c.record and c.crown == SEED
+    assert rt.calls == [(SEED.id, None, None, None)] and "gain" not in c.record and c.crown == SEED
 
 
 def test_an_interval_serialises_with_its_verdict():
@@ -156,20 +151,33 @@ def test_a_task_without_a_seed_is_confirmed_without_a_gain():
     rt = _Rt({CHILD.id: [1.0]})
     c = confirm_champion(rt, "no_such_task", CHILD, 1.0, baseline=None)
     assert c.record["confirmed"] and "gain" not in c.record and "no baseline" in c.record["gain_error"]
-    assert c.crown == CHILD and rt.order == [CHILD.id]
+    assert c.crown == CHILD and [x[:2] for x in rt.calls] == [(CHILD.id, None)]
 
 
-def test_a_baseline_that_fails_its_retiming_leaves_the_gain_unmeasured():
-    rt = _Rt({SEED.id: [1.0, 1.0, 1.0], CHILD.id: [0.5, 0.5, 0.5]})
-    real = rt.submit_gpu
-
-    def flaky(gpu, c, so, mode=None):
-        kind, ev = real(gpu, c, so, mode)
-        return (kind, Evaluation(c.id, (StageResult("correctness", Status.INCORRECT),)) if c == SEED else ev)
-
-    rt.submit_gpu = flaky
+def test_a_baseline_that_fails_its_part_leaves_the_gain_unmeasured():
+    rt = _Rt({CHILD.id: [0.5, 0.5, 0.5]}, paired_error="the baseline's shape {'n': 4}, timed call 3: the runner died")
     c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED)
-    assert "gain" not in c.record and "not correct" in c.record["gain_error"] and c.crown == CHILD
+    assert "gain" not in c.record and "the runner died" in c.record["gain_error"] and c.crown == CHILD
+    assert c.record["confirmed"]
+
+
+def test_an_evaluator_without_the_paired_mode_leaves_the_gain_unmeasured():
+    rt = _Rt({CHILD.id: [0.5, 0.5]}, base_times=[1.0, 1.0])
+    real = rt.submit_gpu
+    rt.submit_gpu = lambda gpu, c, so, mode=None, baseline=None, baseline_so=None: real(gpu, c, so)
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED)
+    assert "no paired times" in c.record["gain_error"] and c.crown == CHILD
+
+
+def test_paired_metrics_become_timings_with_the_reps_as_rounds():
+    t = paired_from_metrics({"shapes": [{"n": 4, "m": 2}], "baseline_ms": [[2.0, 2.0]], "candidate_ms": [[1.0, 1.0]]})
+    assert t.shapes == ("m=2,n=4",) and t.rounds == 2 and speedup_interval(t).ratio == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="runner died"):
+        paired_from_metrics({"error": "the runner died"})
+    with pytest.raises(ValueError, match="without"):
+        paired_from_metrics({"shapes": [{"n": 4}]})
+    with pytest.raises(ValueError, match="PairedTimings"):
+        paired_from_metrics({"shapes": [{"n": 4}], "baseline_ms": [[2.0]], "candidate_ms": [[1.0]]})
 
 
 def _profile(shape, ncu_ms):
@@ -192,28 +200,29 @@ def test_ncu_corroborates_a_timing_that_holds_its_kernels():
 
 
 def test_a_champion_whose_retiming_ncu_contradicts_is_invalid_and_the_seed_stays():
-    rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.50, 0.51, 0.49]})
-    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile("s0", 1.0)])
+    rt = _Rt({CHILD.id: [0.50, 0.51, 0.49]}, base_times=[1.0, 1.02, 0.98])
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile({"n": 4}, 1.0)])
     assert c.record["confirmed"] is False and "below ncu's kernel time" in c.record["timing_invalid"]
     assert c.record["ncu"]["shapes"][0]["ncu_ms"] == 1.0 and c.record["ncu"]["shapes"][0]["timed_ms"] == 0.5
     assert c.crown == SEED and c.champion(CHILD, 2.0)[0] == SEED.id
     # the same champion whose kernels ncu timed at 0.45 ms: corroborated and crowned
-    rt = _Rt({SEED.id: [1.0, 1.02, 0.98], CHILD.id: [0.50, 0.51, 0.49]})
-    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile("s0", 0.45)])
+    rt = _Rt({CHILD.id: [0.50, 0.51, 0.49]}, base_times=[1.0, 1.02, 0.98])
+    c = confirm_champion(rt, "kb19_relu", CHILD, 2.0, baseline=SEED, profiles=[_profile({"n": 4}, 0.45)])
     assert c.record["confirmed"] and c.record["ncu"]["agrees"] and c.crown == CHILD
 
 
 def test_the_gpu_actor_hands_the_retiming_mode_to_the_evaluation_and_not_to_a_stand_in(monkeypatch):
-    """``submit_gpu(..., mode="time-only")`` reaches evaluators.pipeline.evaluate_built as its
-    ``mode``; an actor built on a stand-in evaluate function without modes evaluates fully."""
+    """``submit_gpu(..., mode, baseline, baseline_so)`` reaches evaluators.pipeline.evaluate_built
+    as its ``mode`` and ``baseline``; a stand-in evaluate function that takes both gets them,
+    one without modes evaluates fully."""
     import evaluators.pipeline as pipeline
     from evaluators.actor import GpuEvaluator
     from evaluators.base import HarnessSettings
 
     seen = []
 
-    def built(candidate, so_bytes, settings, *, mode=None, **kw):
-        seen.append(mode)
+    def built(candidate, so_bytes, settings, *, mode=None, baseline=None, **kw):
+        seen.append((mode, baseline))
         return _ev(candidate.id, 1.0, 1.0)
 
     monkeypatch.setattr(pipeline, "evaluate_built", built)
@@ -221,9 +230,21 @@ def test_the_gpu_actor_hands_the_retiming_mode_to_the_evaluation_and_not_to_a_st
     try:
         actor.evaluate(CHILD, b"so", "time-only")
         actor.evaluate(CHILD, b"so")
+        actor.evaluate(CHILD, b"so", "paired", SEED, b"seed-so")
     finally:
         actor.close()
-    assert seen == ["time-only", None]
+    assert seen == [("time-only", None), (None, None), ("paired", (SEED, b"seed-so"))]
+
+    def with_modes(candidate, so_bytes, settings, *, mode=None, baseline=None):
+        seen.append((mode, baseline))
+        return _ev(candidate.id, 1.0, 1.0)
+
+    mine = GpuEvaluator(with_modes, HarnessSettings(), concurrent=False)
+    try:
+        mine.evaluate(CHILD, b"so", "paired", SEED, b"seed-so")
+    finally:
+        mine.close()
+    assert seen[-1] == ("paired", (SEED, b"seed-so"))
 
     def stand_in(candidate, so_bytes, settings):
         return _ev(candidate.id, 1.0, 1.0)

@@ -1,9 +1,9 @@
 """Champions: a run's best per task re-timed in fresh processes before it is stored.
 
-:func:`confirm_champion` evaluates the champion again (fresh processes), pairs it with a
-baseline (the task's seed) in alternating rounds, and records the gain with its confidence
-interval; where the champion has ncu profiles, ncu's kernel time corroborates the re-timing
-(:func:`ncu_corroboration`).
+:func:`confirm_champion` evaluates the champion again in a fresh runner, timed call by call
+against a baseline (the task's seed) in a runner of its own (the judge's ``paired`` mode),
+and records the gain with its confidence interval; where the champion has ncu profiles,
+ncu's kernel time corroborates the re-timing (:func:`ncu_corroboration`).
 
 Noise-aware promotion: a speedup of a fraction of a percent between two evaluations in two
 processes is inside run-to-run noise (issue 33: 0.1-0.9% "gains" were confirmed). The
@@ -15,11 +15,13 @@ exponentiated: the speedup ratio baseline / candidate with its confidence interv
 interval lies above 1 (``verdict == "faster"``); an interval that contains 1 is "no
 significant gain" and the older member stays. Why log ratios and a t-interval: timing noise
 is multiplicative, pairing cancels the drift common to both members of a round, and with
-the few rounds a confirmation can afford (3 pairs of processes) the t quantile, not the
-normal one, keeps the interval honest. :func:`confirm_champion` builds the rounds from
-fresh-process evaluations (one process per member per round, the order alternating); the
-harness's paired re-timing inside one process fills the same :class:`PairedTimings` with
-repetitions as rounds.
+the t quantile, not the normal one, keeps the interval honest with few rounds. The rounds
+of :func:`confirm_champion` are the reps of one paired timing
+(:func:`evaluators.judge.timing.time_shape` with a baseline): in each, both members are
+called back to back on the same fresh inputs, the order alternating, so the drift of the
+card and the host between reps hits both; one evaluation instead of a fresh pair of
+evaluations per round, each of which repeated every rep's input draw, poison, flush and
+checks (on large shapes most of an evaluation's GPU time).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ __all__ = [
     "PairedTimings",
     "SpeedupInterval",
     "speedup_interval",
-    "paired_from_evaluations",
+    "paired_from_metrics",
     "NO_SIGNIFICANT_GAIN",
-    "CONFIRM_PAIRS",
+    "PAIRED",
     "NCU_TOLERANCE",
     "ncu_corroboration",
 ]
@@ -51,12 +53,9 @@ log = logging.getLogger(__name__)
 
 #: The verdict of an interval that contains 1.
 NO_SIGNIFICANT_GAIN = "no significant gain"
-#: Rounds (pairs of fresh processes, baseline and champion) of a champion confirmation.
-CONFIRM_PAIRS = 3
-#: The paired rounds re-time (``time-only``: evaluators.protocol.Mode.TIME_ONLY): the champion
-#: was just checked again by its first re-evaluation, and the baseline (the seed) when the run
-#: judged it; correctness again in every round was most of the confirmation's GPU time.
-RETIME = "time-only"
+#: The mode of a confirmation's evaluation (evaluators.protocol.Mode.PAIRED): the champion
+#: checked again, then timed call by call with the baseline (judged when the run evaluated it).
+PAIRED = "paired"
 
 
 @dataclass(frozen=True)
@@ -145,14 +144,6 @@ def speedup_interval(timings: PairedTimings, confidence: float = 0.95) -> Speedu
     return SpeedupInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), confidence, n)
 
 
-def _shape_times(ev: Evaluation) -> dict[str, float]:
-    """Per-shape median times of a correct evaluation's timing stage; without per-shape rows
-    (a stage that reports only a speedup), ``{"fitness": 1 / fitness}`` (time is inverse to
-    speedup against the same reference)."""
-    out = {str(r["shape"]): float(r["median_ms"]) for r in _timed_rows(ev)}
-    return out or {"fitness": 1.0 / float(ev.fitness)}
-
-
 def _timed_rows(ev: Evaluation) -> list[Mapping[str, Any]]:
     """The per-shape rows of ``ev``'s timing stage that hold a shape and a positive median."""
     timing = next((st for st in ev.stages if st.stage == "timing"), None)
@@ -161,15 +152,18 @@ def _timed_rows(ev: Evaluation) -> list[Mapping[str, Any]]:
             and isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0]
 
 
-def paired_from_evaluations(pairs: Sequence[tuple[Evaluation, Evaluation]]) -> PairedTimings:
-    """Rounds of (baseline, candidate) fresh-process evaluations as :class:`PairedTimings`
-    over the shapes both timed in every round."""
-    times = [(_shape_times(b), _shape_times(c)) for b, c in pairs]
-    shapes = [s for s in times[0][0] if all(s in b and s in c for b, c in times)]
-    if not shapes:
-        raise ValueError("the baseline and candidate evaluations timed no shape in common")
-    return PairedTimings(tuple(shapes), tuple(tuple(b[s] for b, _ in times) for s in shapes),
-                         tuple(tuple(c[s] for _, c in times) for s in shapes))
+def paired_from_metrics(paired: Mapping[str, Any]) -> PairedTimings:
+    """A paired timing's times (the timing stage's ``metrics["paired"]``,
+    :func:`evaluators.judge.timing.paired_metrics`) as :class:`PairedTimings`, its reps as the
+    rounds. Raises ValueError when it holds an ``error`` or no valid times."""
+    if "error" in paired:
+        raise ValueError(str(paired["error"]))
+    try:
+        shapes = tuple(_shape_key(x) for x in paired["shapes"])
+        return PairedTimings(shapes, tuple(tuple(float(t) for t in row) for row in paired["baseline_ms"]),
+                             tuple(tuple(float(t) for t in row) for row in paired["candidate_ms"]))
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"paired times without {e}") from e
 
 
 # ---------------------------------------------------------------------- ncu corroboration
@@ -240,30 +234,25 @@ class Confirmation:
 
 
 def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline: Candidate | None = None,
-                     pairs: int = CONFIRM_PAIRS, confidence: float = 0.95,
-                     profiles: Sequence[Mapping[str, Any]] = ()) -> Confirmation:
-    """Compile and evaluate ``cand`` again (fresh processes on GPU 0); confirmed when the
-    first new fitness is at least 90% of ``fitness`` and, where ``profiles`` (the champion's
-    stored ncu profiles) time a shape it timed, ncu's kernel time corroborates the re-timing
+                     confidence: float = 0.95, profiles: Sequence[Mapping[str, Any]] = ()) -> Confirmation:
+    """Compile and evaluate ``cand`` again (a fresh runner on GPU 0); confirmed when the new
+    fitness is at least 90% of ``fitness`` and, where ``profiles`` (the champion's stored ncu
+    profiles) time a shape it timed, ncu's kernel time corroborates the re-timing
     (:func:`ncu_corroboration`; the record's ``ncu`` holds both numbers, and a disagreement
-    is ``timing_invalid``: not confirmed, and the baseline keeps the crown when rounds ran).
+    is ``timing_invalid``: not confirmed, and the baseline keeps the crown when it was timed).
 
     When ``baseline`` (the engine passes its task's seed candidate; None: the task has no
-    seed, so there is no gain to measure) is another candidate,
-    ``pairs`` rounds re-time baseline and champion back to back (:data:`RETIME`; the order alternating)
-    and the record gets the speedup interval over the baseline
-    (:func:`paired_from_evaluations`, :func:`speedup_interval`); ``crown`` is the baseline
-    unless the gain is significant. A baseline that fails its re-timing leaves the gain
-    unmeasured (``gain_error``) and the champion crowned.
+    seed, so there is no gain to measure) is another candidate, the evaluation is
+    :data:`PAIRED`: the baseline is timed call by call beside the champion, and the record
+    gets the speedup interval over the baseline (:func:`paired_from_metrics`,
+    :func:`speedup_interval`); ``crown`` is the baseline unless the gain is significant. A
+    baseline that fails its part leaves the gain unmeasured (``gain_error``) and the champion
+    crowned.
     """
     from evo.engine.recovery import infra_cause
 
     note = {} if baseline is not None else {"gain_error": f"no baseline: task {task!r} has no seed kernel"}
     compare = baseline is not None and baseline.id != cand.id
-
-    def evaluate(c: Candidate, so: bytes, mode: str | None = None):
-        return rt.get(rt.submit_gpu(0, c, so) if mode is None else rt.submit_gpu(0, c, so, mode=mode)).evaluation
-
     try:
         built = {}
         for c in (cand, baseline) if compare else (cand,):
@@ -271,17 +260,9 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
             if not outcome.result.passed:
                 raise RuntimeError(f"{c.short_id}: {outcome.result.reason}")
             built[c.id] = outcome.so_bytes
-        first = evaluate(cand, built[cand.id])
-        rounds: list[tuple[Evaluation, Evaluation]] = []
-        if compare and first.correct:
-            for r in range(pairs):  # order: (cand, base), (base, cand), (cand, base), ...
-                if r % 2 == 0:
-                    c_ev = first if r == 0 else evaluate(cand, built[cand.id], RETIME)
-                    b_ev = evaluate(baseline, built[baseline.id], RETIME)
-                else:
-                    b_ev = evaluate(baseline, built[baseline.id], RETIME)
-                    c_ev = evaluate(cand, built[cand.id], RETIME)
-                rounds.append((b_ev, c_ev))
+        ref = (rt.submit_gpu(0, cand, built[cand.id], PAIRED, baseline, built[baseline.id]) if compare
+               else rt.submit_gpu(0, cand, built[cand.id]))
+        first = rt.get(ref).evaluation
     except rt.remote_errors() + (RuntimeError,) as e:
         infra = infra_cause(e)
         if infra is not None:
@@ -302,16 +283,25 @@ def confirm_champion(rt, task: str, cand: Candidate, fitness: float, *, baseline
                                     f"kernel time {bad['ncu_ms']:.4g} ms by more than {corr['tolerance']:.0%}")
         log.warning("champion %s (%s): %s", cand.short_id, task, record["timing_invalid"])
     crown, crown_fitness = cand, None
-    if compare and rounds:
+    if compare and first.correct:
         record["baseline_id"] = baseline.id
-        if all(b.correct and c.correct for b, c in rounds):
-            gain = speedup_interval(paired_from_evaluations(rounds), confidence)
+        timing = next((st for st in first.stages if st.stage == "timing"), None)
+        paired = timing.metrics.get("paired") if timing is not None else None
+        try:
+            if not isinstance(paired, Mapping):
+                raise ValueError("the re-timing holds no paired times (an evaluator without the paired mode)")
+            gain = speedup_interval(paired_from_metrics(paired), confidence)
+            base_fitness = paired.get("baseline_fitness")
+            if not isinstance(base_fitness, (int, float)) or not base_fitness > 0:
+                raise ValueError("the baseline's paired times have no fitness")
+        except ValueError as e:
+            record["gain_error"] = f"the paired re-timing against the baseline: {e}"[:500]
+        else:
             record["gain"] = gain.as_dict()
             record["verdict"] = gain.verdict
+            record["pairing"] = "call by call in one evaluation; rounds are its reps"
             if not gain.significant or invalid:
                 crown = baseline
-                crown_fitness = math.exp(sum(math.log(b.fitness) for b, _ in rounds) / len(rounds))
+                crown_fitness = float(base_fitness)
                 record["baseline_fitness"] = crown_fitness
-        else:
-            record["gain_error"] = "a re-timing of the baseline or the champion was not correct"
     return Confirmation(record, crown=crown, crown_fitness=crown_fitness)

@@ -188,9 +188,10 @@ class LocalRuntime:
         assert self._compiles is not None, "LocalRuntime.start() first"
         return self._compiles.submit(_run, self.stages.compile_fn, candidate, self.compile_settings)
 
-    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> cf.Future:
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None,
+                   baseline: Candidate | None = None, baseline_so: bytes | None = None) -> cf.Future:
         actor = self.gpu_actors[gpu]
-        return actor.submit(actor.evaluator.evaluate, candidate, so_bytes, mode)
+        return actor.submit(actor.evaluator.evaluate, candidate, so_bytes, mode, baseline, baseline_so)
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> cf.Future:
         actor = self.gpu_actors[gpu]

@@ -287,8 +287,12 @@ class Runtime:
         self._binaries[verdict] = binary
         return verdict
 
-    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None):
-        return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes, mode)
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None,
+                   baseline: Candidate | None = None, baseline_so: Any = None):
+        # the binaries as top-level arguments: Ray resolves a reference to its bytes only there
+        if baseline is None:
+            return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes, mode)
+        return self.gpu_actors[gpu].evaluate.remote(candidate, so_bytes, mode, baseline, baseline_so)
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings):
         return self.gpu_actors[gpu].profile.remote(candidate, so_bytes, shape_idx, settings)

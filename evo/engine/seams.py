@@ -197,14 +197,18 @@ class SubmittedWork(Protocol):
         worker death). Must not block."""
         ...
 
-    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None) -> Any:
+    def submit_gpu(self, gpu: int, candidate: Candidate, so_bytes: bytes, mode: str | None = None,
+                   baseline: Candidate | None = None, baseline_so: Any = None) -> Any:
         """Queue :class:`EvaluateFn` on GPU actor ``gpu`` (0 <= gpu < n_gpus); a reference to an
         :class:`evaluators.actor.GpuResult` (the evaluation plus its start and end times).
         The engine keeps at most :attr:`gpu_slots` requests per actor; the actor may run
         several at once (correctness shares the GPU, timing has it alone). Must not block.
-        ``mode``: None (correctness, then timing) or ``"time-only"`` (a re-timing of a
-        candidate already judged correct: the paired rounds of champion confirmation); an
-        actor whose evaluate function has no modes evaluates fully."""
+        ``mode``: None (correctness, then timing), ``"time-only"`` (a re-timing of a
+        candidate already judged correct) or ``"paired"`` (champion confirmation: checked
+        again, then timed call by call with ``baseline``, whose binary handle is
+        ``baseline_so``, as :meth:`get` gave it; the paired times in the timing stage's
+        ``metrics["paired"]``); an actor whose evaluate function has no modes evaluates
+        fully."""
         ...
 
     def submit_profile(self, gpu: int, candidate: Candidate, so_bytes: bytes, shape_idx: int, settings: Any) -> Any:

@@ -98,7 +98,17 @@ def _where() -> dict[str, str]:
     return {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
 
 
-def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings) -> Evaluation:
+#: reps of a fake paired timing (evaluators.judge.timing.paired_metrics)
+PAIRED_REPS = 8
+
+
+def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettings, *, mode: str | None = None,
+                  baseline: tuple[Candidate, bytes] | None = None) -> Evaluation:
+    """Stands in for the judge: fitness from the tunables; mode ``paired`` adds the paired
+    times the judge gives (``metrics["paired"]``: every rep at 1/fitness ms, the baseline's
+    alike), as strict as the judge about its arguments."""
+    if (mode == "paired") != (baseline is not None):
+        raise ValueError(f"mode {mode!r} with baseline {baseline!r}: a baseline goes with mode 'paired' only")
     time.sleep(GPU_S)
     log = os.environ.get("EVO_FAKE_LOG")
     if log:
@@ -114,7 +124,14 @@ def fake_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSettin
         st = StageResult("correctness", Status.INCORRECT, reason="shape 0 trial 1: max abs err 3.2 (simulated)")
         return Evaluation(candidate.id, (st,), None, gpu="fake", env=env)
     f = fitness_of(p, candidate.source)
-    stages = (StageResult("correctness", Status.OK), StageResult("timing", Status.OK, metrics={"speedup": f}))
+    metrics: dict = {"speedup": f}
+    if baseline is not None:
+        b, b_so = baseline
+        assert b_so[:4] == b"\x7fELF", "the baseline's binary is not a shared object"
+        fb = fitness_of(b.params_dict, b.source)
+        metrics["paired"] = {"shapes": [{"n": 0}], "baseline_ms": [[1.0 / fb] * PAIRED_REPS],
+                             "candidate_ms": [[1.0 / f] * PAIRED_REPS], "baseline_fitness": fb}
+    stages = (StageResult("correctness", Status.OK), StageResult("timing", Status.OK, metrics=metrics))
     return Evaluation(candidate.id, stages, f, gpu="fake", env=env)
 
 
