@@ -415,6 +415,15 @@ def test_the_judge_evicts_other_tasks_buffers_until_its_own_work_fits(tmp_path, 
     big = SimpleNamespace(ins=(torch.empty(1).expand(1 << 30),), outs=(torch.empty(1).expand(1 << 30),))
     judge._free_for_work(SimpleNamespace(name="mine"), {0: big})
     assert freed == ["old", "older_use"] and ("mine", 0) in judge._slots and ("new", 0) in judge._slots
+    # a paired job's baseline runner is one more reserve: 1 GiB short of it, one more eviction
+    state["free"], freed[:] = 9 * gib, []
+    judge._slots = OrderedDict((k, SimpleNamespace(name=k[0])) for k in [("old", 0), ("older_use", 1), ("new", 0)])
+    judge._free_for_work(SimpleNamespace(name="mine"), {0: big})
+    assert freed == ["old", "older_use"]
+    state["free"], freed[:] = 9 * gib, []
+    judge._slots = OrderedDict((k, SimpleNamespace(name=k[0])) for k in [("old", 0), ("older_use", 1), ("new", 0)])
+    judge._free_for_work(SimpleNamespace(name="mine"), {0: big}, extra_runners=1)
+    assert freed == ["old", "older_use", "new"]
 
 
 def test_a_spare_runner_serves_the_next_candidate_and_sees_only_that_one(tmp_path):

@@ -223,16 +223,18 @@ class Judge:
         free_slots(self._exchange, self._slots.pop(key))
         torch.cuda.empty_cache()
 
-    def _free_for_work(self, task: Any, slots: dict[int, ShapeSlots]) -> None:
+    def _free_for_work(self, task: Any, slots: dict[int, ShapeSlots], extra_runners: int = 0) -> None:
         """Evict other tasks' cached buffers (least recently used first) until the device has
-        room for this evaluation's own temporaries beside a runner: the float64 ground truth
+        room for this evaluation's own temporaries beside its runners (``extra_runners``: a
+        ``paired`` job's baseline): the float64 ground truth
         of the largest shape and what computing it takes, estimated at :data:`WORK_FACTOR`
         times its inputs and outputs in float64 (an fp32 swish over 6.4 GB needs ~45 GB)."""
         import torch
 
         work = max((WORK_FACTOR * 8 * sum(t.numel() for t in (*sl.ins, *sl.outs)) for sl in slots.values()),
                    default=0)
-        runners = 2 if self._evaluations else 1   # this candidate's and the spare started beside it
+        # this candidate's, the spare started beside it, and a paired job's baseline
+        runners = (2 if self._evaluations else 1) + extra_runners
         for key in [k for k in self._slots if k[0] != task.name]:
             if torch.cuda.mem_get_info()[0] >= work + runners * RUNNER_RESERVE_BYTES:
                 return
@@ -533,7 +535,7 @@ class Judge:
                     if not cuda:
                         own.append(slots[si])
                 if cuda:
-                    self._free_for_work(task, slots)
+                    self._free_for_work(task, slots, 1 if mode is Mode.PAIRED else 0)
             with phases("references"):
                 references = self._references(task, settings, slots, bench, env) if mode.times else []
             runner, calib = self._start_runner(jobdir, slots, settings, env, sandbox, phases=phases,
