@@ -154,6 +154,28 @@ def test_time_only_reconfirmation(built):
     print("[env]", rep.env)
 
 
+def test_paired_confirmation_times_champion_and_baseline_call_by_call(built):
+    """Champion confirmation's mode: the seed checked again and timed beside the same seed
+    binary in a second sandboxed runner (both map the judge's buffers), rep by rep; the two
+    members' times of one kernel agree within the run's noise, and a baseline that crashes
+    (a fixture that segfaults on the host) fails the pairing, not the champion."""
+    job = dict(task=TASK, candidate_id="seed", so_bytes=built["seed"], mode="paired", shapes=SMALL,
+               bench_shapes=(1,), baseline_id="seed-again")
+    rep = judge_job(HarnessJob(**job, baseline_so=built["seed"]), FAST)
+    timing = rep.stage("timing")
+    assert rep.stage("correctness").status is Status.OK and timing.status is Status.OK, timing.reason
+    paired = timing.metrics["paired"]
+    assert "error" not in paired, paired
+    assert len(paired["baseline_ms"][0]) == len(paired["candidate_ms"][0]) == FAST.reps
+    ratio = sorted(b / c for b, c in zip(paired["baseline_ms"][0], paired["candidate_ms"][0]))[FAST.reps // 2]
+    print("[paired]", ratio, paired["baseline_fitness"], rep.fitness)
+    assert 0.8 < ratio < 1.25 and paired["baseline_fitness"] > 0
+    rep = judge_job(HarnessJob(**job, baseline_so=built["host_segfault"]), FAST)
+    assert rep.stage("timing").status is Status.OK and rep.fitness
+    assert "baseline" in rep.stage("timing").metrics["paired"]["error"]
+    _seed_still_passes(built)
+
+
 def test_hang_with_default_settings_is_killed_in_seconds(built):
     """Issue 40's acceptance: with the default [evaluator] settings (timeout_s = 300,
     call_timeout_s = 10), the GPU actor's judge kills a hanging kb19_relu candidate well under
