@@ -1,11 +1,13 @@
-"""The timed calls' fresh inputs, drawn on the device by one Triton kernel where it applies.
+"""The timed calls' fresh inputs, drawn on the device by one Triton kernel where it applies
+and is the faster.
 
 Every timed call gets new input values (:mod:`evaluators.judge.timing`, step 1), and a checked
-call's inputs are drawn again from the same seed after it returned. With the task's own draw
-(torch's generator, :func:`evaluators.judge.trials.draw_into`) a 6.4 GB input took about
-8 ms: torch's distribution kernels run a capped grid, at a fraction of the card's write
-bandwidth, and a bf16 input is drawn in float32 and copied. The Triton kernel here draws four
-values per Philox counter and writes each input once, in its own dtype.
+call's inputs are drawn again from the same seed after it returned. The task's own draw
+(torch's generator, :func:`evaluators.judge.trials.draw_into`) draws a bf16 input in float32
+and copies it; the Triton kernel here draws four values per Philox counter and writes each
+input once, in its own dtype. Which is faster depends on the dtype and the card (on an H100,
+benchmarks/judge_gpu/fill_speed.py: torch's for a 6.4 GB fp32 input, the Triton draw for a
+3.2 GB bf16 one), so :func:`input_filler` measures both once per shape and takes the faster.
 
 Contract of :func:`input_filler` (the only entry; :func:`time_shape` calls it once per shape,
 before its loop): the filler it returns writes, for a seed, the same bits every time into
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
-__all__ = ["DISTS", "input_filler", "self_check_once", "fast_fill"]
+__all__ = ["DISTS", "input_filler", "self_check_once", "fast_fill", "faster"]
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +157,50 @@ def _applies(task: Any, like: Sequence[Any], dist: str) -> bool:
 
 def input_filler(task: Any, like: Sequence[Any], shape: dict[str, int], dist: str,
                  fused: str | None) -> Callable[[Sequence[Any], int], None]:
-    """``fill(bufs, seed)`` for one shape's timed calls (module docstring): the Triton draw
-    when ``fused == "triton"`` and it applies to inputs shaped ``like`` and passed its
-    self-check, else the task's own draw."""
+    """``fill(bufs, seed)`` for one shape's timed calls (module docstring): where the Triton
+    draw applies to inputs shaped ``like`` (``fused == "triton"``) and passed its self-check,
+    the faster of it and the task's own draw on this device, measured once per task, shape,
+    distribution and dtypes in this process (:func:`faster`; torch's draw was the faster for a
+    6.4 GB fp32 input on an H100, the Triton draw for bf16); else the task's own draw. Both
+    write fresh values for a seed, the same bits every time."""
     from evaluators.judge.trials import draw_into
+
+    def own(bufs: Sequence[Any], seed: int) -> None:
+        draw_into(task, list(bufs), shape, seed, dist)
+
+    def triton(bufs: Sequence[Any], seed: int) -> None:
+        fast_fill(bufs, seed, dist)
 
     if fused == "triton" and _applies(task, like, dist) and \
             all(self_check_once(x.device, x.dtype, dist) for x in like):
-        return lambda bufs, seed: fast_fill(bufs, seed, dist)
-    return lambda bufs, seed: draw_into(task, list(bufs), shape, seed, dist)
+        key = (task.name, tuple(sorted(shape.items())), dist, tuple(str(x.dtype) for x in like))
+        if key not in _CHOSEN:
+            _CHOSEN[key] = faster({"triton": lambda: triton(like, 1), "task": lambda: own(like, 1)}, _device_ms)
+            log.info("timed calls' input draw for %s %s (%s): %s", task.name, shape, dist, _CHOSEN[key])
+        return triton if _CHOSEN[key] == "triton" else own
+    return own
+
+
+#: the input draw chosen per (task, shape, distribution, dtypes) in this process (input_filler)
+_CHOSEN: dict[tuple, str] = {}
+
+
+def faster(draws: dict[str, Callable[[], None]], time_ms: Callable[[Callable[[], None]], float],
+           rounds: int = 3) -> str:
+    """The name of the fastest of ``draws``: each timed ``rounds`` times by ``time_ms`` (ms of
+    one call, after a warm one), the least of its times compared; a tie goes to the first."""
+    best = {name: min(time_ms(fn) for _ in range(rounds)) for name, fn in draws.items()}
+    return min(best, key=lambda name: (best[name], list(draws).index(name)))
+
+
+def _device_ms(fn: Callable[[], None]) -> float:
+    """Milliseconds of one call of ``fn`` on the current CUDA stream, after a warm call."""
+    import torch
+
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
