@@ -24,10 +24,13 @@ EVO_JUDGE_PARTS=demo bash benchmarks/h200_acceptance.sh "$out/a" judge > "$out/a
 for s in startup_events evaluation_gaps; do
   $py "benchmarks/judge_gpu/$s.py" "$out/a/demo.db" > "$out/a/$s.txt" 2>&1
 done
+# the lines the summary below shows: where start-up waited, and the confirmations against the end
+{ grep -m 4 "waited" "$out/a/evaluation_gaps.txt"; grep -E "confirm_start|finish|evaluations:" "$out/a/startup_events.txt"; } \
+  >> "$out/a_run.txt" 2>/dev/null
 (cd "$out" && tar czf a.tgz a && rm -rf a)
 if [ -n "${EVO_CHECK_QUICK:-}" ]; then   # the demo only, when little device time is left
   echo "== GPU"; cat "$out/gpu.txt"; echo "== input draw"; cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_tests.txt"
-  echo "== demo"; tail -n 12 "$out/a_run.txt"; exit 0
+  echo "== demo"; tail -n 20 "$out/a_run.txt"; exit 0
 fi
 EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$out/b" judge \
   > "$out/b_run.txt" 2>&1
@@ -36,6 +39,6 @@ timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu
 (cd "$out" && tar czf b.tgz b && rm -rf b)   # eight files at most come back from a device call
 echo "== GPU";          cat "$out/gpu.txt"
 echo "== input draw";   cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_tests.txt"
-echo "== demo";         tail -n 12 "$out/a_run.txt"
+echo "== demo";         tail -n 20 "$out/a_run.txt"
 echo "== adversarial";  grep -E "rc=|passed|failed" "$out/b_run.txt" | tail -n 3
 echo "== evaluation path";  tail -n 3 "$out/gpu_path.txt"
