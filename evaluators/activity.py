@@ -21,9 +21,9 @@ import ctypes
 import logging
 import os
 import threading
-from typing import Callable
+from typing import Any, Callable
 
-__all__ = ["ActivitySampler", "nvml_reader"]
+__all__ = ["ActivitySampler", "nvml_reader", "nvml_device", "first_visible"]
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +32,43 @@ class _Util(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
 
+def first_visible(visible: str | None) -> str:
+    """The first device of a ``CUDA_VISIBLE_DEVICES`` value (an index or a ``GPU-...`` UUID);
+    ``"0"`` when unset or empty."""
+    ids = [x.strip() for x in (visible or "0").split(",") if x.strip()]
+    return ids[0] if ids else "0"
+
+
+def nvml_device(target: str, lib: Any = None) -> tuple[Any, ctypes.c_void_p] | None:
+    """``(library, device handle)`` of NVML's device ``target`` (an index, or a ``GPU-``/``MIG-``
+    UUID), NVML initialised; ``None`` when the library (``lib``: default ``libnvidia-ml.so.1``
+    through ctypes, or a fake with its functions), its init or the device is missing."""
+    try:
+        lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() != 0:
+            return None
+        dev = ctypes.c_void_p()
+        if target.startswith(("GPU-", "MIG-")):
+            rc = lib.nvmlDeviceGetHandleByUUID(target.encode(), ctypes.byref(dev))
+        elif target.isdigit():
+            rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(target)), ctypes.byref(dev))
+        else:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return (lib, dev) if rc == 0 else None
+
+
 def nvml_reader(visible: str | None) -> Callable[[], float | None] | None:
     """A function returning the GPU's current utilisation (0..1) for the first device of
     ``visible`` (a ``CUDA_VISIBLE_DEVICES`` value: an index or a ``GPU-...`` UUID), or
     ``None`` when NVML cannot be read here."""
-    ids = [x.strip() for x in (visible or "0").split(",") if x.strip()]
-    target = ids[0] if ids else "0"
-    try:
-        nv = ctypes.CDLL("libnvidia-ml.so.1")
-        if nv.nvmlInit_v2() != 0:
-            return None
-    except (OSError, AttributeError):
+    target = first_visible(visible)
+    opened = nvml_device(target)
+    if opened is None:
+        log.info("NVML or its device %r cannot be read: GPU activity not measured", target)
         return None
-    dev = ctypes.c_void_p()
-    if target.startswith(("GPU-", "MIG-")):
-        rc = nv.nvmlDeviceGetHandleByUUID(target.encode(), ctypes.byref(dev))
-    elif target.isdigit():
-        rc = nv.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(target)), ctypes.byref(dev))
-    else:
-        rc = 1
-    if rc != 0:
-        log.info("NVML has no device %r: GPU activity not measured", target)
-        return None
+    nv, dev = opened
 
     def read() -> float | None:
         u = _Util()

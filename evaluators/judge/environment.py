@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from evaluators.activity import first_visible, nvml_device
 from evaluators.protocol import PROTOCOL_VERSION
 
 __all__ = ["env_info", "sol_fn"]
@@ -48,20 +49,8 @@ class NvmlEnv:
 
     @classmethod
     def open(cls, target: str, lib: Any = None) -> "NvmlEnv | None":
-        try:
-            lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() != 0:
-                return None
-            dev = ctypes.c_void_p()
-            if target.startswith(("GPU-", "MIG-")):
-                rc = lib.nvmlDeviceGetHandleByUUID(target.encode(), ctypes.byref(dev))
-            elif target.isdigit():
-                rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(target)), ctypes.byref(dev))
-            else:
-                return None
-        except (OSError, AttributeError):
-            return None
-        return cls(lib, dev) if rc == 0 else None
+        opened = nvml_device(target, lib)
+        return cls(*opened) if opened is not None else None
 
     def _uint(self, fn: str, *args: Any) -> int | None:
         v = ctypes.c_uint()
@@ -139,7 +128,7 @@ def env_info(torch: Any, settings: dict[str, Any]) -> dict[str, str]:
         "flush_mb": str(settings.get("flush_mb")),
         "trials": str(settings.get("trials")),
     }
-    env.update(_driver_state(uuid_s, os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()))
+    env.update(_driver_state(uuid_s, first_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))))
     return env
 
 

@@ -190,7 +190,7 @@ def faster(draws: dict[str, Callable[[], None]], time_ms: Callable[[Callable[[],
     """The name of the fastest of ``draws``: each timed ``rounds`` times by ``time_ms`` (ms of
     one call, after a warm one), the least of its times compared; a tie goes to the first."""
     best = {name: min(time_ms(fn) for _ in range(rounds)) for name, fn in draws.items()}
-    return min(best, key=lambda name: (best[name], list(draws).index(name)))
+    return min(best, key=best.__getitem__)   # min keeps the first of equal ones
 
 
 def _device_ms(fn: Callable[[], None]) -> float:

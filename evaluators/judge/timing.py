@@ -489,12 +489,13 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
 
     t0 = time.monotonic()
     samples, per_shape_extra, base = [], [], []
+    paired_with = baseline
     for si in shape_indices:
         shape = dict(task.shapes[si])
         s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references, reps=reps,
                                        warmup=warmup, seed=seed, ops=ops, calib=calib, progress=progress,
                                        phases=phases, fused=fused, pool=pool, share=share, draw=draw,
-                                       baseline=baseline)
+                                       baseline=paired_with)
         if failure is not None and failure.status is Status.INVALID:
             # A host busy for the whole loop can still push every round trip up: one more
             # loop, and the timing stands only if it agrees (a liar fails both).
@@ -502,7 +503,7 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
             s, failure, extra = time_shape(task, call, slots_for(si), shape=shape, references=references,
                                            reps=reps, warmup=warmup, seed=seed + 1, ops=ops, calib=calib,
                                            progress=progress, phases=phases, fused=fused, pool=pool,
-                                           share=share, draw=draw, baseline=baseline)
+                                           share=share, draw=draw, baseline=paired_with)
             extra = {**extra, "first_loop_refused": first.reason}
         if failure is not None:
             return StageResult(failure.stage, failure.status, failure.reason, failure.metrics,
@@ -517,6 +518,7 @@ def time_shapes(task: Any, call: Call, slots_for: Callable[[int], ShapeSlots], *
         if b is not None:
             base.append(b)
             extra["baseline"] = {k: v for k, v in b.items() if k != "ms"}
+            paired_with = baseline if "error" not in b else None   # a failed baseline is not called again
         per_shape_extra.append({"shape": shape, **{k: v for k, v in extra.items() if k != "wall_ms"},
                                 "wall_samples_ms": extra.get("wall_ms", [])})
     res = summarize(samples, basis)
