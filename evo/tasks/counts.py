@@ -18,14 +18,14 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from evo.tasks.inputs import InputSpec, resolve_dims, torch_dtype
+from evo.tasks.inputs import DTYPES, InputSpec, known_dtype, resolve_dims
 
 __all__ = ["GemmFlops", "TriangularGemmFlops", "ElementwiseFlops", "TensorBytes", "itemsize"]
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element of a task dtype name."""
-    return torch_dtype(dtype).itemsize
+    """Bytes per element of a task dtype name (without importing torch)."""
+    return DTYPES[known_dtype(dtype)]
 
 
 @dataclass(frozen=True)

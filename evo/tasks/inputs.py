@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Union
 
-import torch
+from evo.tasks.lazy_torch import torch
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -53,12 +53,13 @@ __all__ = [
 DISTRIBUTIONS: tuple[str, ...] = ("normal", "wide", "uniform", "logits", "kernelbench")
 #: Structures an input may have.
 STRUCTURES: tuple[str, ...] = ("dense", "symmetric", "upper", "lower")
-#: Task dtypes (names as in :attr:`evo.tasks.base.Task.dtype`) and their torch dtypes.
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
+#: Task dtypes (names as in :attr:`evo.tasks.base.Task.dtype`, which are torch's own attribute
+#: names: :func:`torch_dtype`) and their sizes in bytes (read without importing torch).
+DTYPES: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
 }
 
 Dim = Union[str, int]
@@ -66,10 +67,15 @@ Dim = Union[str, int]
 
 def torch_dtype(name: str) -> torch.dtype:
     """``"bfloat16"`` -> ``torch.bfloat16``; unknown names raise listing the known ones."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+    return getattr(torch, known_dtype(name))
+
+
+def known_dtype(name: str) -> str:
+    """``name`` when it is one of :data:`DTYPES` (checked without importing torch); else
+    ValueError listing the known ones."""
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}")
+    return name
 
 
 def resolve_dims(dims: tuple[Dim, ...], shape: Mapping[str, int]) -> tuple[int, ...]:
@@ -187,7 +193,7 @@ class TensorInputs:
     dtype: str
 
     def __post_init__(self) -> None:
-        torch_dtype(self.dtype)  # validate early
+        known_dtype(self.dtype)  # validate early
 
     def sizes(self, shape: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
         """The concrete size of every input for ``shape``."""

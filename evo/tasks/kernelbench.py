@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-import torch.nn.functional as F
+from evo.tasks.lazy_torch import F, torch
 
 from evo.tasks.base import Task
 from evo.tasks.counts import ElementwiseFlops, GemmFlops, TensorBytes, TriangularGemmFlops

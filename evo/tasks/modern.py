@@ -13,8 +13,7 @@ use fully odd sizes.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from evo.tasks.lazy_torch import F, torch
 
 from evo.tasks.base import Task
 from evo.tasks.counts import ElementwiseFlops, GemmFlops, TensorBytes

@@ -96,7 +96,7 @@ def validate_task(task: Any) -> None:
         raise InvalidTaskError(
             f"{who}: reference_dtype {task.reference_dtype!r}; allowed: {', '.join(_REF_DTYPES)}"
         )
-    if DTYPES[task.reference_dtype].itemsize < DTYPES[task.dtype].itemsize:
+    if DTYPES[task.reference_dtype] < DTYPES[task.dtype]:
         raise InvalidTaskError(
             f"{who}: reference_dtype {task.reference_dtype} is narrower than dtype {task.dtype}"
         )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
+from evo.tasks.lazy_torch import torch
 
 from evo.tasks.base import Tolerance
 
