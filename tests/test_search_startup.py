@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import evaluators.compile as compile_mod
 from evaluators.base import CompileSettings
-from evo.engine.search import precompile_seeds
+from evo.engine.search import precompile_seeds, warm_order
 from evo.engine.startup import STEPS, StartupClock, StartupRecord
 
 
@@ -33,12 +33,31 @@ def test_each_seed_is_built_once_into_the_cache_and_none_without_one(monkeypatch
     seeds = {"a": ("__global__ void a() {}", {"VEC": "4"}), "broken": ("x", {})}
     settings = CompileSettings(cache_dir=str(tmp_path / "cc"))
     threads = precompile_seeds(seeds, settings)
-    for t in threads:
+    assert sorted(threads) == ["a", "broken"]
+    for t in threads.values():
         t.join(10)
     assert sorted(built) == [("a", "__global__ void a() {}", {"VEC": "4"}, str(tmp_path / "cc")),
                              ("broken", "x", {}, str(tmp_path / "cc"))]
     built.clear()
-    assert precompile_seeds(seeds, dataclasses.replace(settings, cache_dir="")) == [] and built == []
+    assert precompile_seeds(seeds, dataclasses.replace(settings, cache_dir="")) == {} and built == []
+
+
+class _Build:
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_the_judge_prepares_first_the_tasks_whose_seeds_are_built():
+    names = ["kb23_softmax", "gelu_bf16", "gemm_bf16_irregular", "kb19_relu"]
+    builds = {"kb23_softmax": _Build(True), "gelu_bf16": _Build(False), "gemm_bf16_irregular": _Build(True),
+              "kb19_relu": _Build(False)}
+    assert warm_order(names, builds) == ("gelu_bf16", "kb19_relu", "kb23_softmax", "gemm_bf16_irregular")
+    assert warm_order(names, {}) == tuple(names)   # no seed compiles in this process: the config's order
+    assert warm_order(names, {"kb19_relu": _Build(True)}) == tuple(names)   # still compiling
+    assert warm_order(names, {"kb19_relu": _Build(False)})[0] == "kb19_relu"
 
 
 def test_the_start_record_gives_the_process_age():

@@ -14,6 +14,8 @@ import math
 import os
 import random
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from evo.engine.background import BackgroundCall
 from evo.engine.early_ray import EarlyRay, exit_on_sigterm
@@ -353,10 +355,11 @@ def _run_search(cfg, *, address: str | None, resume: str | None, progress: bool,
     local = not (address or os.environ.get("RAY_ADDRESS"))
     if early_ray is not None and not local:  # the validated config names a cluster after all
         early_ray.close()
+    builds: dict = {}
     if stages is None and not resume and local:
         # first, on threads: the seeds' compiles are the longest step before the first
         # evaluation, and need nothing of the store or the runtime
-        precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
+        builds = precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
     run_id = None
@@ -380,7 +383,7 @@ def _run_search(cfg, *, address: str | None, resume: str | None, progress: bool,
         n_done = len(store.evaluated_ids(run_id)) if resume else 0
         rng = random.Random(f"{seed}:{n_done}")
         clock.mark("store")
-        start = functools.partial(_start_runtime, cfg, names, stages=stages, address=address)
+        start = functools.partial(_start_runtime, cfg, names, stages=stages, address=address, builds=builds)
         early = early_ray if early_ray is not None and not early_ray.closed else None
         if local and early is None:
             clock.mark("ray_start")
@@ -452,8 +455,11 @@ def _run_search(cfg, *, address: str | None, resume: str | None, progress: bool,
         store.close()
 
 
-def _start_runtime(cfg, names: list[str], *, stages, address: str | None, adopt: bool = False):
+def _start_runtime(cfg, names: list[str], *, stages, address: str | None, adopt: bool = False,
+                   builds: Mapping[str, Any] | None = None):
     """The cluster runtime of ``cfg`` built and started: (runtime, seconds its start took).
+    ``builds``: the seeds' compiles begun in this process (:func:`precompile_seeds`), which
+    order the tasks the GPU actors' judges prepare (:func:`warm_order`).
 
     Runs on the thread that owns a local Ray instance (:class:`evo.engine.background.BackgroundCall`
     with ``hold``), so a start that fails after Ray came up shuts Ray down here, on that thread;
@@ -467,7 +473,8 @@ def _start_runtime(cfg, names: list[str], *, stages, address: str | None, adopt:
     local = LocalRaySettings.of_config(cfg)  # secret_env: kept out of Ray
     rt = Runtime(
         stages=stages or real_stages(), compile_settings=cfg.compile_settings(),
-        harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=tuple(names)), address=address,
+        harness_settings=dataclasses.replace(cfg.harness_settings(), warm_tasks=warm_order(names, builds or {})),
+        address=address,
         num_cpus=local.num_cpus, num_gpus=local.num_gpus, secret_env=local.secret_env,
         **({"started_ray": True} if adopt else {}),   # only when taking over: the field's default otherwise
     )
@@ -496,18 +503,18 @@ def _stop_when_started(ray_start: BackgroundCall) -> None:
     rt.shutdown()
 
 
-def precompile_seeds(seeds: dict, settings) -> list:
+def precompile_seeds(seeds: dict, settings) -> dict[str, Any]:
     """Compile the seeds into the compile cache on threads of this process, while the local
     Ray instance and its workers start (seconds): the engine's own compile of a seed, on a
     worker of this machine, then finds it built, or waits on the cache entry's lock while it
-    is built, never building it twice. Returns the threads (daemons; a failure is only
+    is built, never building it twice. Returns each task's thread (daemons; a failure is only
     logged: the engine's compile meets it again and records it). Nothing without a cache."""
     import threading
 
     from evaluators.compile import compile_candidate
 
     if not settings.cache_dir:
-        return []
+        return {}
 
     def build(cand: Candidate) -> None:
         try:
@@ -515,12 +522,22 @@ def precompile_seeds(seeds: dict, settings) -> list:
         except Exception as e:  # noqa: BLE001 - the engine's compile of the seed reports it
             log.debug("precompiling the seed of %s failed: %s", cand.task, e)
 
-    threads = [threading.Thread(target=build, args=(Candidate.create(task, src, params),), daemon=True,
-                                name=f"evo-precompile-{task}")
-               for task, (src, params) in seeds.items()]
-    for t in threads:
+    threads = {task: threading.Thread(target=build, args=(Candidate.create(task, src, params),), daemon=True,
+                                      name=f"evo-precompile-{task}")
+               for task, (src, params) in seeds.items()}
+    for t in threads.values():
         t.start()
     return threads
+
+
+def warm_order(names: Sequence[str], builds: Mapping[str, Any]) -> tuple[str, ...]:
+    """The order in which a GPU actor's judge prepares the run's tasks (before their first
+    candidates): the tasks whose seed is built by now first, since their seeds are the first
+    candidates to reach the GPU, then the others; each group in ``names``' order. ``builds``:
+    task -> its seed's compile (anything with ``is_alive()``: :func:`precompile_seeds`'s threads);
+    a task without one counts as not built."""
+    done = [n for n in names if n in builds and not builds[n].is_alive()]
+    return (*done, *(n for n in names if n not in done))
 
 
 def _descriptor_fn():
