@@ -67,6 +67,39 @@ def gpu_available() -> bool:
         return False
     if out.returncode != 0 or "GPU" not in out.stdout:
         return False
+    return torch_cuda_build()
+
+
+def torch_cuda_build() -> bool:
+    """Whether the torch this process would import is a CUDA build: ``torch.version.cuda``,
+    read from torch's ``version.py`` without importing torch (seconds, which ``evo search``
+    spends at entry beside its Ray start otherwise), or from the imported module when the
+    file cannot be read as a plain literal assignment. False without torch."""
+    import ast
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "torch" not in sys.modules:
+        try:
+            spec = importlib.util.find_spec("torch")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        for root in spec.submodule_search_locations:
+            try:
+                tree = ast.parse((Path(root) / "version.py").read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                continue
+            for node in tree.body:
+                target = node.target if isinstance(node, ast.AnnAssign) else (
+                    node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+                if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
+                    try:
+                        return ast.literal_eval(node.value) is not None
+                    except ValueError:
+                        break
     try:
         import torch
     except ImportError:

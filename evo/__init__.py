@@ -1,7 +1,7 @@
 """cute-evo: evolutionary search for fast CuTe GPU kernels.
 
 The engine package: records, config, the lineage store, the search loop and the CLI.
-Importing ``evo`` needs neither a GPU nor Ray; ``evo.tasks`` imports torch.
+Importing ``evo`` needs neither a GPU nor Ray nor torch (``evo.tasks`` imports torch on first use).
 
 The names below are loaded on first use (PEP 562), not at ``import evo``: every process that
 imports a submodule runs this file first, and the GPU actor, the mutators and the

@@ -61,3 +61,42 @@ def test_the_stand_ins_are_torch_once_used():
         assert "int4" in str(e) and "float32" in str(e)
     else:
         raise AssertionError("an unknown dtype name was accepted")
+
+
+_PROBE = r"""
+import json, sys
+from evaluators.pipeline import torch_cuda_build
+print(json.dumps({"cuda": torch_cuda_build(), "imported": "torch" in sys.modules}))
+"""
+
+
+def _fake_torch(root: Path, version_py: str, init_raises: bool = True) -> Path:
+    pkg = root / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the fake torch was imported (test)')\n" if init_raises
+                                     else "from . import version\n")
+    (pkg / "version.py").write_text(version_py)
+    return root
+
+
+def _probe(path: Path) -> dict:
+    env = {**__import__("os").environ, "PYTHONPATH": f"{path}:{ROOT}"}
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_gpu_probe_reads_whether_torch_is_a_cuda_build_without_importing_it(tmp_path):
+    cuda = _fake_torch(tmp_path / "cuda", "from typing import Optional\ncuda: Optional[str] = '13.0'\n")
+    cpu = _fake_torch(tmp_path / "cpu", "from typing import Optional\n__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n")
+    plain = _fake_torch(tmp_path / "plain", "cuda = '12.8'\n")
+    assert _probe(cuda) == {"cuda": True, "imported": False}
+    assert _probe(cpu) == {"cuda": False, "imported": False}
+    assert _probe(plain) == {"cuda": True, "imported": False}
+
+
+def test_a_version_file_it_cannot_read_as_a_literal_falls_back_to_importing_torch(tmp_path):
+    computed = _fake_torch(tmp_path / "computed", "cuda = '.'.join(['13', '0'])\n", init_raises=False)
+    assert _probe(computed) == {"cuda": True, "imported": True}
+    broken = _fake_torch(tmp_path / "broken", "cuda = compute()\n")   # and torch itself fails to import
+    assert _probe(broken) == {"cuda": False, "imported": False}

@@ -123,8 +123,8 @@ def _search(config: Path, *, address: str | None, resume: str | None, max_evals:
 
 def _start_gpu_probe(address: str | None):
     """The GPU probe (:func:`evaluators.pipeline.gpu_available`: ``nvidia-smi``, and whether
-    torch is a CUDA build) started on a thread, so that it runs while the config loads
-    (which imports torch too); None when a cluster is named, which needs no local GPU. A
+    torch is a CUDA build, read without importing torch) started on a thread, so that it runs
+    while the config loads; None when a cluster is named, which needs no local GPU. A
     cluster named only by the config's ``ray.address`` is known after loading: the probe's
     answer is then not waited for."""
     if address or os.environ.get("RAY_ADDRESS"):

@@ -94,7 +94,7 @@ def _check_task_entry(entry: str, info: ValidationInfo) -> str:
     """Item validator of ``tasks.include`` against the built-in tasks. With ``tasks.files``, an
     entry no built-in task matches may name one of theirs: it is checked when the search
     loads them (:func:`evo.config.tasks.load_tasks`), with the same message."""
-    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry builds every task
 
     problem = task_entry_problem(entry, BUILTIN_TASKS)
     if problem is not None and not info.data.get("files"):
@@ -204,7 +204,7 @@ TuningConfig = section_model(
 
 def _known_gpus() -> tuple[str, ...]:
     """GPU names the task suite knows (``evo.tasks.gpu_names()`` if defined, else KNOWN_GPUS)."""
-    from evo import tasks as registry  # lazy: the registry imports torch
+    from evo import tasks as registry  # lazy: the registry builds every task
 
     names = getattr(registry, "gpu_names", None)
     return tuple(names()) if callable(names) else KNOWN_GPUS

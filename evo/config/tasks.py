@@ -39,7 +39,7 @@ def load_tasks(config: Any) -> Any:
     the include entries are then not checked, as at validation) or else per ``tasks.include``
     entry that names no task or family of the registry (``tasks.include[i]``).
     """
-    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry builds every task
 
     tasks = BUILTIN_TASKS
     files = config.tasks.files

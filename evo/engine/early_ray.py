@@ -1,9 +1,10 @@
 """A local Ray instance started at the very beginning of ``evo search``, before the config is
 validated, and handed to the runtime once it is.
 
-Loading the config imports torch (seconds) and a local instance's ``ray.init`` takes seconds
-more; the first evaluation waits for both. So the CLI decides at entry, from the command line,
-the environment and the config's raw TOML (:func:`evo.engine.local_ray.read_raw_ray`), whether
+A local instance's ``ray.init`` takes seconds, and the first evaluation waits for it; the
+driver's own steps before it (the config, the tasks, the seeds' compiles, the store) need no
+Ray, and none of them imports torch (:mod:`evo.tasks.lazy_torch`). So the CLI decides at
+entry, from the command line, the environment and the config's raw TOML (:func:`evo.engine.local_ray.read_raw_ray`), whether
 to begin the instance's start at once on a thread of its own (:func:`early_start_decision`:
 only where it can pay off and cannot hurt), and :func:`evo.engine.search.run_search` later
 hands the started instance to the runtime (:meth:`EarlyRay.hand_over`), which then only

@@ -2,7 +2,7 @@
 config or, before the config is validated, from its raw TOML (:func:`read_raw_ray`).
 
 The raw read exists so that ``evo search`` can begin a local instance's start before loading
-the config, which imports torch (:mod:`evo.engine.early_ray`): it reads only ``[ray] address,
+the config (:mod:`evo.engine.early_ray`): it reads only ``[ray] address,
 num_cpus, num_gpus`` and ``[llm] models[*].key_env`` with :mod:`tomllib`, validates nothing
 else and imports nothing heavy. Anything it does not understand gives None (no early start):
 the config's own load then reports the mistake as it always does. Importing this module

@@ -214,7 +214,7 @@ class Survivors:
 
     def _task(self, name: str) -> Any:
         if self.task_registry is None:
-            from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+            from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry builds every task
 
             return BUILTIN_TASKS.get(name)
         return self.task_registry.get(name)

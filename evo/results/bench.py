@@ -98,7 +98,7 @@ def _registry(task_registry: Any) -> Any:
     """``task_registry``, or the built-in tasks when None."""
     if task_registry is not None:
         return task_registry
-    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry imports torch
+    from evo.tasks.registry import BUILTIN_TASKS  # lazy: the registry builds every task
 
     return BUILTIN_TASKS
 

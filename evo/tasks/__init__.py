@@ -16,7 +16,8 @@ Public API (everything a caller needs; see docs/tasks.md)::
     tolerances for task authors: FP32_ELEMENTWISE, FP32_SOFTMAX, BF16_ELEMENTWISE, BF16_GEMM,
     strict_fp32_reduction(k) (= fp32_gemm(k)), ArgExtremum(dim) for index outputs with ties
 
-Importing this package imports torch (the references are torch functions) but needs no GPU.
+Importing this package needs neither torch nor a GPU: the task modules name torch through
+:mod:`evo.tasks.lazy_torch`, imported when a reference runs or an input is drawn.
 """
 
 from evo.tasks.base import Shape, Task, Tolerance
