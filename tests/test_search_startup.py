@@ -264,3 +264,24 @@ def test_the_cli_probes_the_gpu_while_the_config_loads_and_passes_its_marks_on(m
     assert [s for s, _ in rec.age_at] == ["cli", "config", "tasks", "gpu"]
     ages = [a for _, a in rec.age_at]
     assert ages == sorted(ages) and set(s for s, _ in rec.age_at) <= set(STEPS)
+
+
+def test_the_runner_is_prebuilt_on_a_thread_and_a_failed_build_is_only_logged():
+    from evo.engine.search import prebuild_runner
+
+    calls: list[str] = []
+    t = prebuild_runner(lambda: calls.append("built"))
+    t.join(10)
+    assert calls == ["built"] and not t.is_alive()
+
+    def broken() -> None:
+        raise RuntimeError("nvcc missing (test)")
+
+    escaped: list = []
+    hook, threading.excepthook = threading.excepthook, escaped.append
+    try:
+        t = prebuild_runner(broken)
+        t.join(10)
+    finally:
+        threading.excepthook = hook
+    assert not t.is_alive() and escaped == []   # logged only; the judge reports it when it builds

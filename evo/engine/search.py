@@ -360,6 +360,7 @@ def _run_search(cfg, *, address: str | None, resume: str | None, progress: bool,
         # first, on threads: the seeds' compiles are the longest step before the first
         # evaluation, and need nothing of the store or the runtime
         builds = precompile_seeds(seeds, cfg.compile_settings())   # real compiles, on this machine's cache
+        prebuild_runner()
     Path(cfg.run.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.run.db)
     run_id = None
@@ -528,6 +529,30 @@ def precompile_seeds(seeds: dict, settings) -> dict[str, Any]:
     for t in threads.values():
         t.start()
     return threads
+
+
+def prebuild_runner(build=None) -> Any:
+    """Build the judge's runner (:func:`evaluators.runner.build.runner_binary`) into this
+    machine's cache on a thread, while the local Ray instance starts: the GPU actor's judge,
+    on this machine, then finds it built (or waits on its lock) instead of building it before
+    its first runner starts. Returns the thread (a daemon; a failure is only logged: the judge
+    meets it again and reports it as ours). ``build``: the builder (tests)."""
+    import threading
+
+    def run() -> None:
+        try:
+            if build is not None:
+                build()
+            else:
+                from evaluators.runner.build import runner_binary
+
+                runner_binary("cuda")
+        except Exception as e:  # noqa: BLE001 - the judge's own build reports it
+            log.debug("prebuilding the runner failed: %s", e)
+
+    t = threading.Thread(target=run, daemon=True, name="evo-prebuild-runner")
+    t.start()
+    return t
 
 
 def warm_order(names: Sequence[str], builds: Mapping[str, Any]) -> tuple[str, ...]:
