@@ -5,7 +5,8 @@ compile tasks, the lineage store, back-pressure and dedupe. Compile and GPU stag
 fault-injecting fakes of tests/fakes/faults.py (sleeps of a few ms) on a synthetic source
 with 8 tunables of 8 values, so the space (16.7 M points per task) never runs out. At
 ``--fault-rate`` (default 5%) a candidate's compile worker dies once, or its GPU evaluator
-actor dies once mid-evaluation, or it comes back ``incorrect`` or ``crash``.
+actor dies once mid-evaluation, or it comes back ``incorrect`` or ``crash``; the first candidate
+compiled and the first evaluated die once as well, so that every run meets both deaths.
 
 Reports throughput (evaluations/s), faults injected and survived, rows lost (proposed
 candidates without an evaluation: must be 0) and the driver's memory (RSS sampled every
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 def _soak(args: argparse.Namespace, argv: list[str] | None, work: Path) -> int:
     fault_dir = work / "faults"
     fault_dir.mkdir()
-    os.environ.update(EVO_FAULT_DIR=str(fault_dir), EVO_FAULT_RATE=str(args.fault_rate),
+    os.environ.update(EVO_FAULT_DIR=str(fault_dir), EVO_FAULT_RATE=str(args.fault_rate), EVO_FAULT_ENSURE="1",
                       EVO_FAULT_COMPILE_S=str(args.compile_s), EVO_FAULT_GPU_S=str(args.gpu_s),
                       EVO_FAULT_GPU_DEATHS=str(args.gpu_deaths_per_actor))
 

@@ -13,6 +13,11 @@ Faults are chosen per candidate, deterministically:
   per actor, default 3, because the runtime gives GPU actors ``max_restarts=4``), a
   simulated ``incorrect`` result, a simulated harness ``crash`` result.
 
+With ``$EVO_FAULT_ENSURE`` set (the soak sets it), the first candidate to reach the compile
+stage and the first to reach the GPU stage die there once as well, whatever their hash says: a
+run of any length then meets both deaths, which the hash alone leaves to chance (the candidates
+a run proposes follow the order Ray returns results in).
+
 "Once" is remembered with marker files in ``$EVO_FAULT_DIR`` (shared by every worker on the
 machine); every attempt is appended to ``$EVO_FAULT_DIR/attempts.log`` as ``stage id``.
 Latencies: ``$EVO_FAULT_COMPILE_S`` / ``$EVO_FAULT_GPU_S`` seconds (default 0.02).
@@ -83,6 +88,24 @@ def rate_fault(cid: str) -> str:
     return ("compile-die-once", "gpu-die-once", "incorrect", "crash")[(h // 1_000_000) % 4]
 
 
+def _ensured(stage: str, cid: str) -> bool:
+    """With ``$EVO_FAULT_ENSURE``: whether ``cid`` is the first candidate to reach ``stage``
+    (claimed with an O_EXCL marker holding its id, across all processes)."""
+    d = _dir()
+    if d is None or not os.environ.get("EVO_FAULT_ENSURE"):
+        return False
+    claim = d / f"ensured-{stage}"
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return claim.read_text() == cid
+    try:
+        os.write(fd, cid.encode())
+    finally:
+        os.close(fd)
+    return True
+
+
 def _fault(c: Candidate) -> str:
     if c.notes.startswith("fault:"):
         return c.notes[len("fault:"):].split()[0]
@@ -98,7 +121,8 @@ def fault_compile(candidate: Candidate, settings: CompileSettings):
 
     _note("compile", candidate.id)
     f = _fault(candidate)
-    if f == "compile-die-always" or (f == "compile-die-once" and _first_time("compile", candidate.id)):
+    once = f == "compile-die-once" or _ensured("compile", candidate.id)
+    if f == "compile-die-always" or (once and _first_time("compile", candidate.id)):
         time.sleep(_MID)
         os._exit(17)  # the worker process dies, as on OOM or a segfaulting compiler
     time.sleep(float(os.environ.get("EVO_FAULT_COMPILE_S", "0.02")))
@@ -128,7 +152,8 @@ def fault_evaluate(candidate: Candidate, so_bytes: bytes, settings: HarnessSetti
     _note("gpu", candidate.id)
     assert so_bytes.endswith(candidate.id.encode()), "GPU stage got another candidate's binary"
     f = _fault(candidate)
-    if f == "gpu-die-always" or (f == "gpu-die-once" and _gpu_death_allowed() and _first_time("gpu", candidate.id)):
+    once = f == "gpu-die-once" or _ensured("gpu", candidate.id)
+    if f == "gpu-die-always" or (once and _gpu_death_allowed() and _first_time("gpu", candidate.id)):
         time.sleep(_MID)  # mid-evaluation, as a real death would be: the previous reply is out
         os._exit(18)
     if f == "gpu-hang-once" and _first_time("gpu", candidate.id):
