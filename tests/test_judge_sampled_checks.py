@@ -6,6 +6,7 @@ judge's reference pool is short of ``reps`` samples every call is checked."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -194,4 +195,19 @@ def test_an_evaluation_that_waited_behind_set_up_says_how_long_behind_what(tmp_p
     assert steps == ["prepare:judge_relu", "prepare:other_task"]
     rep = judge.evaluate(_job(), _settings(reps=REPS))
     assert "judge_wait" not in rep.env and "judge_setup" not in rep.env
+    judge.close()
+
+
+def test_a_part_of_a_set_up_step_is_kept_with_its_span_for_the_evaluation_that_waited(tmp_path):
+    """The warm-up's parts (torch's import, the exchange, the check and draw compiles) are kept
+    beside the steps, so an evaluation that waited behind the warm-up says which part it was."""
+    judge = Judge(backend="host", workdir=tmp_path)
+    with judge._span("warm:checks"):
+        time.sleep(0.02)
+    (what, start, end), = judge._setup
+    assert what == "warm:checks" and end - start >= 0.02
+    env = judge._waited_env((0.5, "warm"))
+    assert env["judge_wait"] == "0.500 s behind warm"
+    name, _, span = env["judge_setup"].partition("=")
+    assert name == "warm:checks" and [round(float(x), 3) for x in span.split("-")] == [round(start, 3), round(end, 3)]
     judge.close()

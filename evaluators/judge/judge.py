@@ -286,19 +286,23 @@ class Judge:
         if self.backend != "cuda":
             return
         with self._lock, self._step("warm"):
-            import torch
+            with self._span("warm:torch"):
+                import torch
 
-            from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
-
-            self._cuda_exchange()
+                from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
+            with self._span("warm:exchange"):
+                self._cuda_exchange()
             if self._fused is not None:
-                for n, dt, tol in warm_checks((torch.float32, FP32_ELEMENTWISE), (torch.bfloat16, BF16_ELEMENTWISE)):
-                    ref = torch.linspace(-1.0, 1.0, n, device="cuda", dtype=torch.float64)
-                    check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
+                with self._span("warm:checks"):
+                    for n, dt, tol in warm_checks((torch.float32, FP32_ELEMENTWISE),
+                                                  (torch.bfloat16, BF16_ELEMENTWISE)):
+                        ref = torch.linspace(-1.0, 1.0, n, device="cuda", dtype=torch.float64)
+                        check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
                 from evaluators.judge.fill import self_check_once
 
-                for dt in (torch.float32, torch.bfloat16):   # the timed calls' input draw: compiled now
-                    self_check_once("cuda", dt, "normal")
+                with self._span("warm:draws"):
+                    for dt in (torch.float32, torch.bfloat16):   # the timed calls' input draw: compiled now
+                        self_check_once("cuda", dt, "normal")
             torch.cuda.synchronize()
 
     def start_runner(self, settings: HarnessSettings, *, sandbox: Any = None) -> bool:
@@ -441,6 +445,17 @@ class Judge:
             self._doing = ""
             if record:
                 self._setup.append((what, t0, time.time()))
+
+    @contextlib.contextmanager
+    def _span(self, what: str):
+        """A part of a set-up step, kept with its start and end as the steps are (the warm-up's
+        torch import, CUDA exchange, check and draw compiles): which part a first evaluation
+        waited behind. The lock's holder stays marked as doing the step."""
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self._setup.append((what, t0, time.time()))
 
     def _waited_env(self, waited: tuple[float, str]) -> dict[str, str]:
         """The env keys of an evaluation that waited for the lock (none when it did not): how
