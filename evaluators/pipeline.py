@@ -29,6 +29,7 @@ import functools
 import logging
 import shutil
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from evaluators.base import CompileSettings, HarnessSettings
@@ -75,36 +76,54 @@ def torch_cuda_build() -> bool:
     read from torch's ``version.py`` without importing torch (seconds, which ``evo search``
     spends at entry beside its Ray start otherwise), or from the imported module when the
     file cannot be read as a plain literal assignment. False without torch."""
-    import ast
-    import importlib.util
     import sys
-    from pathlib import Path
 
     if "torch" not in sys.modules:
+        import importlib.util
+
         try:
             spec = importlib.util.find_spec("torch")
         except (ImportError, ValueError):
             spec = None
-        if spec is None or not spec.submodule_search_locations:
+        if spec is None or spec.origin is None:
             return False
-        for root in spec.submodule_search_locations:
-            try:
-                tree = ast.parse((Path(root) / "version.py").read_text(encoding="utf-8"))
-            except (OSError, SyntaxError, UnicodeDecodeError):
-                continue
-            for node in tree.body:
-                target = node.target if isinstance(node, ast.AnnAssign) else (
-                    node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-                if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
-                    try:
-                        return ast.literal_eval(node.value) is not None
-                    except ValueError:
-                        break
+        cuda = _literal(Path(spec.origin).with_name("version.py"), "cuda")
+        if cuda is not _UNREAD:
+            return cuda is not None
     try:
         import torch
     except ImportError:
         return False
     return getattr(torch.version, "cuda", None) is not None
+
+
+#: what :func:`_literal` returns when the value cannot be read as a literal
+_UNREAD = object()
+
+
+def _literal(path: Path, name: str) -> Any:
+    """The literal value assigned to ``name`` at the top level of the Python file ``path``
+    (``name = ...`` or ``name: T = ...``), read without running it; :data:`_UNREAD` when the
+    file cannot be read or holds no such literal assignment."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return _UNREAD
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == name and node.value is not None:
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return _UNREAD
+    return _UNREAD
 
 
 def _skipped(names: tuple[str, ...], reason: str) -> tuple[StageResult, ...]:

@@ -100,3 +100,13 @@ def test_a_version_file_it_cannot_read_as_a_literal_falls_back_to_importing_torc
     assert _probe(computed) == {"cuda": True, "imported": True}
     broken = _fake_torch(tmp_path / "broken", "cuda = compute()\n")   # and torch itself fails to import
     assert _probe(broken) == {"cuda": False, "imported": False}
+
+
+def test_a_stand_in_reads_attributes_from_the_module_each_time(monkeypatch):
+    import torch
+
+    from evo.tasks.lazy_torch import torch as lazy
+
+    assert lazy.relu is torch.relu
+    monkeypatch.setattr(torch, "relu", torch.sigmoid)   # set on the module after the first read
+    assert lazy.relu is torch.sigmoid

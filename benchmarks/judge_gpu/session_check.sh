@@ -49,7 +49,7 @@ timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu
   tests/gpu/test_stages_conformance_gpu.py > "$out/gpu_path.txt" 2>&1
 (cd "$out" && tar czf b.tgz b && rm -rf b)   # eight files at most come back from a device call
 echo "== GPU";          cat "$out/gpu.txt"
-echo "== input draw";   cat "$out/fill_speed.txt"; tail -n 1 "$out/fill_speed.txt"
+echo "== input draw";   cat "$out/fill_speed.txt"
 echo "== demo";         tail -n 20 "$out/a_run.txt"
 echo "== Ray's start";  cat "$out/ray_start.txt"
 echo "== adversarial";  grep -E "rc=|passed|failed" "$out/b_run.txt" | tail -n 3

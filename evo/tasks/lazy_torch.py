@@ -26,7 +26,13 @@ class LazyModule(types.ModuleType):
         self.__dict__["_lazy_name"] = name
 
     def _load(self) -> types.ModuleType:
-        return importlib.import_module(self.__dict__["_lazy_name"])
+        """The real module, imported the first time and kept (every later attribute read is
+        one lookup: the task modules' functions run in the judge's timing loop). Attributes
+        are read from it each time, so a value set on the module later is seen."""
+        mod = self.__dict__.get("_lazy_module")
+        if mod is None:
+            mod = self.__dict__["_lazy_module"] = importlib.import_module(self.__dict__["_lazy_name"])
+        return mod
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__") and attr.endswith("__"):
