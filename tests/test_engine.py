@@ -342,3 +342,31 @@ def test_the_engine_feeds_pacing_each_task_s_latency_and_proposals(tmp_path):
     children = [c for c in store.candidates(run_id) if c.operator != "seed"]
     assert sum(engine.pacing.proposals().values()) == len(children) > 0
     store.close()
+
+
+def test_a_cache_hit_tells_the_meters_what_its_build_cost_not_its_read(tmp_path):
+    """A compile read from the content cache takes no time, but the next children are new
+    sources that must be built: the rate meter and pacing are told the build's stored nvcc
+    seconds (a rerun with the same seed meets the cache first, and counting its hits as free
+    made a 30 s GEMM the "fastest" task), and a hit that stored none tells them nothing."""
+    import dataclasses
+
+    from evo.core.records import Candidate
+
+    def cached_by_task(candidate: Candidate, settings: CompileSettings):
+        out = fake.fake_compile(candidate, settings)
+        nvcc = {TASKS[0]: 30.0}.get(candidate.task)   # TASKS[1]'s cache entries stored no build time
+        metrics = {**out.result.metrics, **({"nvcc_seconds": nvcc} if nvcc else {})}
+        return dataclasses.replace(out, cached=True, result=dataclasses.replace(out.result, seconds=0.01,
+                                                                                metrics=metrics))
+
+    store = Store(tmp_path / "evo.db")
+    run_id = store.create_run("engine-test", {}, seed=0, config_hash="x")
+    rt = _runtime(Stages(cached_by_task, fake.fake_evaluate, evaluate_concurrent=False)).start()
+    engine = _engine(store, run_id, rt, budget=12, confirm=False)
+    engine.run()
+    assert set(engine.pacing.latency()) == {TASKS[0]} and engine.pacing.latency()[TASKS[0]] >= 30.0
+    assert engine.rates._compiles == sum(1 for c in store.candidates(run_id) if c.task == TASKS[0]) > 0
+    assert engine.rates._compile_sum == 30.0 * engine.rates._compiles
+    assert [e["kind"] for e in store.events(run_id)].count("first_compiled") == 1
+    store.close()

@@ -83,3 +83,12 @@ def test_progress_line_names_slot_occupancy_and_activity():
     assert p.as_event()["gpu_activity"] is None
     p.gpu_ran(3.0, 4.0, 0.5, (0.37, 12), 0)
     assert p.gpu_activity == 0.37 and p.gpu_stage_s == 2.0
+
+
+def test_build_seconds_of_a_cache_hit_is_its_stored_build_time():
+    from evo.engine.inflight import build_seconds
+
+    assert build_seconds(12.5, {"nvcc_seconds": 9.0}, cached=False) == 12.5   # built now: its own seconds
+    assert build_seconds(0.01, {"nvcc_seconds": 31.2}, cached=True) == 31.2   # a hit: what its build cost
+    assert build_seconds(0.01, {}, cached=True) is None                        # a hit that stored none
+    assert build_seconds(0.01, {"nvcc_seconds": "x"}, cached=True) is None

@@ -46,7 +46,7 @@ from evo.engine.bookkeeping import Pending, Progress, SearchSummary, member_of
 from evo.engine.dispatch import (TRIAL_EVERY, CompileDone, CompileFailed, Dispatch, GpuDone, GpuFailed, ProfileDone,
                                  ProfileFailed)
 from evo.engine.engine_settings import EngineSettings
-from evo.engine.inflight import RateMeter, inflight_bound, throughput
+from evo.engine.inflight import RateMeter, build_seconds, inflight_bound, throughput
 from evo.engine.pacing import Pacing
 from evo.engine.islands import IslandSet, island_specs
 from evo.engine.ordering import ItemOrder
@@ -103,6 +103,7 @@ class Engine:
         #: which island proposes next: slow tasks' proposals run ahead (evo.engine.pacing)
         self.pacing = Pacing(enabled=not settings.ordered)
         self._rr = self._last_migration = 0
+        self._first_compiled = False
         self._stop_reason = ""
         self.survivors = Survivors(store=store, run_id=run_id, profile=settings.profile, tuning=settings.tuning,
                                    tuning_storage=settings.tuning_storage, rng=rng, task_registry=task_registry,
@@ -388,12 +389,15 @@ class Engine:
 
     def _compiled(self, pending: Pending, outcome) -> None:
         stage = outcome.result
-        if not self.rates.n_compiled:
+        if not self._first_compiled:
+            self._first_compiled = True
             self.store.log_event(self.run_id, "first_compiled", {"task": pending.candidate.task,
                                                                  "seconds": stage.seconds})
         pending.pre_stages = pending.pre_stages + (stage,)
-        self.rates.compiled(stage.seconds)
-        self.pacing.compiled(pending.candidate.task, stage.seconds)
+        built = build_seconds(stage.seconds, stage.metrics, outcome.cached)   # a cache hit: its build's cost
+        if built is not None:
+            self.rates.compiled(built)
+            self.pacing.compiled(pending.candidate.task, built)
         if stage.passed and outcome.so_bytes:
             pending.so_bytes = outcome.so_bytes
             self.work.compiled(pending, trial=self.survivors.is_trial(pending.candidate.id))

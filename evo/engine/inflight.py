@@ -17,11 +17,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["inflight_bound", "throughput", "RateMeter", "Rates", "DRAIN_S"]
+__all__ = ["inflight_bound", "throughput", "build_seconds", "RateMeter", "Rates", "DRAIN_S"]
 
 #: At most this many seconds of work stay queued behind the budget (everything in flight
 #: drains when it ends): the bound never exceeds throughput x DRAIN_S.
 DRAIN_S = 60.0
+
+
+def build_seconds(seconds: float, metrics: dict, cached: bool) -> float | None:
+    """What building this candidate's source costs a compile worker, for the meters that
+    predict the next compiles (this module's bound, :mod:`evo.engine.pacing`'s latencies):
+    the compile's ``seconds``, or for a result read from the content cache (``cached``) the
+    nvcc seconds its build stored (``metrics["nvcc_seconds"]``), None when it stored none.
+
+    A cache hit takes no time, but the children proposed next are new sources that must be
+    built: counting hits as free builds (a rerun with the same seed meets the cache on its
+    first proposals, seeds included) made a 30 s GEMM look like the fastest task, so pacing
+    gave it no lead and its children ended the run alone, and the bound fell below what the
+    compile pool needed."""
+    if not cached:
+        return seconds
+    built = metrics.get("nvcc_seconds") if isinstance(metrics, dict) else None
+    return float(built) if isinstance(built, (int, float)) and built >= 0 else None
 
 
 @dataclass(frozen=True)

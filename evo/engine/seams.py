@@ -49,12 +49,15 @@ class CompileResult(Protocol):
     """What a :class:`CompileFn` returns (:class:`evaluators.compile.CompileOutcome` fits).
 
     ``result`` is the compile stage's verdict (``stage == "compile"``); ``so_bytes`` holds
-    the shared object exactly when ``result.passed`` (None otherwise). The engine reads
-    nothing else.
+    the shared object exactly when ``result.passed`` (None otherwise); ``cached`` is True when
+    the result came from the content cache without running nvcc (its ``seconds`` are then the
+    cache's read, and ``result.metrics["nvcc_seconds"]``, when present, the original build's).
+    The engine reads nothing else.
     """
 
     result: StageResult
     so_bytes: bytes | None
+    cached: bool
 
 
 @runtime_checkable
