@@ -282,27 +282,19 @@ class Judge:
         exchange, and the fused tolerance check's kernels for the common output dtypes (their
         compile is seconds). The GPU actor calls it on a thread of its own as it starts, while
         the first kernels compile; an evaluation that comes first waits for it (one lock).
-        Our failure raises, as the first evaluation's would."""
+        Triton loads from its on-disk cache what :mod:`evaluators.judge.prewarm`, begun with the
+        command, built already. Our failure raises, as the first evaluation's would."""
         if self.backend != "cuda":
             return
         with self._lock, self._step("warm"):
             with self._span("warm:torch"):
                 import torch
-
-                from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
             with self._span("warm:exchange"):
                 self._cuda_exchange()
-            if self._fused is not None:
-                with self._span("warm:checks"):
-                    for n, dt, tol in warm_checks((torch.float32, FP32_ELEMENTWISE),
-                                                  (torch.bfloat16, BF16_ELEMENTWISE)):
-                        ref = torch.linspace(-1.0, 1.0, n, device="cuda", dtype=torch.float64)
-                        check(ref.to(dt), ref, tol, dtype=dt, fused=self._fused)
-                from evaluators.judge.fill import self_check_once
+            if self._fused is not None:   # the fused check's and the input draw's Triton compiles
+                from evaluators.judge.prewarm import kernel_steps, warm_kernels
 
-                with self._span("warm:draws"):
-                    for dt in (torch.float32, torch.bfloat16):   # the timed calls' input draw: compiled now
-                        self_check_once("cuda", dt, "normal")
+                warm_kernels(kernel_steps(torch), span=self._span)
             torch.cuda.synchronize()
 
     def start_runner(self, settings: HarnessSettings, *, sandbox: Any = None) -> bool:

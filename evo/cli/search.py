@@ -53,14 +53,23 @@ def search(
     clock = StartupClock("cli")
     # first of all: a local Ray instance's start (seconds) overlaps the config's load (torch)
     early_ray = begin_early_ray(config, dry_run=dry_run, address=address)
+    prewarm = None
     if early_ray is not None:
         clock.mark("ray_start")
+        # a local GPU will judge this run: its judge's Triton kernels are built beside Ray's start
+        from evaluators.judge.prewarm import begin_prewarm
+
+        prewarm = begin_prewarm()
     try:
         _search(config, address=address, resume=resume, max_evals=max_evals, dry_run=dry_run, probe=probe,
                 db=db, progress=progress, clock=clock, early_ray=early_ray)
     finally:  # every way out (an error line, Ctrl-C, SIGTERM): no Ray process outlives the command
         if early_ray is not None:
             early_ray.close()
+        if prewarm is not None:
+            from evaluators.judge.prewarm import end_prewarm
+
+            end_prewarm(prewarm)
 
 
 def _search(config: Path, *, address: str | None, resume: str | None, max_evals: int | None, dry_run: bool,
