@@ -21,7 +21,6 @@ judge then compiles what it needs itself. The command kills it at exit if it sti
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from typing import Any, Callable, Sequence
@@ -76,8 +75,7 @@ def begin_prewarm(*, popen: Callable[..., Any] = subprocess.Popen) -> Any:
     will judge this run (``evo search`` does where it begins a local Ray instance at entry)."""
     try:
         return popen([sys.executable, "-m", "evaluators.judge.prewarm"], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         log.debug("the judge's kernel prewarm did not start: %s", e)
         return None
