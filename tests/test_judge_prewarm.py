@@ -6,6 +6,7 @@ CUDA. Not seen here: whether Triton's cache serves the judge what the child buil
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 
@@ -50,15 +51,21 @@ def test_kernel_steps_are_every_warm_check_then_both_draws():
     assert names == ["warm:checks"] * (2 * len(WARM_SIZES)) + ["warm:draws"] * 2
 
 
-def test_begin_starts_the_module_detached_and_quiet_and_a_failed_start_is_none():
+def test_begin_starts_the_module_detached_quiet_and_without_secrets_and_a_failed_start_is_none(monkeypatch):
     seen = {}
 
     def popen(argv, **kw):
         seen.update(argv=argv, **kw)
         return "proc"
 
-    assert begin_prewarm(popen=popen) == "proc"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("MY_MODEL_CRED", "q7Zr2mVx9LpK4wNc")
+    monkeypatch.setenv("COPY_OF_IT", "q7Zr2mVx9LpK4wNc")
+    assert begin_prewarm(secret_env=("MY_MODEL_CRED",), popen=popen) == "proc"
     assert seen["argv"] == [sys.executable, "-m", "evaluators.judge.prewarm"]
+    env = seen["env"]
+    assert "OPENAI_API_KEY" not in env and "MY_MODEL_CRED" not in env and "COPY_OF_IT" not in env
+    assert env["PATH"] == os.environ["PATH"]
     assert seen["stdout"] is subprocess.DEVNULL and seen["stderr"] is subprocess.DEVNULL
     assert seen["start_new_session"] is True
 

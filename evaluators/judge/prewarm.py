@@ -21,6 +21,7 @@ judge then compiles what it needs itself. The command kills it at exit if it sti
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from typing import Any, Callable, Sequence
@@ -69,14 +70,23 @@ def warm_kernels(steps: Sequence[tuple[str, Callable[[], Any]]], *, reverse: boo
                 i += 1
 
 
-def begin_prewarm(*, popen: Callable[..., Any] = subprocess.Popen) -> Any:
+def begin_prewarm(*, secret_env: Sequence[str] = (), popen: Callable[..., Any] = subprocess.Popen) -> Any:
     """Start ``python -m evaluators.judge.prewarm`` in the background and return its process
     (None when it could not start: nothing depends on it). The caller decides that a local GPU
-    will judge this run (``evo search`` does where it begins a local Ray instance at entry)."""
+    will judge this run (``evo search`` does where it begins a local Ray instance at entry).
+
+    The child gets the command's environment without its secrets (every name
+    :func:`evaluators.sandbox.environment.secret_names` finds, and ``secret_env``: the LLM
+    models' ``key_env`` names), as Ray's processes do: the driver alone holds a key."""
     try:
+        from evaluators.sandbox.environment import secret_names
+
+        env = dict(os.environ)
+        for name in secret_names(env, extra=tuple(secret_env)):
+            env.pop(name, None)
         return popen([sys.executable, "-m", "evaluators.judge.prewarm"], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    except OSError as e:
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    except Exception as e:  # noqa: BLE001 - nothing depends on the child (an environment read mid-change included)
         log.debug("the judge's kernel prewarm did not start: %s", e)
         return None
 

@@ -59,7 +59,7 @@ def search(
         # a local GPU will judge this run: its judge's Triton kernels are built beside Ray's start
         from evaluators.judge.prewarm import begin_prewarm
 
-        prewarm = begin_prewarm()
+        prewarm = begin_prewarm(secret_env=early_ray.settings.secret_env)
     try:
         _search(config, address=address, resume=resume, max_evals=max_evals, dry_run=dry_run, probe=probe,
                 db=db, progress=progress, clock=clock, early_ray=early_ray)
