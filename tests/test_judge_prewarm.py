@@ -45,7 +45,7 @@ def test_a_failing_step_raises_for_the_judge():
 
 def test_kernel_steps_are_every_warm_check_then_both_draws():
     torch = pytest.importorskip("torch")
-    from evaluators.judge.judge import WARM_SIZES
+    from evaluators.judge.prewarm import WARM_SIZES
 
     names = [span for span, _ in kernel_steps(torch)]
     assert names == ["warm:checks"] * (2 * len(WARM_SIZES)) + ["warm:draws"] * 2

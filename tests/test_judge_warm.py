@@ -1,6 +1,6 @@
 """The judge's warm-up compiles the fused check for both of Triton's size specialisations."""
 
-from evaluators.judge.judge import WARM_SIZES, warm_checks
+from evaluators.judge.prewarm import WARM_SIZES, warm_checks
 
 
 def test_the_warm_up_checks_sizes_divisible_by_16_and_not_for_every_dtype():

@@ -4,14 +4,13 @@
 # 1. the demo twice: first with every cache of the machine cold (Triton's, the compile cache, the
 #    page cache: a user's first run), then again (a user's next run)  -> OUT/cold.tgz, OUT/warm.tgz
 # 2. `evo check` of the kb19_relu seed, start to verdict, twice       -> OUT/check_time.txt
-# 3. the adversarial GPU tests under the judge, and the evaluation path's own GPU tests
+# 3. the adversarial GPU tests under the judge, and the evaluation path's own GPU tests (gpu_tests.sh)
 #                                                                      -> OUT/tests.tgz
-# A table of the lines that matter last (and in OUT/summary.txt). Six files come back.
+# A table of the lines that matter last (and in OUT/summary.txt). Five files come back.
 set -u
 out=${1:?usage: close_check.sh OUT_DIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/../.."
-py=${PYTHON:-python3}
 work=$(mktemp -d)
 for r in cold warm; do
   EVO_CHECK_QUICK=1 bash benchmarks/judge_gpu/session_check.sh "$work/$r" > "$work/$r.log" 2>&1
@@ -19,10 +18,7 @@ for r in cold warm; do
 done
 bash benchmarks/judge_gpu/check_time.sh "$work/check" > /dev/null 2>&1
 cp "$work/check/check_time.txt" "$out/check_time.txt"
-EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$work/b" judge \
-  > "$work/b_run.txt" 2>&1
-timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_harness_gpu.py \
-  tests/gpu/test_stages_conformance_gpu.py > "$work/gpu_path.txt" 2>&1
+bash benchmarks/judge_gpu/gpu_tests.sh "$work"
 (cd "$work" && tar czf "$out/tests.tgz" b b_run.txt gpu_path.txt)
 { echo "== GPU"; cat "$work/cold/gpu.txt"
   for r in cold warm; do

@@ -43,10 +43,7 @@ done
 if [ -n "${EVO_CHECK_QUICK:-}" ]; then   # the demo only (no draw or Ray probes), when little device time is left
   echo "== GPU"; cat "$out/gpu.txt"; echo "== demo"; tail -n 20 "$out/a_run.txt"; exit 0
 fi
-EVO_JUDGE_PARTS=adversarial EVO_JUDGE_ADV_S=${EVO_JUDGE_ADV_S:-120} bash benchmarks/h200_acceptance.sh "$out/b" judge \
-  > "$out/b_run.txt" 2>&1
-timeout "${EVO_GPU_PATH_S:-100}" $py -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_harness_gpu.py \
-  tests/gpu/test_stages_conformance_gpu.py > "$out/gpu_path.txt" 2>&1
+bash benchmarks/judge_gpu/gpu_tests.sh "$out"   # steps 4 and 5
 (cd "$out" && tar czf b.tgz b && rm -rf b)   # eight files at most come back from a device call
 echo "== GPU";          cat "$out/gpu.txt"
 echo "== input draw";   cat "$out/fill_speed.txt"

@@ -71,19 +71,6 @@ MAX_CACHED_BUFFERS = 192
 WORK_FACTOR = 3
 
 
-#: Element counts the warm-up checks with: Triton compiles a kernel once per specialisation of
-#: its integer arguments, and an element count divisible by 16 is another specialisation than
-#: one that is not (the correctness shapes are sizes like 129 x 1031; the timing shapes are
-#: powers of two), so both are compiled before the first candidate waits on them.
-WARM_SIZES = (1 << 12, (1 << 12) + 13)
-
-
-def warm_checks(*kinds: tuple[Any, Any]) -> list[tuple[int, Any, Any]]:
-    """``(element count, dtype, tolerance)`` of each warm-up check: every size of
-    :data:`WARM_SIZES` for every ``(dtype, tolerance)`` of ``kinds``."""
-    return [(n, dt, tol) for dt, tol in kinds for n in WARM_SIZES]
-
-
 def _has_triton() -> bool:
     import importlib.util
 

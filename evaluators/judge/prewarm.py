@@ -9,7 +9,8 @@ starts with the command, beside the early Ray start (:mod:`evo.engine.early_ray`
 the same kernels (:func:`warm_kernels`, here in the reverse order, so that where the judge
 begins before the child is done the two meet in the middle rather than build the same kernel
 twice) and exits; Triton keys its cache by kernel, specialisation and target, so the judge's
-process loads what the child built.
+process loads what the child built. The kernels' list (:func:`kernel_steps`, :func:`warm_checks`)
+is this module's, and the judge's warm-up runs the same list in its own order.
 
 Trusted code only (our kernels, never a candidate's), and nothing depends on it: it has no
 output, a failure of any kind (no CUDA, no Triton, a compile error) ends it quietly, and the
@@ -26,9 +27,21 @@ import subprocess
 import sys
 from typing import Any, Callable, Sequence
 
-__all__ = ["warm_kernels", "kernel_steps", "begin_prewarm", "end_prewarm", "main"]
+__all__ = ["WARM_SIZES", "warm_checks", "warm_kernels", "kernel_steps", "begin_prewarm", "end_prewarm", "main"]
 
 log = logging.getLogger(__name__)
+
+#: Element counts the warm-up checks with: Triton compiles a kernel once per specialisation of
+#: its integer arguments, and an element count divisible by 16 is another specialisation than
+#: one that is not (the correctness shapes are sizes like 129 x 1031; the timing shapes are
+#: powers of two), so both are compiled before the first candidate waits on them.
+WARM_SIZES = (1 << 12, (1 << 12) + 13)
+
+
+def warm_checks(*kinds: tuple[Any, Any]) -> list[tuple[int, Any, Any]]:
+    """``(element count, dtype, tolerance)`` of each warm-up check: every size of
+    :data:`WARM_SIZES` for every ``(dtype, tolerance)`` of ``kinds``."""
+    return [(n, dt, tol) for dt, tol in kinds for n in WARM_SIZES]
 
 
 def kernel_steps(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -36,7 +49,6 @@ def kernel_steps(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
     check for each (dtype, tolerance) of the common outputs at each warm-up size, then the
     timed calls' input draw for float32 and bfloat16 (its self-check compiles and runs it)."""
     from evaluators.judge.fill import self_check_once
-    from evaluators.judge.judge import warm_checks
     from evo.tasks.tolerance import BF16_ELEMENTWISE, FP32_ELEMENTWISE, check
 
     def one_check(n: int, dt: Any, tol: Any) -> Callable[[], Any]:

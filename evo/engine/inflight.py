@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 __all__ = ["inflight_bound", "throughput", "build_seconds", "RateMeter", "Rates", "DRAIN_S"]
 
@@ -24,7 +25,7 @@ __all__ = ["inflight_bound", "throughput", "build_seconds", "RateMeter", "Rates"
 DRAIN_S = 60.0
 
 
-def build_seconds(seconds: float, metrics: dict, cached: bool) -> float | None:
+def build_seconds(seconds: float, metrics: Mapping[str, Any], cached: bool) -> float | None:
     """What building this candidate's source costs a compile worker, for the meters that
     predict the next compiles (this module's bound, :mod:`evo.engine.pacing`'s latencies):
     the compile's ``seconds``, or for a result read from the content cache (``cached``) the
@@ -37,7 +38,7 @@ def build_seconds(seconds: float, metrics: dict, cached: bool) -> float | None:
     compile pool needed."""
     if not cached:
         return seconds
-    built = metrics.get("nvcc_seconds") if isinstance(metrics, dict) else None
+    built = metrics.get("nvcc_seconds")
     return float(built) if isinstance(built, (int, float)) and built >= 0 else None
 
 
